@@ -65,6 +65,38 @@ def top_p_filter(logits: jax.Array, top_p: float) -> jax.Array:
   return jnp.where(logits >= cutoff, logits, -jnp.inf)
 
 
+TOP_P_RULES = ("published", "nucleus")
+
+
+def filter_logits(logits: jax.Array, *, temperature: float = 1.0, top_p: float = 1.0,
+                  top_p_rule: str = "published") -> jax.Array:
+  """The distribution a sampler draws from, as float64 logits (softmax of the result).
+
+  Divides by ``temperature``, then sets to -inf every token outside the top-p set:
+  - ``"published"``: the published ``top_p_sampling_from_probs`` rule: in descending order, drop
+    every token whose cumulative probability (itself included) exceeds ``top_p``; the most likely
+    token is always kept.
+  - ``"nucleus"`` (Holtzman et al.): the smallest set of most likely tokens whose probability
+    reaches ``top_p`` (the token that crosses ``top_p`` is kept).
+  Ties at the cut-off value are kept under both rules. At ``top_p == 1`` nothing is sorted.
+  Must be traced inside `exact_sampling()`.
+  """
+  if top_p_rule not in TOP_P_RULES:
+    raise ValueError(f"top_p_rule: must be one of {TOP_P_RULES}, got {top_p_rule!r}")
+  x = logits.astype(jnp.float64) / jnp.float64(temperature)
+  if top_p >= 1.0:
+    return x
+  srt = -jnp.sort(-x, axis=-1)                                 # descending
+  probs = jax.nn.softmax(srt, axis=-1)
+  cum = jnp.cumsum(probs, axis=-1)
+  if top_p_rule == "published":
+    keep = (cum <= top_p) | (jnp.arange(x.shape[-1]) == 0)
+  else:
+    keep = cum - probs < top_p
+  cutoff = jnp.min(jnp.where(keep, srt, jnp.inf), axis=-1, keepdims=True)
+  return jnp.where(x >= cutoff, x, -jnp.inf)
+
+
 def sample_tokens(logits: jax.Array, keys: jax.Array, *, temperature: float = 1.0,
                   top_p: float = 1.0, greedy: bool = False) -> jax.Array:
   """Draws one token per row: logits [..., V] (float32, padding ids -inf), keys [...] -> int32.
