@@ -38,6 +38,7 @@ from aogpt_jax.layers import Dense, Embed, Norm, attention, resolve_attention_im
 TARGETS = ("adaln", "sigma_gpt", "repeat", "per_block", "none")
 START = -1      # slot token id meaning "the START vector"
 NO_TARGET = -1  # slot target meaning "no conditioning" (zero vector)
+RESIDUAL_DTYPE = jnp.float32  # the residual stream (embeddings, adds, norms) under any compute dtype
 
 # KV cache: one (k, v) pair per layer, each [batch, cache_len, n_head, head_dim].
 KVCache = tuple[tuple[jax.Array, jax.Array], ...]
@@ -202,7 +203,8 @@ class Block(nnx.Module):
   ``x = x + gate_a * Attn(norm(x) * (1 + scale_a) + shift_a)``, the same for the MLP."""
 
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, dtype, param_dtype):
-    nk = dict(kind=cfg.norm, use_bias=cfg.bias, dtype=dtype, param_dtype=param_dtype)
+    # Norms return fp32 (the residual stream's dtype); Dense casts its input to ``dtype``.
+    nk = dict(kind=cfg.norm, use_bias=cfg.bias, dtype=jnp.float32, param_dtype=param_dtype)
     self.ln_1 = Norm(cfg.n_embd, **nk)
     self.attn = Attention(cfg, rngs=rngs, dtype=dtype, param_dtype=param_dtype)
     self.ln_2 = Norm(cfg.n_embd, **nk)
@@ -255,8 +257,12 @@ class AOGPT(nnx.Module):
     dtype, pdt = jnp.dtype(cfg.dtype), jnp.dtype(cfg.param_dtype)
     std, d = cfg.init_std, cfg.n_embd
     ekw = dict(rngs=rngs, std=std, dtype=dtype, param_dtype=pdt)
-    self.wte = Embed(cfg.vocab_size, d, axes=("vocab", "embed"), **ekw)
-    self.wpe = Embed(cfg.block_size + 1, d, axes=(None, "embed"), **ekw)  # row 0: START
+    # The residual stream is fp32 whatever the compute dtype (as the published trainer under
+    # bf16 autocast, whose embeddings and residual adds stay fp32): embeddings are looked up in
+    # fp32, norms compute and return fp32, only matmul inputs are cast to ``dtype``.
+    rkw = dict(ekw, dtype=RESIDUAL_DTYPE)
+    self.wte = Embed(cfg.vocab_size, d, axes=("vocab", "embed"), **rkw)
+    self.wpe = Embed(cfg.block_size + 1, d, axes=(None, "embed"), **rkw)  # row 0: START
     self.wnone = nnx.Param(
         (std * jax.random.truncated_normal(rngs.params(), -3.0, 3.0, (d,))).astype(pdt),
         logical_axes=("embed",))
@@ -298,13 +304,13 @@ class AOGPT(nnx.Module):
       raise ValueError("encode: a cache needs an explicit mask")
     dtype = jnp.dtype(cfg.dtype)
     tok = self.wte(jnp.maximum(slot_tokens, 0))
-    x = jnp.where((slot_tokens == START)[..., None], self.wnone[...].astype(dtype), tok)
+    x = jnp.where((slot_tokens == START)[..., None], self.wnone[...].astype(RESIDUAL_DTYPE), tok)
     x = x + self.wpe(slot_pos)
     cond_table = None
     if cfg.target == "adaln":
       cond_table = self.wtpe.embedding[...].astype(dtype)
     elif cfg.target in ("sigma_gpt", "repeat"):
-      tgt_emb = _table_lookup(self.wtpe.embedding[...], slot_tgt).astype(dtype)
+      tgt_emb = _table_lookup(self.wtpe.embedding[...], slot_tgt).astype(RESIDUAL_DTYPE)
       if cfg.target == "sigma_gpt":
         x = x + tgt_emb
     x = _dropout(x, cfg.dropout, _fold(dropout_key, cfg.n_layer))
