@@ -18,10 +18,15 @@ from flax import nnx
 Axes = tuple[str | None, ...]
 
 
-def trunc_normal(key: jax.Array, shape: Sequence[int], std: float, dtype=jnp.float32) -> jax.Array:
+def trunc_normal(key: jax.Array, shape: Sequence[int], std: float, dtype=jnp.float32,
+                 truncation: float = 3.0) -> jax.Array:
   """PyTorch's ``trunc_normal_(std=std, a=-3*std, b=3*std)``: a normal of standard deviation
-  ``std`` (before truncation) cut at three standard deviations."""
-  return (std * jax.random.truncated_normal(key, -3.0, 3.0, shape, jnp.float32)).astype(dtype)
+  ``std`` (before truncation) cut at ``truncation`` standard deviations; ``truncation=0`` is a
+  plain ``normal_(std=std)`` (the published sigma-GPT's init)."""
+  if not truncation:
+    return (std * jax.random.normal(key, shape, jnp.float32)).astype(dtype)
+  return (std * jax.random.truncated_normal(key, -truncation, truncation, shape, jnp.float32)
+          ).astype(dtype)
 
 
 class Dense(nnx.Module):
@@ -29,9 +34,9 @@ class Dense(nnx.Module):
 
   def __init__(self, din: int, dout: int, *, axes: Axes, rngs: nnx.Rngs, use_bias: bool = True,
                std: float = 0.02, zero_init: bool = False, dtype=jnp.float32,
-               param_dtype=jnp.float32):
+               param_dtype=jnp.float32, truncation: float = 3.0):
     init = (jnp.zeros((din, dout), param_dtype) if zero_init else
-            trunc_normal(rngs.params(), (din, dout), std, param_dtype))
+            trunc_normal(rngs.params(), (din, dout), std, param_dtype, truncation))
     self.kernel = nnx.Param(init, logical_axes=axes)
     self.bias = (nnx.Param(jnp.zeros((dout,), param_dtype), logical_axes=(axes[1],))
                  if use_bias else None)
@@ -48,8 +53,9 @@ class Embed(nnx.Module):
   """A lookup table ``[num, features]``."""
 
   def __init__(self, num: int, features: int, *, axes: Axes, rngs: nnx.Rngs, std: float = 0.02,
-               dtype=jnp.float32, param_dtype=jnp.float32):
-    self.embedding = nnx.Param(trunc_normal(rngs.params(), (num, features), std, param_dtype),
+               dtype=jnp.float32, param_dtype=jnp.float32, truncation: float = 3.0):
+    self.embedding = nnx.Param(trunc_normal(rngs.params(), (num, features), std, param_dtype,
+                                            truncation),
                                logical_axes=axes)
     self.dtype = dtype
 

@@ -33,7 +33,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from aogpt_jax import orders as orders_lib
-from aogpt_jax.layers import Dense, Embed, Norm, attention, resolve_attention_impl
+from aogpt_jax.layers import Dense, Embed, Norm, attention, resolve_attention_impl, trunc_normal
 
 TARGETS = ("adaln", "sigma_gpt", "repeat", "per_block", "none")
 START = -1      # slot token id meaning "the START vector"
@@ -61,7 +61,8 @@ class ModelConfig:
   mlp_ratio: int = 4
   tie_embeddings: bool = False       # False: separate output head
   head_bias: bool = True             # bias on the output head
-  init_std: float = 0.02             # truncated normal (3 std); residual projections /sqrt(2L)
+  init_std: float = 0.02             # residual projections get init_std / sqrt(2L)
+  init_truncation: float = 3.0       # truncated normal cut at this many std; 0: plain normal
   zero_init_modulation: bool = False # the published model does NOT zero-init adaLN
   dropout: float = 0.0
   attention: str = "gather"          # gather | mask (same numbers; gather is faster)
@@ -93,6 +94,8 @@ class ModelConfig:
       bad("attention", f"must be 'gather' or 'mask', got {self.attention!r}")
     if self.attention_impl not in ("auto", "xla", "cudnn"):
       bad("attention_impl", f"must be auto, xla or cudnn, got {self.attention_impl!r}")
+    if not self.init_truncation >= 0:
+      bad("init_truncation", f"must be >= 0 (0: plain normal), got {self.init_truncation}")
     if not 0.0 <= self.dropout < 1.0:
       bad("dropout", f"must be in [0, 1), got {self.dropout}")
     for f in ("dtype", "param_dtype"):
@@ -122,6 +125,13 @@ PRESETS: dict[str, ModelConfig] = {
     "small": ModelConfig(n_layer=12, n_head=12, n_embd=768),
     "medium": ModelConfig(n_layer=24, n_head=16, n_embd=1024),
 }
+
+
+# The published sigma-GPT baseline (model_sigmaGPT.py), field by field: target position added
+# once at the input, LayerNorm (with bias), no QK-norm, output head tied to the token embedding
+# and without bias, plain normal init (not truncated).
+SIGMA_GPT_FIELDS = dict(target="sigma_gpt", norm="layernorm", qk_norm=False, tie_embeddings=True,
+                        head_bias=False, init_truncation=0.0)
 
 
 def preset(name: str, **overrides) -> ModelConfig:
@@ -155,7 +165,8 @@ class Attention(nnx.Module):
 
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, dtype, param_dtype):
     d, std = cfg.n_embd, cfg.init_std
-    kw = dict(rngs=rngs, use_bias=cfg.bias, dtype=dtype, param_dtype=param_dtype)
+    kw = dict(rngs=rngs, use_bias=cfg.bias, dtype=dtype, param_dtype=param_dtype,
+              truncation=cfg.init_truncation)
     self.c_attn = Dense(d, 3 * d, axes=("embed", "qkv"), std=std, **kw)
     self.c_proj = Dense(d, d, axes=("heads", "embed"), std=std / math.sqrt(2 * cfg.n_layer), **kw)
     if cfg.qk_norm:
@@ -190,7 +201,8 @@ class MLP(nnx.Module):
 
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, dtype, param_dtype):
     d, h, std = cfg.n_embd, cfg.mlp_ratio * cfg.n_embd, cfg.init_std
-    kw = dict(rngs=rngs, use_bias=cfg.bias, dtype=dtype, param_dtype=param_dtype)
+    kw = dict(rngs=rngs, use_bias=cfg.bias, dtype=dtype, param_dtype=param_dtype,
+              truncation=cfg.init_truncation)
     self.c_fc = Dense(d, h, axes=("embed", "mlp"), std=std, **kw)
     self.c_proj = Dense(h, d, axes=("mlp", "embed"), std=std / math.sqrt(2 * cfg.n_layer), **kw)
 
@@ -213,10 +225,11 @@ class Block(nnx.Module):
     if cfg.target == "adaln":
       self.adaLN = Dense(cfg.target_dim, 6 * cfg.n_embd, axes=("cond", "mod"), rngs=rngs,
                          std=cfg.init_std, zero_init=cfg.zero_init_modulation, dtype=dtype,
-                         param_dtype=param_dtype)
+                         param_dtype=param_dtype, truncation=cfg.init_truncation)
     elif cfg.target == "per_block":
       self.wtpe = Embed(cfg.block_size, cfg.n_embd, axes=(None, "embed"), rngs=rngs,
-                        std=cfg.init_std, dtype=dtype, param_dtype=param_dtype)
+                        std=cfg.init_std, dtype=dtype, param_dtype=param_dtype,
+                        truncation=cfg.init_truncation)
 
   def __call__(self, x, slot_tgt, cond_table, *, mask, cache, write_index, dropout_key):
     if self.target == "per_block":
@@ -256,16 +269,15 @@ class AOGPT(nnx.Module):
     self.cfg = cfg
     dtype, pdt = jnp.dtype(cfg.dtype), jnp.dtype(cfg.param_dtype)
     std, d = cfg.init_std, cfg.n_embd
-    ekw = dict(rngs=rngs, std=std, dtype=dtype, param_dtype=pdt)
+    ekw = dict(rngs=rngs, std=std, dtype=dtype, param_dtype=pdt, truncation=cfg.init_truncation)
     # The residual stream is fp32 whatever the compute dtype (as the published trainer under
     # bf16 autocast, whose embeddings and residual adds stay fp32): embeddings are looked up in
     # fp32, norms compute and return fp32, only matmul inputs are cast to ``dtype``.
     rkw = dict(ekw, dtype=RESIDUAL_DTYPE)
     self.wte = Embed(cfg.vocab_size, d, axes=("vocab", "embed"), **rkw)
     self.wpe = Embed(cfg.block_size + 1, d, axes=(None, "embed"), **rkw)  # row 0: START
-    self.wnone = nnx.Param(
-        (std * jax.random.truncated_normal(rngs.params(), -3.0, 3.0, (d,))).astype(pdt),
-        logical_axes=("embed",))
+    self.wnone = nnx.Param(trunc_normal(rngs.params(), (d,), std, pdt, cfg.init_truncation),
+                           logical_axes=("embed",))
     if cfg.target == "adaln":
       self.wtpe = Embed(cfg.block_size, cfg.target_dim, axes=(None, "cond"), **ekw)
     elif cfg.target in ("sigma_gpt", "repeat"):
@@ -275,10 +287,12 @@ class AOGPT(nnx.Module):
     self.ln_f = Norm(d, kind=cfg.norm, use_bias=cfg.bias, dtype=jnp.float32, param_dtype=pdt)
     if cfg.target == "adaln":
       self.adaLN_final = Dense(cfg.target_dim, 2 * d, axes=("cond", "mod"), rngs=rngs, std=std,
-                               zero_init=cfg.zero_init_modulation, dtype=dtype, param_dtype=pdt)
+                               zero_init=cfg.zero_init_modulation, dtype=dtype, param_dtype=pdt,
+                               truncation=cfg.init_truncation)
     if not cfg.tie_embeddings:
       self.lm_head = Dense(d, cfg.vocab_size, axes=("embed", "vocab"), rngs=rngs, std=std,
-                           use_bias=cfg.head_bias, dtype=dtype, param_dtype=pdt)
+                           use_bias=cfg.head_bias, dtype=dtype, param_dtype=pdt,
+                           truncation=cfg.init_truncation)
     elif cfg.head_bias:
       self.lm_head_bias = nnx.Param(jnp.zeros((cfg.vocab_size,), pdt), logical_axes=("vocab",))
 

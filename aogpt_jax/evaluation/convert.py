@@ -118,8 +118,7 @@ def infer_config(sd: Mapping[str, np.ndarray], variant: str, model_args: Mapping
       raise ValueError("sigma-GPT checkpoints do not determine n_head from shapes and this one has "
                        "no model_args['n_head']: pass --n_head")
     n_head = args.get("n_head")
-    kw = dict(target="sigma_gpt", norm="layernorm", qk_norm=False, tie_embeddings=True,
-              head_bias=False)
+    kw = dict(model_lib.SIGMA_GPT_FIELDS)
   if "n_head" in args and args["n_head"] != n_head:
     raise ValueError(f"checkpoint: model_args n_head={args['n_head']} but q_norm implies {n_head}")
   valid = GPT2_VALID_VOCAB if vocab >= GPT2_VALID_VOCAB else vocab
