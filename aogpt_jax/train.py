@@ -55,9 +55,19 @@ def lr_schedule(opt_cfg, total_steps: int) -> Callable[[jax.Array], jax.Array]:
   return schedule
 
 
+# Parameters decayed although 1-D: the START vector is the published ``wnonee``, an
+# ``nn.Embedding(1, d)`` (2-D there, so decayed by the published ndim >= 2 rule); ours is stored as
+# a [d] vector, so checkpoints keep their shape, and is named here.
+DECAYED_VECTORS = ("wnone",)
+
+
 def decay_mask(params):
-  """Weight decay only on parameters with ndim >= 2 (matrices and embeddings), as published."""
-  return jax.tree.map(lambda p: p.ndim >= 2, params)
+  """Weight decay on matrices and embeddings (ndim >= 2) and the START vector, as published:
+  biases, norm scales and nothing else are left undecayed."""
+  def decayed(path, p):
+    names = {getattr(k, "key", getattr(k, "name", None)) for k in path}
+    return p.ndim >= 2 or not names.isdisjoint(DECAYED_VECTORS)
+  return jax.tree_util.tree_map_with_path(decayed, params)
 
 
 def make_optimizer(cfg) -> optax.GradientTransformation:

@@ -100,7 +100,9 @@ def test_no_ema_when_decay_is_zero_or_none(cache_dir):
     assert "ema" not in trainer.abstract_state
 
 
-def test_weight_decay_only_on_matrices_and_embeddings(single):
+def test_weight_decay_on_matrices_embeddings_and_the_start_vector(single):
+  # As published: every parameter with ndim >= 2 is decayed, and so is the START vector (the
+  # published wnonee is an nn.Embedding(1, d)); biases and norm scales are not.
   cfg, trainer, mesh = single
   with jax.set_mesh(mesh):
     params = jax.device_get(trainer.init()["params"])
@@ -117,12 +119,12 @@ def test_weight_decay_only_on_matrices_and_embeddings(single):
               jax.tree_util.tree_flatten_with_path(jax.device_get(updates))[0])}
   decayed = {name for name, (p, u) in flat.items() if np.any(u != 0)}
   for name, (p, u) in flat.items():
-    expected = -lr0 * 0.5 * p if p.ndim >= 2 else np.zeros_like(p)
+    expected = -lr0 * 0.5 * p if p.ndim >= 2 or name == "wnone" else np.zeros_like(p)
     np.testing.assert_allclose(u, expected, rtol=1e-6, atol=1e-12, err_msg=name)
-  for name in ("wte/embedding", "wpe/embedding", "wtpe/embedding", "lm_head/kernel",
+  for name in ("wnone", "wte/embedding", "wpe/embedding", "wtpe/embedding", "lm_head/kernel",
                "h/0/attn/c_attn/kernel", "h/0/mlp/c_proj/kernel", "h/0/adaLN/kernel"):
     assert name in decayed, name
-  for name in ("wnone", "lm_head/bias", "h/0/ln_1/scale", "h/0/attn/q_norm/scale",
+  for name in ("lm_head/bias", "h/0/ln_1/scale", "h/0/attn/q_norm/scale",
                "h/0/mlp/c_fc/bias", "ln_f/scale"):
     assert name not in decayed, name
 
