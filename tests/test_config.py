@@ -212,3 +212,20 @@ def test_sigma_gpt_config_is_the_published_sigma_gpt_field_by_field():
   assert m.h[0].ln_1.bias is not None and not hasattr(m.h[0].attn, "q_norm")
   # plain normal init: values beyond 3 std exist in a 64 x 64 table (truncation would cut them)
   assert np.abs(np.asarray(m.wte.embedding[...])).max() > 3 * 0.02
+
+
+def test_eval_mode_takes_the_order_options():
+  from aogpt_jax import evaluate as evaluate_lib, modes
+  cfg = _load("configs/experiments/fig3a_orders.py", "blockwise,tiny")
+  cfg.evaluate.order = "blockwise"           # the run's own order: its kwargs by default
+  assert modes.eval_order_kwargs(cfg) == {"block": 16, "seed": 0}
+  cfg.evaluate.order_kwargs = '{"block": 4}'
+  assert modes.eval_order_kwargs(cfg) == {"block": 4}
+  cfg.evaluate.order = "uniform"
+  cfg.evaluate.order_kwargs = ""
+  assert modes.eval_order_kwargs(cfg) == {}
+  cfg.evaluate.order_kwargs = "{block: 4"
+  with pytest.raises(ConfigError, match="evaluate.order_kwargs: not JSON"):
+    modes.eval_order_kwargs(cfg)
+  with pytest.raises(ValueError, match="eval.order / eval.order_kwargs"):
+    evaluate_lib.EvalSettings(order="fixed_random", order_kwargs={"block": 4})
