@@ -43,10 +43,18 @@ class Dense(nnx.Module):
     self.dtype = dtype
 
   def __call__(self, x: jax.Array) -> jax.Array:
-    y = jnp.dot(x.astype(self.dtype), self.kernel[...].astype(self.dtype))
+    y = matmul(x.astype(self.dtype), self.kernel[...].astype(self.dtype))
     if self.bias is not None:
       y = y + self.bias[...].astype(self.dtype)
     return y
+
+
+def matmul(x: jax.Array, w: jax.Array, **kw) -> jax.Array:
+  """``x [..., din] @ w [din, dout]`` as ONE 2-D matrix product: XLA:CPU runs a 3-D dot_general
+  much slower than the same GEMM on the flattened rows (the output head's forward and backward
+  at 8 x 256 tokens: 2.4 s against 1.7 s), and on accelerators it is the same program."""
+  y = jnp.dot(x.reshape(-1, x.shape[-1]), w, **kw)
+  return y.reshape(*x.shape[:-1], w.shape[-1])
 
 
 class Embed(nnx.Module):

@@ -32,8 +32,10 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from aogpt_jax import cross_entropy
 from aogpt_jax import orders as orders_lib
-from aogpt_jax.layers import Dense, Embed, Norm, attention, resolve_attention_impl, trunc_normal
+from aogpt_jax.layers import (Dense, Embed, Norm, attention, matmul, resolve_attention_impl,
+                              trunc_normal)
 
 TARGETS = ("adaln", "sigma_gpt", "repeat", "per_block", "none")
 START = -1      # slot token id meaning "the START vector"
@@ -70,6 +72,8 @@ class ModelConfig:
   dtype: str = "float32"             # compute dtype (bfloat16 on accelerators)
   param_dtype: str = "float32"
   remat: bool = False                # rematerialise each block in the backward pass
+  loss_chunk: int = 0                # > 0: training loss without [B, n, V] logits, this many
+                                     # tokens at a time (cross_entropy.py); 0: plain logits
 
   def __post_init__(self):
     self.validate()
@@ -94,6 +98,8 @@ class ModelConfig:
       bad("attention", f"must be 'gather' or 'mask', got {self.attention!r}")
     if self.attention_impl not in ("auto", "xla", "cudnn"):
       bad("attention_impl", f"must be auto, xla or cudnn, got {self.attention_impl!r}")
+    if int(self.loss_chunk) < 0:
+      bad("loss_chunk", f"must be >= 0 (0: plain logits), got {self.loss_chunk}")
     if not self.init_truncation >= 0:
       bad("init_truncation", f"must be >= 0 (0: plain normal), got {self.init_truncation}")
     if not 0.0 <= self.dropout < 1.0:
@@ -342,6 +348,12 @@ class AOGPT(nnx.Module):
   def head(self, h: jax.Array, slot_tgt: jax.Array) -> jax.Array:
     """Final norm (adaLN-modulated for ``adaln``) and output head; fp32 logits [..., V] with the
     padding ids set to -inf so they never receive probability."""
+    w, b = self.output_layer()
+    x = self.head_features(h, slot_tgt).astype(self.cfg.dtype)
+    return matmul(x, w.astype(self.cfg.dtype), preferred_element_type=jnp.float32) + b
+
+  def head_features(self, h: jax.Array, slot_tgt: jax.Array) -> jax.Array:
+    """The output head's input: the final norm, adaLN-modulated for ``adaln`` (fp32)."""
     cfg = self.cfg
     x = self.ln_f(h)
     if cfg.target == "adaln":
@@ -349,18 +361,21 @@ class AOGPT(nnx.Module):
           modulation(self.adaLN_final, self.wtpe.embedding[...].astype(cfg.dtype), slot_tgt)
           .astype(jnp.float32), 2, axis=-1)
       x = x * (1 + scale) + shift
+    return x
+
+  def output_layer(self) -> tuple[jax.Array, jax.Array]:
+    """(w [d, V], b [V] fp32) of the output head: the untied head or the token embedding, and
+    the head bias (or 0) with the padding ids at -inf (a [V] vector, so the mask costs nothing
+    on the [..., V] logits)."""
+    cfg = self.cfg
     if cfg.tie_embeddings:
-      dtype = jnp.dtype(cfg.dtype)
-      logits = jnp.dot(x.astype(dtype), self.wte.embedding[...].astype(dtype).T)
-      if cfg.head_bias:
-        logits = logits + self.lm_head_bias[...].astype(dtype)
+      w = self.wte.embedding[...].T
+      b = self.lm_head_bias[...] if cfg.head_bias else None
     else:
-      logits = self.lm_head(x)
-    logits = logits.astype(jnp.float32)
-    if cfg.valid_vocab_size < cfg.vocab_size:
-      valid = jnp.arange(cfg.vocab_size) < cfg.valid_vocab_size
-      logits = jnp.where(valid, logits, -jnp.inf)
-    return logits
+      w = self.lm_head.kernel[...]
+      b = self.lm_head.bias[...] if self.lm_head.bias is not None else None
+    b = jnp.zeros((cfg.vocab_size,), jnp.float32) if b is None else b.astype(jnp.float32)
+    return w, jnp.where(jnp.arange(cfg.vocab_size) < cfg.valid_vocab_size, b, -jnp.inf)
 
   def forward_slots(self, slot_tokens, slot_pos, slot_tgt, **kw):
     """`encode` then `head`: returns (logits [B, S, V], new cache or None)."""
@@ -380,18 +395,22 @@ class AOGPT(nnx.Module):
                dropout_key: jax.Array | None = None) -> jax.Array:
     """Logits [B, n, V]: ``logits[b, r]`` predicts ``tokens[b, order[b, r]]`` from the tokens at
     ``order[b, :r]``. ``tokens`` are in ORIGINAL order; ``order`` is a permutation per row."""
+    return self.head(self.hidden(tokens, order, dropout_key=dropout_key), order)
+
+  def hidden(self, tokens: jax.Array, order: jax.Array, *,
+             dropout_key: jax.Array | None = None) -> jax.Array:
+    """The block stack's output [B, n, d] in ORDER space: row r predicts ``tokens[order[r]]``
+    (its target position is ``order[r]``)."""
     self._check_shapes(tokens, order)
     if self.cfg.attention == "gather":
-      slot_tokens, slot_pos, slot_tgt = gather_slots(tokens, order)
-      logits, _ = self.forward_slots(slot_tokens, slot_pos, slot_tgt, dropout_key=dropout_key)
-      return logits
+      h, _ = self.encode(*gather_slots(tokens, order), dropout_key=dropout_key)
+      return h
     slot_tokens, slot_pos, slot_tgt, mask = mask_slots(tokens, order)
-    logits, _ = self.forward_slots(slot_tokens, slot_pos, slot_tgt, mask=mask,
-                                   dropout_key=dropout_key)
+    h, _ = self.encode(slot_tokens, slot_pos, slot_tgt, mask=mask, dropout_key=dropout_key)
     # The slot of rank r is START (r = 0) or the token at position order[r - 1].
     b = tokens.shape[0]
     idx = jnp.concatenate([jnp.zeros((b, 1), jnp.int32), order[:, :-1] + 1], axis=1)
-    return jnp.take_along_axis(logits, idx[..., None], axis=1)
+    return jnp.take_along_axis(h, idx[..., None], axis=1)
 
   def _check_shapes(self, tokens, order):
     if tokens.ndim != 2 or tokens.shape != order.shape:
@@ -442,8 +461,15 @@ def loss(m: AOGPT, tokens: jax.Array, order: jax.Array, *,
          dropout_key: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
   """Any-order NLL: returns (mean NLL over all tokens, per-token NLL [B, n] in ORDER space,
   i.e. ``per_token[b, r] = -log p(x_{order[b, r]} | x_{order[b, :r]})``)."""
-  logits = m(tokens, order, dropout_key=dropout_key)
-  per_token = token_nll(logits, orders_lib.permute(tokens, order))
+  targets = orders_lib.permute(tokens, order)
+  cfg = m.cfg
+  if cfg.loss_chunk:
+    # No [B, n, V] logits: the head and its gradients chunk by chunk (aogpt_jax/cross_entropy.py).
+    x = m.head_features(m.hidden(tokens, order, dropout_key=dropout_key), order)
+    w, b = m.output_layer()
+    return cross_entropy.fused_mean_nll(x, w, b, targets, valid_vocab=cfg.vocab_size,
+                                        chunk=cfg.loss_chunk, dtype=cfg.dtype)
+  per_token = token_nll(m(tokens, order, dropout_key=dropout_key), targets)
   return jnp.mean(per_token), per_token
 
 

@@ -48,6 +48,7 @@ def paper(size: str = "small", *, target: str = "adaln",
   c = config_lib.default_config()
   apply(c, {
       "model.preset": size, "model.target": target, "model.dtype": "bfloat16",
+      "model.loss_chunk": 1024,   # no [B, n, V] fp32 logits (5 GiB at 8 x 1024 tokens, Small)
       "order.name": order[0], "order.kwargs": dict(order[1]),
       "data.source": "openwebtext", "data.tokenizer": "gpt2",
       "seq_len": 1024, "batch_size": 1024, "microbatches": 8,   # 1M tokens per step
