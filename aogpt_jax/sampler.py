@@ -31,6 +31,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import math
 import numbers
 import os
 import time
@@ -51,6 +52,9 @@ from aogpt_jax.sampling import diffusion, prompts, schedules
 from aogpt_jax.sampling import tokens as tokens_lib
 
 METHODS = ("diffusion", "ar", "uncached", "encoder")
+# Below this, logits / temperature overflow float64 for ordinary logits (and the draw is argmax
+# anyway); infinity would give every token the same probability. greedy=True is the argmax.
+MIN_TEMPERATURE = 1e-6
 # Methods that run one full (uncached) forward per step: one pass per step, no block choice.
 FULL_FORWARD_METHODS = ("uncached", "encoder")
 
@@ -85,8 +89,10 @@ class SampleSettings:
     if self.count_mode not in schedules.COUNT_MODES:
       raise ValueError(f"sample.count_mode: must be one of {schedules.COUNT_MODES}, "
                        f"got {self.count_mode!r}")
-    if not (isinstance(self.temperature, numbers.Real) and self.temperature > 0):
-      raise ValueError(f"sample.temperature: must be > 0, got {self.temperature}")
+    if not (isinstance(self.temperature, numbers.Real) and math.isfinite(self.temperature)
+            and self.temperature >= MIN_TEMPERATURE):
+      raise ValueError(f"sample.temperature: must be a finite number >= {MIN_TEMPERATURE} "
+                       f"(greedy=True for argmax decoding), got {self.temperature!r}")
     if not (isinstance(self.top_p, numbers.Real) and 0 < self.top_p <= 1):
       raise ValueError(f"sample.top_p: must be in (0, 1], got {self.top_p}")
     if self.top_p_rule not in tokens_lib.TOP_P_RULES:
