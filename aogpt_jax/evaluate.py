@@ -34,6 +34,7 @@ import numpy as np
 
 from aogpt_jax import mdm
 from aogpt_jax import model as model_lib
+from aogpt_jax import orders as orders_lib
 from aogpt_jax.evaluation import encoder_nll as enc_lib
 from aogpt_jax.evaluation import ensembles as ens_lib
 from aogpt_jax.evaluation import perplexity as ppl_lib
@@ -50,6 +51,7 @@ class EvalSettings:
   any_order: bool = True           # any-order perplexity over ``num_orders`` order draws
   num_orders: int = 1
   order: str = "uniform"           # order distribution of the any-order rows
+  order_kwargs: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # its options
   seed: int = 0
   ensemble_max_m: int = 0          # > 0: ensembles for M = 1, 2, 4, ..., ensemble_max_m
   ensemble_layout: str = "buckets"  # buckets | pairs (see evaluation/ensembles.py)
@@ -71,6 +73,10 @@ class EvalSettings:
                        "to 0 with model_kind='encoder'")
     if self.num_orders < 1:
       raise ValueError(f"eval.num_orders must be >= 1, got {self.num_orders}")
+    try:
+      orders_lib.check_kwargs(self.order, dict(self.order_kwargs))
+    except ValueError as e:
+      raise ValueError(f"eval.order / eval.order_kwargs: {e}") from None
     if self.ensemble_max_m < 0:
       raise ValueError(f"eval.ensemble_max_m must be >= 0, got {self.ensemble_max_m}")
     if self.ensemble_layout not in ens_lib.LAYOUTS:
@@ -121,7 +127,8 @@ def evaluate_dataset(m: model_lib.AOGPT, batches: Batches, s: EvalSettings) -> d
       l2r.add(ppl_lib.to_original(np.asarray(nll), np.asarray(order)), weight)
     base = None
     for k in range(s.num_orders if s.any_order else 0):
-      nll, order = token_nll(m, tokens, ids, order=s.order, seed=s.seed, order_index=k)
+      nll, order = token_nll(m, tokens, ids, order=s.order, seed=s.seed, order_index=k,
+                             order_kwargs=s.order_kwargs)
       anyo.add(ppl_lib.to_original(np.asarray(nll), np.asarray(order)), weight, k)
       if k == 0 and s.order == "uniform":
         base = (np.asarray(nll), np.asarray(order))
@@ -162,6 +169,8 @@ def evaluate(m: model_lib.AOGPT, datasets: Mapping[str, Batches | Callable[[], B
   check_model(m, s)
   results = {
       "name": name, "model_kind": s.model_kind, "settings": dataclasses.asdict(s),
+      "unit": ("nll: mean negative log-likelihood per token in nats; ppl = exp(nll); tokens and "
+               "blocks: what each row scored"),
       "model": m.cfg.to_dict(),
       "meta": dict(meta or {}), "jax": jax.__version__, "backend": jax.default_backend(),
       "processes": jax.process_count(),
@@ -254,6 +263,6 @@ def run(workdir: str, datasets: Mapping[str, Batches | Callable[[], Batches]],
         name: str = "zero_shot") -> dict:
   """Loads the ``which`` (default EMA) weights of a training workdir and runs `evaluate`."""
   from aogpt_jax import checkpoint  # pylint: disable=g-import-not-at-top  (trainer's module)
-  m, _ = checkpoint.load_model(workdir, which=which)
+  m, run_cfg = checkpoint.load_model(workdir, which=which)
   return evaluate(m, datasets, settings, workdir=workdir, name=name,
-                  meta={"workdir": os.path.abspath(workdir), "weights": which})
+                  meta={"workdir": os.path.abspath(workdir), **run_cfg.loaded.to_dict()})

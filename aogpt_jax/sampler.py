@@ -31,6 +31,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import math
 import numbers
 import os
 import time
@@ -51,6 +52,9 @@ from aogpt_jax.sampling import diffusion, prompts, schedules
 from aogpt_jax.sampling import tokens as tokens_lib
 
 METHODS = ("diffusion", "ar", "uncached", "encoder")
+# Below this, logits / temperature overflow float64 for ordinary logits (and the draw is argmax
+# anyway); infinity would give every token the same probability. greedy=True is the argmax.
+MIN_TEMPERATURE = 1e-6
 # Methods that run one full (uncached) forward per step: one pass per step, no block choice.
 FULL_FORWARD_METHODS = ("uncached", "encoder")
 
@@ -64,6 +68,7 @@ class SampleSettings:
   order: Any = "random"                 # order name (random, l2r, ...) or int [n] / [B, n]
   temperature: float = 1.0
   top_p: float = 1.0
+  top_p_rule: str = "published"        # published (released code) | nucleus (Holtzman)
   greedy: bool = False                  # argmax instead of sampling (temperature/top_p unused)
   method: str = "diffusion"             # diffusion | ar | uncached | encoder (encoder model)
 
@@ -84,10 +89,15 @@ class SampleSettings:
     if self.count_mode not in schedules.COUNT_MODES:
       raise ValueError(f"sample.count_mode: must be one of {schedules.COUNT_MODES}, "
                        f"got {self.count_mode!r}")
-    if not (isinstance(self.temperature, numbers.Real) and self.temperature > 0):
-      raise ValueError(f"sample.temperature: must be > 0, got {self.temperature}")
+    if not (isinstance(self.temperature, numbers.Real) and math.isfinite(self.temperature)
+            and self.temperature >= MIN_TEMPERATURE):
+      raise ValueError(f"sample.temperature: must be a finite number >= {MIN_TEMPERATURE} "
+                       f"(greedy=True for argmax decoding), got {self.temperature!r}")
     if not (isinstance(self.top_p, numbers.Real) and 0 < self.top_p <= 1):
       raise ValueError(f"sample.top_p: must be in (0, 1], got {self.top_p}")
+    if self.top_p_rule not in tokens_lib.TOP_P_RULES:
+      raise ValueError(f"sample.top_p_rule: must be one of {tokens_lib.TOP_P_RULES}, "
+                       f"got {self.top_p_rule!r}")
 
 
 @dataclasses.dataclass
@@ -190,7 +200,8 @@ def _run_jit(graphdef, params, order, tokens0, prompt_len, tok_keys, xs, *, kind
 def _jit_args(model: AOGPT, p: Prepared, pl: schedules.StepPlan | None, s: SampleSettings,
               debug: bool):
   graphdef, params = nnx.split(model)
-  common = dict(temperature=float(s.temperature), top_p=float(s.top_p), greedy=bool(s.greedy),
+  common = dict(temperature=float(s.temperature), top_p=float(s.top_p),
+                top_p_rule=str(s.top_p_rule), greedy=bool(s.greedy),
                 debug=bool(debug))
   if s.method == "ar":
     static = dict(prefill=int(p.prompt_len.min()), **common)
@@ -249,6 +260,7 @@ def sample_config() -> ml_collections.ConfigDict:
       count_mode="deterministic",  # deterministic (released code) | stochastic (Lemma 4.1)
       order="random",              # random | l2r | any registered order distribution
       top_p=1.0,
+      top_p_rule="published",    # published (the released code's rule) | nucleus
       temperature=1.0,
       greedy=False,
       seed=0,
@@ -264,6 +276,7 @@ def settings_from_config(c: ml_collections.ConfigDict, cfg: ModelConfig) -> Samp
   return SampleSettings(length=int(c.length) or cfg.block_size, steps=int(c.steps),
                         schedule=c.schedule, count_mode=c.count_mode, order=c.order,
                         temperature=float(c.temperature), top_p=float(c.top_p),
+                        top_p_rule=str(c.get("top_p_rule", "published")),
                         greedy=bool(c.greedy), method=c.method)
 
 
@@ -290,11 +303,13 @@ def config_prompt(c: ml_collections.ConfigDict, tokenizer, length: int, vocab: i
 
 
 def write_samples(model: AOGPT, config: ml_collections.ConfigDict, workdir: str, tokenizer, *,
-                  step: int | None = None) -> str:
+                  step: int | None = None, loaded: dict | None = None) -> str:
   """Samples ``config.sample`` (or ``config`` itself if it is the group) and writes
   WORKDIR/samples/NAME.jsonl (one JSON line per sample: index, tokens, text, order) and
-  NAME.json (the settings, the plan, timings). Everything is validated before compiling;
-  one compiled sampler serves every batch. Returns the .jsonl path."""
+  NAME.json (the settings, the plan, timings, and ``loaded``: which checkpoint, step and weights
+  made them). An existing NAME is never overwritten: the new files get NAME-2, NAME-3, ...
+  Everything is validated before compiling; one compiled sampler serves every batch. Returns
+  the .jsonl path."""
   c = config.sample if "sample" in config else config
   cfg = model.cfg
   s = settings_from_config(c, cfg)
@@ -316,11 +331,16 @@ def write_samples(model: AOGPT, config: ml_collections.ConfigDict, workdir: str,
   outs = [run(model, p, pl, s) for p, pl in zip(batches, plans)]
   seconds = time.perf_counter() - t0
   steps = "" if s.method == "ar" else f"_T{s.steps}_{s.schedule}_{s.count_mode}"
-  name = c.name or (f"{s.method}{steps}_p{s.top_p:g}_t{s.temperature:g}_seed{int(c.seed)}")
+  rule = "" if s.top_p_rule == "published" or s.top_p == 1 else s.top_p_rule
+  name = c.name or (f"{s.method}{steps}_p{s.top_p:g}{rule}_t{s.temperature:g}_seed{int(c.seed)}")
   out_dir = os.path.join(workdir, "samples")
   os.makedirs(out_dir, exist_ok=True)
-  path = os.path.join(out_dir, name + ".jsonl")
-  with open(path, "w") as f:
+  stem, k = name, 1
+  while any(os.path.exists(os.path.join(out_dir, stem + ext)) for ext in (".jsonl", ".json")):
+    k += 1
+    stem = f"{name}-{k}"
+  path = os.path.join(out_dir, stem + ".jsonl")
+  with open(path, "x") as f:
     for off, o in zip(range(0, num, bs), outs):
       for i, (toks, order) in enumerate(zip(o.tokens[:num - off], o.order[:num - off])):
         f.write(json.dumps({"index": off + i, "tokens": toks.tolist(),
@@ -328,10 +348,11 @@ def write_samples(model: AOGPT, config: ml_collections.ConfigDict, workdir: str,
                             "order": order.tolist()}) + "\n")
   meta = {"settings": {k: (v.tolist() if isinstance(v, np.ndarray) else v)
                        for k, v in dataclasses.asdict(s).items()},
-          "config": c.to_dict(), "checkpoint_step": step, "model": cfg.to_dict(),
+          "config": c.to_dict(), "checkpoint_step": step, "loaded": loaded,
+          "model": cfg.to_dict(),
           "num_samples": num, "seconds_incl_compile": round(seconds, 3),
           "tokens_per_s_incl_compile": round(num * s.length / seconds, 1),
           "plan": None if plans[0] is None else plans[0].stats()}
-  with open(os.path.join(out_dir, name + ".json"), "w") as f:
+  with open(os.path.join(out_dir, stem + ".json"), "x") as f:
     json.dump(meta, f, indent=1)
   return path
