@@ -68,6 +68,9 @@ class ModelConfig:
   dtype: str = "float32"             # compute dtype (bfloat16 on accelerators)
   param_dtype: str = "float32"
   remat: bool = False                # rematerialise each block in the backward pass
+  loss_chunk: int = 0                # training loss: 0 = full [B, n, V] logits; k > 0 = head and
+                                     # cross-entropy over k tokens at a time, recomputed in the
+                                     # backward (no [B, n, V] fp32 tensor; same loss and grads)
 
   def __post_init__(self):
     self.validate()
@@ -92,6 +95,8 @@ class ModelConfig:
       bad("attention", f"must be 'gather' or 'mask', got {self.attention!r}")
     if self.attention_impl not in ("auto", "xla", "cudnn"):
       bad("attention_impl", f"must be auto, xla or cudnn, got {self.attention_impl!r}")
+    if int(self.loss_chunk) < 0:
+      bad("loss_chunk", f"must be >= 0 (0 = no chunking), got {self.loss_chunk}")
     if not 0.0 <= self.dropout < 1.0:
       bad("dropout", f"must be in [0, 1), got {self.dropout}")
     for f in ("dtype", "param_dtype"):
@@ -421,10 +426,56 @@ def token_nll(logits: jax.Array, targets: jax.Array) -> jax.Array:
 def loss(m: AOGPT, tokens: jax.Array, order: jax.Array, *,
          dropout_key: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
   """Any-order NLL: returns (mean NLL over all tokens, per-token NLL [B, n] in ORDER space,
-  i.e. ``per_token[b, r] = -log p(x_{order[b, r]} | x_{order[b, :r]})``)."""
-  logits = m(tokens, order, dropout_key=dropout_key)
-  per_token = token_nll(logits, orders_lib.permute(tokens, order))
+  i.e. ``per_token[b, r] = -log p(x_{order[b, r]} | x_{order[b, :r]})``).
+
+  With ``cfg.loss_chunk = k > 0`` the head and cross-entropy run over k tokens at a time and are
+  recomputed per chunk in the backward pass, so no [B, n, V] logits tensor exists (see
+  `chunked_token_nll`); the loss and gradients are the same."""
+  if m.cfg.loss_chunk <= 0:
+    logits = m(tokens, order, dropout_key=dropout_key)
+    per_token = token_nll(logits, orders_lib.permute(tokens, order))
+    return jnp.mean(per_token), per_token
+  m._check_shapes(tokens, order)
+  if m.cfg.attention == "gather":
+    slot_tokens, slot_pos, slot_tgt = gather_slots(tokens, order)
+    h, _ = m.encode(slot_tokens, slot_pos, slot_tgt, dropout_key=dropout_key)
+  else:
+    slot_tokens, slot_pos, slot_tgt, mask = mask_slots(tokens, order)
+    h, _ = m.encode(slot_tokens, slot_pos, slot_tgt, mask=mask, dropout_key=dropout_key)
+    b = tokens.shape[0]
+    idx = jnp.concatenate([jnp.zeros((b, 1), jnp.int32), order[:, :-1] + 1], axis=1)
+    h = jnp.take_along_axis(h, idx[..., None], axis=1)
+    slot_tgt = jnp.take_along_axis(slot_tgt, idx, axis=1)
+  per_token = chunked_token_nll(m, h, slot_tgt, orders_lib.permute(tokens, order),
+                                m.cfg.loss_chunk)
   return jnp.mean(per_token), per_token
+
+
+def chunked_token_nll(m: AOGPT, h: jax.Array, slot_tgt: jax.Array, targets: jax.Array,
+                      chunk: int) -> jax.Array:
+  """``token_nll(m.head(h, slot_tgt), targets)`` [B, S] computed ``chunk`` tokens at a time
+  (over the flattened B * S tokens, the last chunk padded) under `jax.checkpoint`, so only one
+  chunk's [chunk, V] logits are live in the forward and in the backward."""
+  b, s = targets.shape
+  t = b * s
+  c = max(1, min(int(chunk), t))
+  nchunks = -(-t // c)
+  pad = nchunks * c - t
+  hf = h.reshape(t, h.shape[-1])
+  tg, yf = slot_tgt.reshape(t), targets.reshape(t)
+  if pad:
+    hf = jnp.concatenate([hf, jnp.zeros((pad, hf.shape[-1]), hf.dtype)])
+    tg = jnp.concatenate([tg, jnp.full((pad,), NO_TARGET, tg.dtype)])
+    yf = jnp.concatenate([yf, jnp.zeros((pad,), yf.dtype)])
+
+  @jax.checkpoint
+  def one(xs):
+    hc, tc, yc = xs
+    return token_nll(m.head(hc, tc), yc)
+
+  nll = jax.lax.map(one, (hf.reshape(nchunks, c, -1), tg.reshape(nchunks, c),
+                          yf.reshape(nchunks, c)))
+  return nll.reshape(-1)[:t].reshape(b, s)
 
 
 def loss_metrics(per_token: jax.Array, order: jax.Array) -> dict[str, jax.Array]:
