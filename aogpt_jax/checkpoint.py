@@ -35,7 +35,8 @@ from aogpt_jax import model as model_lib
 
 STATE_ITEMS = ("params", "opt_state", "ema")
 # Model fields that do not change the parameters (free to differ between save and restore).
-_FREE_MODEL_FIELDS = {"dropout", "attention", "attention_impl", "dtype", "remat"}
+_FREE_MODEL_FIELDS = {"dropout", "attention", "attention_impl", "dtype", "remat", "loss_chunk",
+                      "init_truncation"}  # init_truncation: used only at init
 # Top-level keys that fix the data stream and the random stream of a run.
 _STREAM_KEYS = {"seed", "batch_size", "seq_len", "data.source", "data.tokenizer"}
 FORMAT = 1

@@ -126,7 +126,11 @@ def evaluate_group() -> config_dict.ConfigDict:
       max_blocks=0,         # > 0: only the first blocks of each dataset (smoke tests)
   ))
   for f in dataclasses.fields(evaluate_lib.EvalSettings):
-    c[f.name] = f.default
+    if f.name != "order_kwargs":
+      c[f.name] = f.default
+  # JSON, e.g. '{"seed": 3}'; "" = the run's order.kwargs when evaluate.order is the run's
+  # order.name (a fixed_random / blockwise run is scored under its own order), else none.
+  c.order_kwargs = ""
   return c
 
 

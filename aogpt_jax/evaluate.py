@@ -34,6 +34,7 @@ import numpy as np
 
 from aogpt_jax import mdm
 from aogpt_jax import model as model_lib
+from aogpt_jax import orders as orders_lib
 from aogpt_jax.evaluation import encoder_nll as enc_lib
 from aogpt_jax.evaluation import ensembles as ens_lib
 from aogpt_jax.evaluation import perplexity as ppl_lib
@@ -50,6 +51,7 @@ class EvalSettings:
   any_order: bool = True           # any-order perplexity over ``num_orders`` order draws
   num_orders: int = 1
   order: str = "uniform"           # order distribution of the any-order rows
+  order_kwargs: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # its options
   seed: int = 0
   ensemble_max_m: int = 0          # > 0: ensembles for M = 1, 2, 4, ..., ensemble_max_m
   ensemble_layout: str = "buckets"  # buckets | pairs (see evaluation/ensembles.py)
@@ -71,6 +73,10 @@ class EvalSettings:
                        "to 0 with model_kind='encoder'")
     if self.num_orders < 1:
       raise ValueError(f"eval.num_orders must be >= 1, got {self.num_orders}")
+    try:
+      orders_lib.check_kwargs(self.order, dict(self.order_kwargs))
+    except ValueError as e:
+      raise ValueError(f"eval.order / eval.order_kwargs: {e}") from None
     if self.ensemble_max_m < 0:
       raise ValueError(f"eval.ensemble_max_m must be >= 0, got {self.ensemble_max_m}")
     if self.ensemble_layout not in ens_lib.LAYOUTS:
@@ -121,7 +127,8 @@ def evaluate_dataset(m: model_lib.AOGPT, batches: Batches, s: EvalSettings) -> d
       l2r.add(ppl_lib.to_original(np.asarray(nll), np.asarray(order)), weight)
     base = None
     for k in range(s.num_orders if s.any_order else 0):
-      nll, order = token_nll(m, tokens, ids, order=s.order, seed=s.seed, order_index=k)
+      nll, order = token_nll(m, tokens, ids, order=s.order, seed=s.seed, order_index=k,
+                             order_kwargs=s.order_kwargs)
       anyo.add(ppl_lib.to_original(np.asarray(nll), np.asarray(order)), weight, k)
       if k == 0 and s.order == "uniform":
         base = (np.asarray(nll), np.asarray(order))

@@ -18,10 +18,15 @@ from flax import nnx
 Axes = tuple[str | None, ...]
 
 
-def trunc_normal(key: jax.Array, shape: Sequence[int], std: float, dtype=jnp.float32) -> jax.Array:
+def trunc_normal(key: jax.Array, shape: Sequence[int], std: float, dtype=jnp.float32,
+                 truncation: float = 3.0) -> jax.Array:
   """PyTorch's ``trunc_normal_(std=std, a=-3*std, b=3*std)``: a normal of standard deviation
-  ``std`` (before truncation) cut at three standard deviations."""
-  return (std * jax.random.truncated_normal(key, -3.0, 3.0, shape, jnp.float32)).astype(dtype)
+  ``std`` (before truncation) cut at ``truncation`` standard deviations; ``truncation=0`` is a
+  plain ``normal_(std=std)`` (the published sigma-GPT's init)."""
+  if not truncation:
+    return (std * jax.random.normal(key, shape, jnp.float32)).astype(dtype)
+  return (std * jax.random.truncated_normal(key, -truncation, truncation, shape, jnp.float32)
+          ).astype(dtype)
 
 
 class Dense(nnx.Module):
@@ -29,27 +34,36 @@ class Dense(nnx.Module):
 
   def __init__(self, din: int, dout: int, *, axes: Axes, rngs: nnx.Rngs, use_bias: bool = True,
                std: float = 0.02, zero_init: bool = False, dtype=jnp.float32,
-               param_dtype=jnp.float32):
+               param_dtype=jnp.float32, truncation: float = 3.0):
     init = (jnp.zeros((din, dout), param_dtype) if zero_init else
-            trunc_normal(rngs.params(), (din, dout), std, param_dtype))
+            trunc_normal(rngs.params(), (din, dout), std, param_dtype, truncation))
     self.kernel = nnx.Param(init, logical_axes=axes)
     self.bias = (nnx.Param(jnp.zeros((dout,), param_dtype), logical_axes=(axes[1],))
                  if use_bias else None)
     self.dtype = dtype
 
   def __call__(self, x: jax.Array) -> jax.Array:
-    y = jnp.dot(x.astype(self.dtype), self.kernel[...].astype(self.dtype))
+    y = matmul(x.astype(self.dtype), self.kernel[...].astype(self.dtype))
     if self.bias is not None:
       y = y + self.bias[...].astype(self.dtype)
     return y
+
+
+def matmul(x: jax.Array, w: jax.Array, **kw) -> jax.Array:
+  """``x [..., din] @ w [din, dout]`` as ONE 2-D matrix product: XLA:CPU runs a 3-D dot_general
+  much slower than the same GEMM on the flattened rows (the output head's forward and backward
+  at 8 x 256 tokens: 2.4 s against 1.7 s), and on accelerators it is the same program."""
+  y = jnp.dot(x.reshape(-1, x.shape[-1]), w, **kw)
+  return y.reshape(*x.shape[:-1], w.shape[-1])
 
 
 class Embed(nnx.Module):
   """A lookup table ``[num, features]``."""
 
   def __init__(self, num: int, features: int, *, axes: Axes, rngs: nnx.Rngs, std: float = 0.02,
-               dtype=jnp.float32, param_dtype=jnp.float32):
-    self.embedding = nnx.Param(trunc_normal(rngs.params(), (num, features), std, param_dtype),
+               dtype=jnp.float32, param_dtype=jnp.float32, truncation: float = 3.0):
+    self.embedding = nnx.Param(trunc_normal(rngs.params(), (num, features), std, param_dtype,
+                                            truncation),
                                logical_axes=axes)
     self.dtype = dtype
 

@@ -32,12 +32,15 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from aogpt_jax import cross_entropy
 from aogpt_jax import orders as orders_lib
-from aogpt_jax.layers import Dense, Embed, Norm, attention, resolve_attention_impl
+from aogpt_jax.layers import (Dense, Embed, Norm, attention, matmul, resolve_attention_impl,
+                              trunc_normal)
 
 TARGETS = ("adaln", "sigma_gpt", "repeat", "per_block", "none")
 START = -1      # slot token id meaning "the START vector"
 NO_TARGET = -1  # slot target meaning "no conditioning" (zero vector)
+RESIDUAL_DTYPE = jnp.float32  # the residual stream (embeddings, adds, norms) under any compute dtype
 
 # KV cache: one (k, v) pair per layer, each [batch, cache_len, n_head, head_dim].
 KVCache = tuple[tuple[jax.Array, jax.Array], ...]
@@ -60,7 +63,8 @@ class ModelConfig:
   mlp_ratio: int = 4
   tie_embeddings: bool = False       # False: separate output head
   head_bias: bool = True             # bias on the output head
-  init_std: float = 0.02             # truncated normal (3 std); residual projections /sqrt(2L)
+  init_std: float = 0.02             # residual projections get init_std / sqrt(2L)
+  init_truncation: float = 3.0       # truncated normal cut at this many std; 0: plain normal
   zero_init_modulation: bool = False # the published model does NOT zero-init adaLN
   dropout: float = 0.0
   attention: str = "gather"          # gather | mask (same numbers; gather is faster)
@@ -68,6 +72,8 @@ class ModelConfig:
   dtype: str = "float32"             # compute dtype (bfloat16 on accelerators)
   param_dtype: str = "float32"
   remat: bool = False                # rematerialise each block in the backward pass
+  loss_chunk: int = 0                # > 0: training loss without [B, n, V] logits, this many
+                                     # tokens at a time (cross_entropy.py); 0: plain logits
 
   def __post_init__(self):
     self.validate()
@@ -92,6 +98,10 @@ class ModelConfig:
       bad("attention", f"must be 'gather' or 'mask', got {self.attention!r}")
     if self.attention_impl not in ("auto", "xla", "cudnn"):
       bad("attention_impl", f"must be auto, xla or cudnn, got {self.attention_impl!r}")
+    if int(self.loss_chunk) < 0:
+      bad("loss_chunk", f"must be >= 0 (0: plain logits), got {self.loss_chunk}")
+    if not self.init_truncation >= 0:
+      bad("init_truncation", f"must be >= 0 (0: plain normal), got {self.init_truncation}")
     if not 0.0 <= self.dropout < 1.0:
       bad("dropout", f"must be in [0, 1), got {self.dropout}")
     for f in ("dtype", "param_dtype"):
@@ -121,6 +131,13 @@ PRESETS: dict[str, ModelConfig] = {
     "small": ModelConfig(n_layer=12, n_head=12, n_embd=768),
     "medium": ModelConfig(n_layer=24, n_head=16, n_embd=1024),
 }
+
+
+# The published sigma-GPT baseline (model_sigmaGPT.py), field by field: target position added
+# once at the input, LayerNorm (with bias), no QK-norm, output head tied to the token embedding
+# and without bias, plain normal init (not truncated).
+SIGMA_GPT_FIELDS = dict(target="sigma_gpt", norm="layernorm", qk_norm=False, tie_embeddings=True,
+                        head_bias=False, init_truncation=0.0)
 
 
 def preset(name: str, **overrides) -> ModelConfig:
@@ -154,7 +171,8 @@ class Attention(nnx.Module):
 
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, dtype, param_dtype):
     d, std = cfg.n_embd, cfg.init_std
-    kw = dict(rngs=rngs, use_bias=cfg.bias, dtype=dtype, param_dtype=param_dtype)
+    kw = dict(rngs=rngs, use_bias=cfg.bias, dtype=dtype, param_dtype=param_dtype,
+              truncation=cfg.init_truncation)
     self.c_attn = Dense(d, 3 * d, axes=("embed", "qkv"), std=std, **kw)
     self.c_proj = Dense(d, d, axes=("heads", "embed"), std=std / math.sqrt(2 * cfg.n_layer), **kw)
     if cfg.qk_norm:
@@ -189,7 +207,8 @@ class MLP(nnx.Module):
 
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, dtype, param_dtype):
     d, h, std = cfg.n_embd, cfg.mlp_ratio * cfg.n_embd, cfg.init_std
-    kw = dict(rngs=rngs, use_bias=cfg.bias, dtype=dtype, param_dtype=param_dtype)
+    kw = dict(rngs=rngs, use_bias=cfg.bias, dtype=dtype, param_dtype=param_dtype,
+              truncation=cfg.init_truncation)
     self.c_fc = Dense(d, h, axes=("embed", "mlp"), std=std, **kw)
     self.c_proj = Dense(h, d, axes=("mlp", "embed"), std=std / math.sqrt(2 * cfg.n_layer), **kw)
 
@@ -202,7 +221,8 @@ class Block(nnx.Module):
   ``x = x + gate_a * Attn(norm(x) * (1 + scale_a) + shift_a)``, the same for the MLP."""
 
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, dtype, param_dtype):
-    nk = dict(kind=cfg.norm, use_bias=cfg.bias, dtype=dtype, param_dtype=param_dtype)
+    # Norms return fp32 (the residual stream's dtype); Dense casts its input to ``dtype``.
+    nk = dict(kind=cfg.norm, use_bias=cfg.bias, dtype=jnp.float32, param_dtype=param_dtype)
     self.ln_1 = Norm(cfg.n_embd, **nk)
     self.attn = Attention(cfg, rngs=rngs, dtype=dtype, param_dtype=param_dtype)
     self.ln_2 = Norm(cfg.n_embd, **nk)
@@ -211,10 +231,11 @@ class Block(nnx.Module):
     if cfg.target == "adaln":
       self.adaLN = Dense(cfg.target_dim, 6 * cfg.n_embd, axes=("cond", "mod"), rngs=rngs,
                          std=cfg.init_std, zero_init=cfg.zero_init_modulation, dtype=dtype,
-                         param_dtype=param_dtype)
+                         param_dtype=param_dtype, truncation=cfg.init_truncation)
     elif cfg.target == "per_block":
       self.wtpe = Embed(cfg.block_size, cfg.n_embd, axes=(None, "embed"), rngs=rngs,
-                        std=cfg.init_std, dtype=dtype, param_dtype=param_dtype)
+                        std=cfg.init_std, dtype=dtype, param_dtype=param_dtype,
+                        truncation=cfg.init_truncation)
 
   def __call__(self, x, slot_tgt, cond_table, *, mask, cache, write_index, dropout_key):
     if self.target == "per_block":
@@ -254,12 +275,15 @@ class AOGPT(nnx.Module):
     self.cfg = cfg
     dtype, pdt = jnp.dtype(cfg.dtype), jnp.dtype(cfg.param_dtype)
     std, d = cfg.init_std, cfg.n_embd
-    ekw = dict(rngs=rngs, std=std, dtype=dtype, param_dtype=pdt)
-    self.wte = Embed(cfg.vocab_size, d, axes=("vocab", "embed"), **ekw)
-    self.wpe = Embed(cfg.block_size + 1, d, axes=(None, "embed"), **ekw)  # row 0: START
-    self.wnone = nnx.Param(
-        (std * jax.random.truncated_normal(rngs.params(), -3.0, 3.0, (d,))).astype(pdt),
-        logical_axes=("embed",))
+    ekw = dict(rngs=rngs, std=std, dtype=dtype, param_dtype=pdt, truncation=cfg.init_truncation)
+    # The residual stream is fp32 whatever the compute dtype (as the published trainer under
+    # bf16 autocast, whose embeddings and residual adds stay fp32): embeddings are looked up in
+    # fp32, norms compute and return fp32, only matmul inputs are cast to ``dtype``.
+    rkw = dict(ekw, dtype=RESIDUAL_DTYPE)
+    self.wte = Embed(cfg.vocab_size, d, axes=("vocab", "embed"), **rkw)
+    self.wpe = Embed(cfg.block_size + 1, d, axes=(None, "embed"), **rkw)  # row 0: START
+    self.wnone = nnx.Param(trunc_normal(rngs.params(), (d,), std, pdt, cfg.init_truncation),
+                           logical_axes=("embed",))
     if cfg.target == "adaln":
       self.wtpe = Embed(cfg.block_size, cfg.target_dim, axes=(None, "cond"), **ekw)
     elif cfg.target in ("sigma_gpt", "repeat"):
@@ -269,10 +293,12 @@ class AOGPT(nnx.Module):
     self.ln_f = Norm(d, kind=cfg.norm, use_bias=cfg.bias, dtype=jnp.float32, param_dtype=pdt)
     if cfg.target == "adaln":
       self.adaLN_final = Dense(cfg.target_dim, 2 * d, axes=("cond", "mod"), rngs=rngs, std=std,
-                               zero_init=cfg.zero_init_modulation, dtype=dtype, param_dtype=pdt)
+                               zero_init=cfg.zero_init_modulation, dtype=dtype, param_dtype=pdt,
+                               truncation=cfg.init_truncation)
     if not cfg.tie_embeddings:
       self.lm_head = Dense(d, cfg.vocab_size, axes=("embed", "vocab"), rngs=rngs, std=std,
-                           use_bias=cfg.head_bias, dtype=dtype, param_dtype=pdt)
+                           use_bias=cfg.head_bias, dtype=dtype, param_dtype=pdt,
+                           truncation=cfg.init_truncation)
     elif cfg.head_bias:
       self.lm_head_bias = nnx.Param(jnp.zeros((cfg.vocab_size,), pdt), logical_axes=("vocab",))
 
@@ -298,13 +324,13 @@ class AOGPT(nnx.Module):
       raise ValueError("encode: a cache needs an explicit mask")
     dtype = jnp.dtype(cfg.dtype)
     tok = self.wte(jnp.maximum(slot_tokens, 0))
-    x = jnp.where((slot_tokens == START)[..., None], self.wnone[...].astype(dtype), tok)
+    x = jnp.where((slot_tokens == START)[..., None], self.wnone[...].astype(RESIDUAL_DTYPE), tok)
     x = x + self.wpe(slot_pos)
     cond_table = None
     if cfg.target == "adaln":
       cond_table = self.wtpe.embedding[...].astype(dtype)
     elif cfg.target in ("sigma_gpt", "repeat"):
-      tgt_emb = _table_lookup(self.wtpe.embedding[...], slot_tgt).astype(dtype)
+      tgt_emb = _table_lookup(self.wtpe.embedding[...], slot_tgt).astype(RESIDUAL_DTYPE)
       if cfg.target == "sigma_gpt":
         x = x + tgt_emb
     x = _dropout(x, cfg.dropout, _fold(dropout_key, cfg.n_layer))
@@ -322,6 +348,12 @@ class AOGPT(nnx.Module):
   def head(self, h: jax.Array, slot_tgt: jax.Array) -> jax.Array:
     """Final norm (adaLN-modulated for ``adaln``) and output head; fp32 logits [..., V] with the
     padding ids set to -inf so they never receive probability."""
+    w, b = self.output_layer()
+    x = self.head_features(h, slot_tgt).astype(self.cfg.dtype)
+    return matmul(x, w.astype(self.cfg.dtype), preferred_element_type=jnp.float32) + b
+
+  def head_features(self, h: jax.Array, slot_tgt: jax.Array) -> jax.Array:
+    """The output head's input: the final norm, adaLN-modulated for ``adaln`` (fp32)."""
     cfg = self.cfg
     x = self.ln_f(h)
     if cfg.target == "adaln":
@@ -329,18 +361,21 @@ class AOGPT(nnx.Module):
           modulation(self.adaLN_final, self.wtpe.embedding[...].astype(cfg.dtype), slot_tgt)
           .astype(jnp.float32), 2, axis=-1)
       x = x * (1 + scale) + shift
+    return x
+
+  def output_layer(self) -> tuple[jax.Array, jax.Array]:
+    """(w [d, V], b [V] fp32) of the output head: the untied head or the token embedding, and
+    the head bias (or 0) with the padding ids at -inf (a [V] vector, so the mask costs nothing
+    on the [..., V] logits)."""
+    cfg = self.cfg
     if cfg.tie_embeddings:
-      dtype = jnp.dtype(cfg.dtype)
-      logits = jnp.dot(x.astype(dtype), self.wte.embedding[...].astype(dtype).T)
-      if cfg.head_bias:
-        logits = logits + self.lm_head_bias[...].astype(dtype)
+      w = self.wte.embedding[...].T
+      b = self.lm_head_bias[...] if cfg.head_bias else None
     else:
-      logits = self.lm_head(x)
-    logits = logits.astype(jnp.float32)
-    if cfg.valid_vocab_size < cfg.vocab_size:
-      valid = jnp.arange(cfg.vocab_size) < cfg.valid_vocab_size
-      logits = jnp.where(valid, logits, -jnp.inf)
-    return logits
+      w = self.lm_head.kernel[...]
+      b = self.lm_head.bias[...] if self.lm_head.bias is not None else None
+    b = jnp.zeros((cfg.vocab_size,), jnp.float32) if b is None else b.astype(jnp.float32)
+    return w, jnp.where(jnp.arange(cfg.vocab_size) < cfg.valid_vocab_size, b, -jnp.inf)
 
   def forward_slots(self, slot_tokens, slot_pos, slot_tgt, **kw):
     """`encode` then `head`: returns (logits [B, S, V], new cache or None)."""
@@ -360,18 +395,22 @@ class AOGPT(nnx.Module):
                dropout_key: jax.Array | None = None) -> jax.Array:
     """Logits [B, n, V]: ``logits[b, r]`` predicts ``tokens[b, order[b, r]]`` from the tokens at
     ``order[b, :r]``. ``tokens`` are in ORIGINAL order; ``order`` is a permutation per row."""
+    return self.head(self.hidden(tokens, order, dropout_key=dropout_key), order)
+
+  def hidden(self, tokens: jax.Array, order: jax.Array, *,
+             dropout_key: jax.Array | None = None) -> jax.Array:
+    """The block stack's output [B, n, d] in ORDER space: row r predicts ``tokens[order[r]]``
+    (its target position is ``order[r]``)."""
     self._check_shapes(tokens, order)
     if self.cfg.attention == "gather":
-      slot_tokens, slot_pos, slot_tgt = gather_slots(tokens, order)
-      logits, _ = self.forward_slots(slot_tokens, slot_pos, slot_tgt, dropout_key=dropout_key)
-      return logits
+      h, _ = self.encode(*gather_slots(tokens, order), dropout_key=dropout_key)
+      return h
     slot_tokens, slot_pos, slot_tgt, mask = mask_slots(tokens, order)
-    logits, _ = self.forward_slots(slot_tokens, slot_pos, slot_tgt, mask=mask,
-                                   dropout_key=dropout_key)
+    h, _ = self.encode(slot_tokens, slot_pos, slot_tgt, mask=mask, dropout_key=dropout_key)
     # The slot of rank r is START (r = 0) or the token at position order[r - 1].
     b = tokens.shape[0]
     idx = jnp.concatenate([jnp.zeros((b, 1), jnp.int32), order[:, :-1] + 1], axis=1)
-    return jnp.take_along_axis(logits, idx[..., None], axis=1)
+    return jnp.take_along_axis(h, idx[..., None], axis=1)
 
   def _check_shapes(self, tokens, order):
     if tokens.ndim != 2 or tokens.shape != order.shape:
@@ -422,8 +461,15 @@ def loss(m: AOGPT, tokens: jax.Array, order: jax.Array, *,
          dropout_key: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
   """Any-order NLL: returns (mean NLL over all tokens, per-token NLL [B, n] in ORDER space,
   i.e. ``per_token[b, r] = -log p(x_{order[b, r]} | x_{order[b, :r]})``)."""
-  logits = m(tokens, order, dropout_key=dropout_key)
-  per_token = token_nll(logits, orders_lib.permute(tokens, order))
+  targets = orders_lib.permute(tokens, order)
+  cfg = m.cfg
+  if cfg.loss_chunk:
+    # No [B, n, V] logits: the head and its gradients chunk by chunk (aogpt_jax/cross_entropy.py).
+    x = m.head_features(m.hidden(tokens, order, dropout_key=dropout_key), order)
+    w, b = m.output_layer()
+    return cross_entropy.fused_mean_nll(x, w, b, targets, valid_vocab=cfg.vocab_size,
+                                        chunk=cfg.loss_chunk, dtype=cfg.dtype)
+  per_token = token_nll(m(tokens, order, dropout_key=dropout_key), targets)
   return jnp.mean(per_token), per_token
 
 

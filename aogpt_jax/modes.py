@@ -19,6 +19,7 @@ import os
 import jax
 
 from aogpt_jax import checkpoint, data, evaluate, sampler
+from aogpt_jax import config as config_lib
 from aogpt_jax.config import ConfigError
 
 EVAL_SETTINGS = tuple(f.name for f in dataclasses.fields(evaluate.EvalSettings))
@@ -54,10 +55,27 @@ def _check_run(cfg, workdir: str) -> None:
                         f"be {want}, got {value!r} (use the run's config file)")
 
 
+def eval_order_kwargs(cfg) -> dict:
+  """``evaluate.order_kwargs`` (JSON); empty: the run's ``order.kwargs`` if ``evaluate.order`` is
+  the run's own order distribution, else no options."""
+  raw = str(cfg.evaluate.order_kwargs or "").strip()
+  if not raw:
+    return config_lib.order_kwargs(cfg) if cfg.evaluate.order == cfg.order.name else {}
+  try:
+    kw = json.loads(raw)
+  except json.JSONDecodeError as err:
+    raise ConfigError(f"evaluate.order_kwargs: not JSON ({err.msg}): {raw!r}; e.g. "
+                      f"'{{\"seed\": 3}}'") from None
+  if not isinstance(kw, dict):
+    raise ConfigError(f"evaluate.order_kwargs: expected a JSON object, got {raw!r}")
+  return kw
+
+
 def eval_mode(cfg, workdir: str) -> dict:
   e = cfg.evaluate
   try:
-    settings = evaluate.EvalSettings.from_dict({k: e[k] for k in EVAL_SETTINGS})
+    settings = evaluate.EvalSettings.from_dict({k: e[k] for k in EVAL_SETTINGS}
+                                               | {"order_kwargs": eval_order_kwargs(cfg)})
   except ValueError as err:
     raise ConfigError(f"evaluate: {err}") from None
   _check_run(cfg, workdir)

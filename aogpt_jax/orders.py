@@ -96,7 +96,10 @@ def mixture(key: jax.Array, batch: int, length: int, p_l2r: float = 0.1) -> jax.
 
 @functools.lru_cache(maxsize=64)
 def _fixed_permutation(seed: int, length: int) -> np.ndarray:
-  return np.asarray(jax.random.permutation(jax.random.key(seed), length), dtype=np.int32)
+  # Evaluated eagerly even when the first caller is being traced by jit (seed and length are
+  # Python ints, so the permutation is a constant of the trace).
+  with jax.ensure_compile_time_eval():
+    return np.asarray(jax.random.permutation(jax.random.key(seed), length), dtype=np.int32)
 
 
 @register("fixed_random")

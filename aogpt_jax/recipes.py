@@ -2,8 +2,8 @@
 
 * `paper(size, ...)`: the published AO-GPT recipe (DESIGN section 1 and the released configs):
   AdamW(0.9, 0.95), weight decay 0.05, lr 6e-4 (Small) / 3e-4 (Medium), 2000 warmup steps,
-  cosine to lr/10 over 500k steps, clip 1.0, 1024 x 1024 = 1M tokens per step, bf16 compute,
-  EMA 0.9999, OpenWebText with the GPT-2 tokenizer.
+  cosine to min_lr 6e-5 (both sizes, as released) over 500k steps, clip 1.0, 1024 x 1024 = 1M
+  tokens per step, bf16 compute, EMA 0.9999, OpenWebText with the GPT-2 tokenizer.
 * `ablation(...)`: the recipe of the paper's order ablations (released ``config_order/``):
   0.5M tokens per step for 20k steps, with the cosine still set for 500k steps.
 * `tiny(cfg)`: the same run shrunk to CPU size (the byte-level ``tiny`` model on the Python
@@ -19,8 +19,10 @@ from typing import Any, Callable
 from ml_collections import config_dict
 
 from aogpt_jax import config as config_lib
+from aogpt_jax import model as model_lib
 
 PAPER_LR = {"small": 6e-4, "medium": 3e-4}
+PUBLISHED_MIN_LR = 6e-5   # the released trainer's min_lr, for both sizes (no config overrides it)
 AO_GPT_ORDER = ("mixture", {"p_l2r": 0.1})
 
 
@@ -46,17 +48,28 @@ def paper(size: str = "small", *, target: str = "adaln",
   c = config_lib.default_config()
   apply(c, {
       "model.preset": size, "model.target": target, "model.dtype": "bfloat16",
+      "model.loss_chunk": 1024,   # no [B, n, V] fp32 logits (5 GiB at 8 x 1024 tokens, Small)
       "order.name": order[0], "order.kwargs": dict(order[1]),
       "data.source": "openwebtext", "data.tokenizer": "gpt2",
       "seq_len": 1024, "batch_size": 1024, "microbatches": 8,   # 1M tokens per step
       "total_steps": 500_000, "log_every": 50, "eval_every": 2500, "checkpoint_every": 2500,
       "optimizer.lr": PAPER_LR[size], "optimizer.warmup_steps": 2000,
-      "optimizer.decay_steps": 0, "optimizer.min_lr_ratio": 0.1,
+      "optimizer.decay_steps": 0, "optimizer.min_lr_ratio": PUBLISHED_MIN_LR / PAPER_LR[size],
       "optimizer.weight_decay": 0.05, "optimizer.grad_clip": 1.0, "optimizer.ema_decay": 0.9999,
       "eval.batch_size": 128, "eval.max_blocks": 1024,
       "checkpoint.keep": 3, "checkpoint.keep_every": 50_000,
   })
   return c
+
+
+def sigma_gpt(size: str = "small") -> config_dict.ConfigDict:
+  """The reproduced sigma-GPT baseline of the paper's Tables 4/5 (the published
+  ``model_sigmaGPT.py``): `model.SIGMA_GPT_FIELDS` (target once at the input, LayerNorm, no
+  QK-norm, tied head without bias, plain normal init), uniformly random orders and no EMA; the
+  optimizer recipe is AO-GPT's. Figure 9 adds adaLN and EMA to it step by step."""
+  c = paper(size, target="sigma_gpt", order=("uniform", {}))
+  apply(c, {f"model.{k}": v for k, v in model_lib.SIGMA_GPT_FIELDS.items()})
+  return apply(c, {"optimizer.ema_decay": 0.0})
 
 
 def mdm(size: str = "small") -> config_dict.ConfigDict:

@@ -64,6 +64,7 @@ class SampleSettings:
   order: Any = "random"                 # order name (random, l2r, ...) or int [n] / [B, n]
   temperature: float = 1.0
   top_p: float = 1.0
+  top_p_rule: str = "published"        # published (released code) | nucleus (Holtzman)
   greedy: bool = False                  # argmax instead of sampling (temperature/top_p unused)
   method: str = "diffusion"             # diffusion | ar | uncached | encoder (encoder model)
 
@@ -88,6 +89,9 @@ class SampleSettings:
       raise ValueError(f"sample.temperature: must be > 0, got {self.temperature}")
     if not (isinstance(self.top_p, numbers.Real) and 0 < self.top_p <= 1):
       raise ValueError(f"sample.top_p: must be in (0, 1], got {self.top_p}")
+    if self.top_p_rule not in tokens_lib.TOP_P_RULES:
+      raise ValueError(f"sample.top_p_rule: must be one of {tokens_lib.TOP_P_RULES}, "
+                       f"got {self.top_p_rule!r}")
 
 
 @dataclasses.dataclass
@@ -190,7 +194,8 @@ def _run_jit(graphdef, params, order, tokens0, prompt_len, tok_keys, xs, *, kind
 def _jit_args(model: AOGPT, p: Prepared, pl: schedules.StepPlan | None, s: SampleSettings,
               debug: bool):
   graphdef, params = nnx.split(model)
-  common = dict(temperature=float(s.temperature), top_p=float(s.top_p), greedy=bool(s.greedy),
+  common = dict(temperature=float(s.temperature), top_p=float(s.top_p),
+                top_p_rule=str(s.top_p_rule), greedy=bool(s.greedy),
                 debug=bool(debug))
   if s.method == "ar":
     static = dict(prefill=int(p.prompt_len.min()), **common)
@@ -249,6 +254,7 @@ def sample_config() -> ml_collections.ConfigDict:
       count_mode="deterministic",  # deterministic (released code) | stochastic (Lemma 4.1)
       order="random",              # random | l2r | any registered order distribution
       top_p=1.0,
+      top_p_rule="published",    # published (the released code's rule) | nucleus
       temperature=1.0,
       greedy=False,
       seed=0,
@@ -264,6 +270,7 @@ def settings_from_config(c: ml_collections.ConfigDict, cfg: ModelConfig) -> Samp
   return SampleSettings(length=int(c.length) or cfg.block_size, steps=int(c.steps),
                         schedule=c.schedule, count_mode=c.count_mode, order=c.order,
                         temperature=float(c.temperature), top_p=float(c.top_p),
+                        top_p_rule=str(c.get("top_p_rule", "published")),
                         greedy=bool(c.greedy), method=c.method)
 
 
@@ -316,7 +323,8 @@ def write_samples(model: AOGPT, config: ml_collections.ConfigDict, workdir: str,
   outs = [run(model, p, pl, s) for p, pl in zip(batches, plans)]
   seconds = time.perf_counter() - t0
   steps = "" if s.method == "ar" else f"_T{s.steps}_{s.schedule}_{s.count_mode}"
-  name = c.name or (f"{s.method}{steps}_p{s.top_p:g}_t{s.temperature:g}_seed{int(c.seed)}")
+  rule = "" if s.top_p_rule == "published" or s.top_p == 1 else s.top_p_rule
+  name = c.name or (f"{s.method}{steps}_p{s.top_p:g}{rule}_t{s.temperature:g}_seed{int(c.seed)}")
   out_dir = os.path.join(workdir, "samples")
   os.makedirs(out_dir, exist_ok=True)
   path = os.path.join(out_dir, name + ".jsonl")

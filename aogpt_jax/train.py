@@ -55,9 +55,19 @@ def lr_schedule(opt_cfg, total_steps: int) -> Callable[[jax.Array], jax.Array]:
   return schedule
 
 
+# Parameters decayed although 1-D: the START vector is the published ``wnonee``, an
+# ``nn.Embedding(1, d)`` (2-D there, so decayed by the published ndim >= 2 rule); ours is stored as
+# a [d] vector, so checkpoints keep their shape, and is named here.
+DECAYED_VECTORS = ("wnone",)
+
+
 def decay_mask(params):
-  """Weight decay only on parameters with ndim >= 2 (matrices and embeddings), as published."""
-  return jax.tree.map(lambda p: p.ndim >= 2, params)
+  """Weight decay on matrices and embeddings (ndim >= 2) and the START vector, as published:
+  biases, norm scales and nothing else are left undecayed."""
+  def decayed(path, p):
+    names = {getattr(k, "key", getattr(k, "name", None)) for k in path}
+    return p.ndim >= 2 or not names.isdisjoint(DECAYED_VECTORS)
+  return jax.tree_util.tree_map_with_path(decayed, params)
 
 
 def make_optimizer(cfg) -> optax.GradientTransformation:
@@ -160,11 +170,25 @@ def train_step(state: State, batch: dict[str, jax.Array], *, graphdef, tx, cfg,
   return new, metrics
 
 
+def heldout_orders(cfg) -> tuple[tuple[str, str, tuple], ...]:
+  """(label, order name, sorted kwargs) of the held-out losses: L2R, uniform ("random") and,
+  when the run trains on another fixed distribution (``fixed_random``, ``blockwise``, a new one;
+  not ``l2r``, ``uniform`` or ``mixture``, which the first two cover), that order as
+  "train_order", so e.g. the paper's Figure 3a runs can be read from their own held-out loss."""
+  out = [("l2r", "l2r", ()), ("random", "uniform", ())]
+  if cfg.order.name not in ("l2r", "uniform", "mixture"):
+    out.append(("train_order", cfg.order.name,
+                tuple(sorted(config_lib.order_kwargs(cfg).items()))))
+  return tuple(out)
+
+
 def eval_step(params, batch: dict[str, jax.Array], key: jax.Array, *, graphdef,
-              objective: str = "ao") -> dict:
+              objective: str = "ao",
+              orders: tuple[tuple[str, str, tuple], ...] = (("l2r", "l2r", ()),
+                                                            ("random", "uniform", ()))) -> dict:
   """Weighted NLL sums of one held-out batch; padding rows (weight 0) count for nothing.
-  ``ao``: under the L2R order and under uniform orders drawn from ``key``; ``mdm``: one ELBO
-  sample (t and masks drawn from ``key``) per block."""
+  ``ao``: ``nll_<label>`` under each of ``orders`` (`heldout_orders`), random ones drawn from
+  ``key``; ``mdm``: one ELBO sample (t and masks drawn from ``key``) per block."""
   m = nnx.merge(graphdef, params)
   tokens, weight = batch["tokens"], batch["weight"]
   b, n = tokens.shape
@@ -173,10 +197,10 @@ def eval_step(params, batch: dict[str, jax.Array], key: jax.Array, *, graphdef,
     t, masked = mdm_lib.draw_masks(key, b, n)
     out["nll_elbo"] = jnp.sum(mdm_lib.weighted_nll(m, tokens, masked, t) * weight)
     return out
-  for name in ("l2r", "uniform"):
-    order = orders_lib.sample(name, key, b, n)
+  for label, name, kwargs in orders:
+    order = orders_lib.sample(name, key, b, n, **dict(kwargs))
     _, per_token = model_lib.loss(m, tokens, order)
-    out[f"nll_{name}"] = jnp.sum(per_token * weight[:, None])
+    out[f"nll_{label}"] = jnp.sum(per_token * weight[:, None])
   return out
 
 
@@ -236,7 +260,9 @@ def build(cfg, model_cfg: model_lib.ModelConfig, mesh) -> Trainer:
                                          dropout=dropout),
                  in_shardings=(state_sh, batch_sh), out_shardings=(state_sh, rep),
                  donate_argnums=0)
-  ev = jax.jit(lambda p, b, k: eval_step(p, b, k, graphdef=graphdef, objective=cfg.objective),
+  ev_orders = heldout_orders(cfg)
+  ev = jax.jit(lambda p, b, k: eval_step(p, b, k, graphdef=graphdef, objective=cfg.objective,
+                                         orders=ev_orders),
                in_shardings=(param_sh, eval_batch_sh, rep), out_shardings=rep)
   return Trainer(cfg=cfg, model_cfg=model_cfg, mesh=mesh, graphdef=graphdef, tx=tx,
                  abstract_state=abstract, state_shardings=state_sh, param_shardings=param_sh,

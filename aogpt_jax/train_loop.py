@@ -139,7 +139,7 @@ class _Window:
 
 def _eval_line(ev: dict[str, float]) -> str:
   names = {"eval/loss_l2r": "L2R loss", "eval/loss_random": "any-order loss",
-           "eval/elbo": "ELBO bound"}
+           "eval/loss_train_order": "training-order loss", "eval/elbo": "ELBO bound"}
   return ", ".join(f"{names[k]} {v:.4f}" for k, v in ev.items())
 
 
@@ -153,7 +153,8 @@ def _check_finite(step: int, m: dict[str, float]) -> None:
 
 
 def evaluate(trainer: train_lib.Trainer, params, cfg) -> dict[str, float]:
-  """Held-out NLL per token under the L2R order and under uniform orders (fixed seed)."""
+  """Held-out NLL per token under the L2R order, under uniform orders (fixed seed) and, for a
+  run on another fixed order distribution, under that one (`train.heldout_orders`)."""
   bs = cfg.eval.batch_size or cfg.batch_size
   batches = data_lib.eval_batches(
       cfg.data, split=cfg.eval.split, seq_len=cfg.seq_len, global_batch_size=bs,
@@ -169,7 +170,8 @@ def evaluate(trainer: train_lib.Trainer, params, cfg) -> dict[str, float]:
   n = max(sums.get("tokens", 0.0), 1.0)
   if cfg.objective == "mdm":
     return {"eval/elbo": sums["nll_elbo"] / n}
-  return {"eval/loss_l2r": sums["nll_l2r"] / n, "eval/loss_random": sums["nll_uniform"] / n}
+  return {f"eval/loss_{label}": sums[f"nll_{label}"] / n
+          for label, _, _ in train_lib.heldout_orders(cfg)}
 
 
 def train(cfg, workdir: str) -> dict[str, float]:

@@ -50,25 +50,35 @@ def all_sequences(valid: int, n: int) -> np.ndarray:
   return np.array(list(itertools.product(range(valid), repeat=n)), np.int32)
 
 
-def conditional_logprobs(m, seqs: np.ndarray, order: np.ndarray, temperature=1.0, top_p=1.0):
+def conditional_logprobs(m, seqs: np.ndarray, order: np.ndarray, temperature=1.0, top_p=1.0,
+                         top_p_rule="published"):
   """log p(x_{order[r]} | x_{order[:r]}) under the gather-path forward (one order for all rows),
   after temperature and top-p, for every sequence: [num_seqs, n]."""
   tokens = jnp.asarray(seqs)
   o = jnp.broadcast_to(jnp.asarray(order, jnp.int32), tokens.shape)
-  logp = adjusted_logprobs(np.asarray(forward(m)(tokens, o)), temperature, top_p)
+  logp = adjusted_logprobs(np.asarray(forward(m)(tokens, o)), temperature, top_p, top_p_rule)
   tgt = np.asarray(seqs)[:, np.asarray(order)]
   return np.take_along_axis(logp, tgt[..., None], axis=-1)[..., 0]
 
 
-def adjusted_logprobs(logits: np.ndarray, temperature=1.0, top_p=1.0) -> np.ndarray:
-  """float64 log-probabilities [..., V] after temperature and top-p (as `sampling.tokens`)."""
+def adjusted_logprobs(logits: np.ndarray, temperature=1.0, top_p=1.0,
+                      top_p_rule="published") -> np.ndarray:
+  """float64 log-probabilities [..., V] after temperature and top-p, each rule from its
+  definition: "published" drops every token whose inclusive cumulative probability (descending
+  order) exceeds top_p, keeping the top one; "nucleus" keeps tokens while the mass before them
+  is below top_p."""
   logits = np.asarray(logits, np.float64) / temperature
   logp = logits - np.logaddexp.reduce(logits, axis=-1, keepdims=True)
   if top_p < 1.0:
     p = np.exp(logp)
     srt = -np.sort(-p, axis=-1)
-    before = np.cumsum(srt, axis=-1) - srt
-    cutoff = np.min(np.where(before < top_p, srt, np.inf), axis=-1, keepdims=True)
+    cum = np.cumsum(srt, axis=-1)
+    if top_p_rule == "published":
+      keep = cum <= top_p
+      keep[..., 0] = True
+    else:
+      keep = cum - srt < top_p
+    cutoff = np.min(np.where(keep, srt, np.inf), axis=-1, keepdims=True)
     p = np.where(p >= cutoff, p, 0.0)
     with np.errstate(divide="ignore"):
       logp = np.log(p / p.sum(-1, keepdims=True))

@@ -14,7 +14,7 @@ from aogpt_jax.evaluation import convert
 torch = pytest.importorskip("torch", reason="needs torch (pip install -r requirements-extra.txt)")
 nn, F = torch.nn, torch.nn.functional
 
-V, N, D, H, L, TD = 64, 12, 32, 4, 2, 8
+V, N, D, H, L, TD = 64, 12, 32, 4, 2, 128   # the published code hard-codes TD = 128
 
 
 class RMS(nn.Module):
@@ -225,3 +225,32 @@ def test_errors_name_the_problem(tmp_path):
   with pytest.raises(ValueError, match="cannot be written in the published aogpt layout"):
     convert.export_safetensors(m, str(tmp_path / "x"), layout="published", variant="aogpt")
   assert math.isfinite(float(np.asarray(m(np.zeros((1, N), int), np.arange(N)[None])).max()))
+
+
+def test_conflicting_overrides_and_variants_are_named(tmp_path):
+  import json
+  _, _, path = _checkpoint("sigma_gpt", tmp_path)
+  ck = convert.read_torch_checkpoint(path)
+  with pytest.raises(ValueError, match=r"--n_head=2 conflicts with the checkpoint \(model_args "
+                                       r"give n_head=4\)"):
+    convert.convert_checkpoint(ck, "params", n_head=2)
+  with pytest.raises(ValueError, match=r"--mlp_ratio=2 conflicts .*tensor shapes give mlp_ratio=4"):
+    convert.convert_checkpoint(ck, "params", mlp_ratio=2)
+  convert.main(["import", "--ckpt", path, "--out", str(tmp_path / "conv"), "--which", "params"])
+  meta = json.loads((tmp_path / "conv" / "params" / "config.json").read_text())
+  assert meta["variant"] == "sigma_gpt" and meta["model"]["target"] == "sigma_gpt"
+  _, _, apath = _checkpoint("aogpt", tmp_path)
+  with pytest.raises(ValueError, match=r"--n_head=2 conflicts .*n_head=4"):
+    convert.convert_checkpoint(convert.read_torch_checkpoint(apath), "params", n_head=2)
+
+
+def test_published_export_refuses_what_the_published_code_cannot_load(tmp_path):
+  from flax import nnx
+  from aogpt_jax import model as model_lib
+  for bad in (dict(target_dim=64), dict(mlp_ratio=2)):
+    cfg = model_lib.preset("tiny", vocab_size=V, valid_vocab_size=V, block_size=N, **bad)
+    m = model_lib.AOGPT(cfg, rngs=nnx.Rngs(0))
+    name = next(iter(bad))
+    with pytest.raises(ValueError, match=f"'{name}'.*cannot be written in the published aogpt"):
+      convert.export_safetensors(m, str(tmp_path / name), layout="published")
+    assert not (tmp_path / name).exists()

@@ -4,6 +4,7 @@ import builtins
 import json
 import pathlib
 
+import numpy as np
 import pytest
 
 from aogpt_jax.data import config, sources
@@ -113,8 +114,31 @@ def test_held_out_split_is_deterministic_and_disjoint(tmp_path):
   train, val = rows(c, "train"), rows(c, "validation")
   assert sorted(train + val) == sorted(docs) and not set(train) & set(val)
   assert 15 <= len(val) <= 70                      # about 10%
-  assert val == [d for d in docs if sources.is_held_out(d, 0.1)]
   assert rows(c, "validation") == val              # same rows every time
+
+
+def test_held_out_text_split_with_blank_and_repeated_lines(tmp_path):
+  # Most plain text: blank lines, repeated short lines. The held-out share of the TEXT must be
+  # the validation fraction, no empty rows, and the held-out rows must look like the train rows
+  # (a content hash sent every blank line and every repeated "}" to one side).
+  rng = np.random.default_rng(0)
+  lines = []
+  for i in range(3000):
+    kind = rng.integers(4)
+    lines.append(["", "}", "    return x", f"def function_{i}(a, b): return a * {i} + b"][kind])
+  (tmp_path / "code.txt").write_text("\n".join(lines) + "\n")
+  c = cfg(source="text_files", glob=str(tmp_path / "code.txt"), validation_fraction=0.1,
+          txt_rows="line")
+  train, val = rows(c, "train"), rows(c, "validation")
+  assert all(r.strip() for r in train + val)
+  nonempty = [ln + "\n" for ln in lines if ln]
+  assert sorted(train + val) == sorted(nonempty)
+  share = sum(map(len, val)) / sum(map(len, nonempty))
+  assert abs(share - 0.1) < 0.01, share
+  mean = lambda rs: sum(map(len, rs)) / len(rs)
+  assert abs(mean(val) / mean(train) - 1) < 0.25, (mean(val), mean(train))
+  origin = sources.raw_split(c, "validation").origin
+  assert "validation_fraction 0.1" in origin and "empty rows dropped" in origin
 
 
 def test_validation_glob(tmp_path):

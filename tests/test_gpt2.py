@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 
 import numpy as np
 import pytest
@@ -112,3 +113,12 @@ def test_run_grid_covers_the_papers_grid():
   assert sorted({c["steps"] for c in calls}) == [64, 128, 256, 512, 1024]
   np.testing.assert_allclose(rows[0]["gen_ppl"]["corpus"], np.e)
   assert "unigram entropy" in genppl.grid_table(rows)
+
+
+def test_missing_weights_error_names_an_api_that_exists(tmp_path):
+  with pytest.raises(FileNotFoundError) as e:
+    gpt2.load(str(tmp_path))
+  named = re.search(r"pass that folder to (\w+)\.(\w+)\.(\w+)\(", str(e.value))
+  assert named, str(e.value)
+  module = {"genppl": genppl}[named.group(1)]
+  assert callable(getattr(getattr(module, named.group(2)), named.group(3)))

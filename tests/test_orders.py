@@ -109,3 +109,18 @@ def test_rank_mask_matches_definition():
   # identity order: an ordinary lower-triangular causal mask
   ident = np.asarray(orders.rank_mask(orders.sample("l2r", None, 1, 5)))[0]
   np.testing.assert_array_equal(ident, np.tril(np.ones((6, 6), bool)))
+
+
+def test_every_registered_order_works_under_jit_with_a_fresh_cache():
+  # The fixed permutations are cached per process; a jit that is the first to ask for one must
+  # not need a concrete value (it used to raise TracerArrayConversionError).
+  orders._fixed_permutation.cache_clear()
+  kwargs = {"mixture": {"p_l2r": 0.5}, "fixed_random": {"seed": 5},
+            "blockwise": {"block": 4, "seed": 2}}
+  for name in orders.names():
+    kw = kwargs.get(name, {})
+    jitted = jax.jit(lambda k, name=name, kw=kw: orders.sample(name, k, 3, 10, **kw))
+    got = jitted(jax.random.key(7))
+    orders._fixed_permutation.cache_clear()
+    np.testing.assert_array_equal(got, orders.sample(name, jax.random.key(7), 3, 10, **kw))
+    assert _is_perm_rows(got)

@@ -69,8 +69,9 @@ def test_parallel_steps_stochastic_counts(model, seqs):
   assert chisquare_p(hist, det, N_SAMPLES) < 1e-6
 
 
-def test_temperature_and_top_p(model, seqs):
-  kw = dict(temperature=0.7, top_p=0.8)
+@pytest.mark.parametrize("rule", ["published", "nucleus"])
+def test_temperature_and_top_p(model, seqs, rule):
+  kw = dict(temperature=0.7, top_p=0.8, top_p_rule=rule)
   hist = _draw(model, 3, steps=LEN, **kw)
   exact = mixture_over_orders(model, seqs, range(LEN), [1] * LEN, **kw)
   assert chisquare_p(hist, exact, N_SAMPLES) > 1e-3

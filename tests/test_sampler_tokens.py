@@ -9,13 +9,52 @@ from scipy import stats
 from aogpt_jax.sampling import tokens as tokens_lib
 
 
-def test_top_p_keeps_the_smallest_nucleus():
-  logits = jnp.log(jnp.array([[0.05, 0.5, 0.15, 0.3]]))
-  keep = lambda p: np.isfinite(np.asarray(tokens_lib.top_p_filter(logits, p)))[0]
-  np.testing.assert_array_equal(keep(0.5), [False, True, False, False])
-  np.testing.assert_array_equal(keep(0.79), [False, True, False, True])
-  np.testing.assert_array_equal(keep(0.81), [False, True, True, True])
-  np.testing.assert_array_equal(keep(1.0), [True, True, True, True])
+def reference_top_p_support(p, top_p, rule):
+  """The kept set by each rule's definition, token by token in descending order (plain Python)."""
+  kept, total = [], 0.0
+  for i in sorted(range(len(p)), key=lambda i: -p[i]):
+    if rule == "published":        # drop every token whose inclusive cumulative sum exceeds top_p
+      total += p[i]
+      if total <= top_p or not kept:
+        kept.append(i)
+    else:                          # nucleus: add tokens until their mass reaches top_p
+      if total >= top_p:
+        break
+      kept.append(i)
+      total += p[i]
+  return sorted(kept)
+
+
+def _support(logits, top_p, rule):
+  with tokens_lib.exact_sampling():
+    x = tokens_lib.filter_logits(jnp.asarray(logits), top_p=top_p, top_p_rule=rule)
+  return np.flatnonzero(np.isfinite(np.asarray(x)))
+
+
+def test_top_p_rules_on_the_published_example():
+  # Probabilities [0.05, 0.5, 0.15, 0.3] at p = 0.9: the released code keeps {1, 3}; the
+  # nucleus rule also keeps the token that crosses 0.9.
+  logits = np.log(np.array([0.05, 0.5, 0.15, 0.3]))
+  assert _support(logits, 0.9, "published").tolist() == [1, 3]
+  assert _support(logits, 0.9, "nucleus").tolist() == [1, 2, 3]
+  assert _support(logits, 0.3, "published").tolist() == [1]      # top token always kept
+  assert _support(logits, 1.0, "published").tolist() == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize("rule", tokens_lib.TOP_P_RULES)
+def test_top_p_rules_match_their_definitions_on_random_distributions(rule):
+  rng = np.random.default_rng(0)
+  for trial in range(200):
+    v = int(rng.integers(2, 30))
+    p = rng.dirichlet(np.full(v, 0.3))
+    top_p = float(rng.uniform(0.05, 0.999))
+    got = _support(np.log(p), top_p, rule).tolist()
+    assert got == reference_top_p_support(p, top_p, rule), (trial, p, top_p)
+
+
+def test_unknown_top_p_rule_is_named():
+  with pytest.raises(ValueError, match="top_p_rule"):
+    _support(np.zeros(3), 0.5, "holtzman")
 
 
 def test_sampling_needs_float64_while_tracing():
@@ -23,25 +62,34 @@ def test_sampling_needs_float64_while_tracing():
     tokens_lib.sample_tokens(jnp.zeros((2, 4)), jax.random.split(jax.random.key(0), 2))
 
 
-@pytest.mark.parametrize("temperature,top_p", [(1.0, 1.0), (3.0, 1.0), (0.5, 0.9)])
-def test_frequencies_and_padding(temperature, top_p):
+@pytest.mark.parametrize("temperature,top_p,rule", [(1.0, 1.0, "published"), (3.0, 1.0, "published"),
+                                                    (0.5, 0.9, "nucleus"), (1.3, 0.9, "published"),
+                                                    (1.0, 0.97, "published")])
+def test_frequencies_and_padding(temperature, top_p, rule):
   logits = jnp.array([1.0, -1.0, 0.5, 2.0, -jnp.inf, -jnp.inf], jnp.float32)
   n = 40000
   keys = jax.vmap(lambda i: jax.random.fold_in(jax.random.key(1), i))(jnp.arange(n))
   with tokens_lib.exact_sampling():
     draw = jax.jit(lambda l, k: tokens_lib.sample_tokens(
-        jnp.broadcast_to(l, (n, 6)), k, temperature=temperature, top_p=top_p))
+        jnp.broadcast_to(l, (n, 6)), k, temperature=temperature, top_p=top_p, top_p_rule=rule))
     toks = np.asarray(draw(logits, keys))
   assert toks.max() < 4, "a padding id was sampled"
   p = np.exp(np.asarray(logits[:4], np.float64) / temperature)
   p /= p.sum()
   if top_p < 1:
-    srt = np.argsort(-p)
-    before = np.cumsum(p[srt]) - p[srt]
     mask = np.zeros(4, bool)
-    mask[srt[before < top_p]] = True
+    mask[reference_top_p_support(p, top_p, rule)] = True
     p = np.where(mask, p, 0) / p[mask].sum()
   counts = np.bincount(toks, minlength=4)
   assert (counts[p == 0] == 0).all()
   pos = p > 0
   assert stats.chisquare(counts[pos], p[pos] * n).pvalue > 1e-3
+
+
+def test_inverse_cdf_never_returns_a_zero_probability_token():
+  # Zero-probability tokens between, before and after the live ones; u at the ends of [0, 1).
+  x = jnp.log(jnp.array([0.0, 0.25, 0.0, 0.75, 0.0, 0.0], jnp.float64))
+  with tokens_lib.exact_sampling():
+    u = jnp.array([0.0, 0.2499, 0.25, 0.9999999, 1 - 2.0 ** -53], jnp.float64)
+    got = np.asarray(tokens_lib.inverse_cdf(jnp.broadcast_to(x, (5, 6)), u))
+  assert got.tolist() == [1, 1, 3, 3, 3]

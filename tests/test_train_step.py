@@ -100,7 +100,9 @@ def test_no_ema_when_decay_is_zero_or_none(cache_dir):
     assert "ema" not in trainer.abstract_state
 
 
-def test_weight_decay_only_on_matrices_and_embeddings(single):
+def test_weight_decay_on_matrices_embeddings_and_the_start_vector(single):
+  # As published: every parameter with ndim >= 2 is decayed, and so is the START vector (the
+  # published wnonee is an nn.Embedding(1, d)); biases and norm scales are not.
   cfg, trainer, mesh = single
   with jax.set_mesh(mesh):
     params = jax.device_get(trainer.init()["params"])
@@ -117,12 +119,12 @@ def test_weight_decay_only_on_matrices_and_embeddings(single):
               jax.tree_util.tree_flatten_with_path(jax.device_get(updates))[0])}
   decayed = {name for name, (p, u) in flat.items() if np.any(u != 0)}
   for name, (p, u) in flat.items():
-    expected = -lr0 * 0.5 * p if p.ndim >= 2 else np.zeros_like(p)
+    expected = -lr0 * 0.5 * p if p.ndim >= 2 or name == "wnone" else np.zeros_like(p)
     np.testing.assert_allclose(u, expected, rtol=1e-6, atol=1e-12, err_msg=name)
-  for name in ("wte/embedding", "wpe/embedding", "wtpe/embedding", "lm_head/kernel",
+  for name in ("wnone", "wte/embedding", "wpe/embedding", "wtpe/embedding", "lm_head/kernel",
                "h/0/attn/c_attn/kernel", "h/0/mlp/c_proj/kernel", "h/0/adaLN/kernel"):
     assert name in decayed, name
-  for name in ("wnone", "lm_head/bias", "h/0/ln_1/scale", "h/0/attn/q_norm/scale",
+  for name in ("lm_head/bias", "h/0/ln_1/scale", "h/0/attn/q_norm/scale",
                "h/0/mlp/c_fc/bias", "ln_f/scale"):
     assert name not in decayed, name
 
@@ -194,3 +196,28 @@ def test_logical_rules_drop_axes_that_do_not_divide(cache_dir):
   # 6 is not a multiple of tensor=4: that dimension is replicated instead of failing.
   assert sharding_lib.logical_to_spec(("embed", "mlp"), (32, 6), rules, mesh) == P("fsdp", None)
   assert sharding_lib.logical_to_spec(None, (), rules, mesh) == P()
+
+
+def test_heldout_eval_includes_a_fixed_training_order(cache_dir):
+  # A run on fixed_random / blockwise orders (the paper's Figure 3a) is also scored under its own
+  # order; L2R, uniform and mixture runs are not (the L2R and uniform rows cover them).
+  from aogpt_jax import model as model_lib, orders as orders_lib
+  from flax import nnx
+  assert [l for l, _, _ in train_lib.heldout_orders(tiny_config(cache_dir))] == ["l2r", "random"]
+  cfg = tiny_config(cache_dir, order__name="blockwise",
+                    order__kwargs={"block": 4, "seed": 3})
+  assert train_lib.heldout_orders(cfg)[-1] == ("train_order", "blockwise",
+                                               (("block", 4), ("seed", 3)))
+  trainer, mesh = _setup(cfg)
+  tokens = np.asarray(_batches(cfg, 1)[0])
+  weight = np.ones((tokens.shape[0],), np.float32)
+  with jax.set_mesh(mesh):
+    params = trainer.init()["params"]
+    out = jax.device_get(trainer.eval_step(
+        params, sharding_lib.global_batch({"tokens": tokens, "weight": weight}, mesh),
+        jax.random.key(0)))
+  m = nnx.merge(trainer.graphdef, jax.device_get(params))
+  order = orders_lib.sample("blockwise", jax.random.key(0), *tokens.shape, block=4, seed=3)
+  _, per_token = model_lib.loss(m, jnp.asarray(tokens), order)
+  np.testing.assert_allclose(out["nll_train_order"], float(jnp.sum(per_token)), rtol=1e-5)
+  assert not np.isclose(out["nll_train_order"], out["nll_random"])

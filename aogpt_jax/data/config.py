@@ -23,7 +23,8 @@ DEFAULTS: dict[str, Any] = {
                                  # named source; empty -> download (HF datasets / URL)
     "glob": "",                  # text_files: comma-separated globs of .txt/.jsonl/.json/.parquet
     "validation_glob": "",       # text_files: files of the validation split (else held out)
-    "validation_fraction": 0.005,  # openwebtext/text_files: share of rows held out (content hash)
+    "validation_fraction": 0.005,  # openwebtext: share of rows (content hash); text_files: share
+                                   # of the text, by position (data/sources.py)
     "text_field": "",            # jsonl/parquet column; "" -> the source's (text; ptb: sentence)
     "txt_rows": "",              # .txt rows: "file" | "line"; "" -> the source's default
     "detokenizer": "",           # "" -> the source's (wikitext/ptb/lm1b/lambada); "none" disables

@@ -11,9 +11,17 @@ Raw text comes from, in this order: ``data.path`` (a local file, or a directory 
 ``lambada_test.jsonl``), else a download (HF ``datasets``, imported lazily; LAMBADA from OpenAI's
 URL). ``text_files`` reads a user's glob; ``python_stdlib`` the embedded corpus.
 
-Held-out validation (openwebtext, text_files without ``data.validation_glob``): a train row goes to
-validation when ``crc32(utf-8 text) % 2**20 < validation_fraction * 2**20``: deterministic,
-independent of file order, and duplicates land in the same split.
+Held-out validation (openwebtext, text_files without ``data.validation_glob``) is a slice of the
+train rows; empty (whitespace-only) rows are dropped from both sides.
+- openwebtext (unique documents): a row goes to validation when
+  ``crc32(utf-8 text) % 2**20 < validation_fraction * 2**20``: deterministic and independent of
+  file order.
+- text_files (a user's corpus, often lines with repeats): by position, so the held-out share of
+  the TEXT (hence of the tokens) is ``validation_fraction`` and representative of the whole
+  corpus. The non-empty rows are laid end to end and cut into ``S`` equal stripes
+  (`STRIPE_CHARS` of held-out text each, at most `MAX_STRIPES`); a row goes to validation when its
+  midpoint falls in the first ``validation_fraction`` of its stripe. A content hash would send
+  every copy of a repeated line (blank lines, ``}``, ``return``) to the same side.
 """
 
 from __future__ import annotations
@@ -25,7 +33,7 @@ import pathlib
 import re
 import urllib.request
 import zlib
-from typing import Iterator
+from typing import Callable, Iterable, Iterator
 
 from aogpt_jax.data import stdlib_source
 from aogpt_jax.data.config import cache_dir, get
@@ -94,6 +102,43 @@ def check_split(src: Source, split: str) -> None:
 
 def is_held_out(text: str, fraction: float) -> bool:
   return zlib.crc32(text.encode("utf-8")) % 2**20 < fraction * 2**20
+
+
+STRIPE_CHARS = 4096   # held-out characters per stripe of a text_files corpus
+MAX_STRIPES = 1000
+
+
+def stripe_held_out(rows: Callable[[], Iterable[str]], fraction: float,
+                    want_validation: bool) -> tuple[Iterator[str], str]:
+  """The non-empty rows of one side of a positional held-out split (module docstring), and a
+  description with the held-out share of the characters. ``rows`` is called twice."""
+  total = sum(len(r) for r in rows() if r.strip())
+  stripes = max(1, min(MAX_STRIPES, int(total * fraction) // STRIPE_CHARS))
+  width = total / stripes if total else 1.0
+  held = 0
+
+  def picked(mid: float) -> bool:
+    return (mid % width) < fraction * width
+
+  offset = 0
+  for r in rows():
+    if r.strip():
+      if picked(offset + len(r) / 2):
+        held += len(r)
+      offset += len(r)
+  desc = (f"validation = {held} of {total} non-empty characters ({held / max(total, 1):.2%}; "
+          f"validation_fraction {fraction}) in {stripes} stripe(s), by position; empty rows "
+          f"dropped")
+
+  def side() -> Iterator[str]:
+    off = 0
+    for r in rows():
+      if r.strip():
+        if picked(off + len(r) / 2) == want_validation:
+          yield r
+        off += len(r)
+
+  return side(), desc
 
 
 # ---------------------------------------------------------------------------------------- files
@@ -329,8 +374,14 @@ def raw_split(data_cfg, split: str) -> RawSplit:
   base = _base_rows(src, "train", data_cfg)
   fraction = float(get(data_cfg, "validation_fraction"))
   want = split == "validation"
-  rows = (t for t in base.rows if is_held_out(t, fraction) == want)
-  return RawSplit(rows, origin=f"{base.origin} ({split}: rows with crc32 % 2**20 "
+  if fraction == 0:   # no held-out split: train is every row as given
+    return base if not want else RawSplit(iter(()), origin=f"{base.origin} (validation_fraction "
+                                          "0: empty)", files=base.files)
+  if src.local:   # re-readable: split by position (module docstring)
+    rows, desc = stripe_held_out(lambda: _base_rows(src, "train", data_cfg).rows, fraction, want)
+    return RawSplit(rows, origin=f"{base.origin} ({split}; {desc})", files=base.files)
+  rows = (t for t in base.rows if t.strip() and is_held_out(t, fraction) == want)
+  return RawSplit(rows, origin=f"{base.origin} ({split}: non-empty rows with crc32 % 2**20 "
                   f"{'<' if want else '>='} {fraction} * 2**20)", files=base.files,
                   total_rows=base.total_rows)
 

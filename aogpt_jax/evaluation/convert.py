@@ -117,16 +117,30 @@ def infer_config(sd: Mapping[str, np.ndarray], variant: str, model_args: Mapping
     if "n_head" not in args and "n_head" not in overrides:
       raise ValueError("sigma-GPT checkpoints do not determine n_head from shapes and this one has "
                        "no model_args['n_head']: pass --n_head")
-    n_head = args.get("n_head")
-    kw = dict(target="sigma_gpt", norm="layernorm", qk_norm=False, tie_embeddings=True,
-              head_bias=False)
+    n_head = args.get("n_head", overrides.get("n_head"))
+    kw = dict(model_lib.SIGMA_GPT_FIELDS)
   if "n_head" in args and args["n_head"] != n_head:
     raise ValueError(f"checkpoint: model_args n_head={args['n_head']} but q_norm implies {n_head}")
   valid = GPT2_VALID_VOCAB if vocab >= GPT2_VALID_VOCAB else vocab
   cfg = dict(vocab_size=vocab, valid_vocab_size=valid, block_size=block, n_layer=n_layer,
              n_head=n_head, n_embd=d, bias=bias, mlp_ratio=mlp_ratio, dropout=0.0, **kw)
+  # An override may only fill in what the checkpoint leaves open (valid_vocab_size, a sigma-GPT
+  # n_head without model_args); one that contradicts the checkpoint would give wrong logits.
+  fixed = set(cfg) - {"valid_vocab_size"}
+  if variant == "sigma_gpt" and "n_head" not in args:
+    fixed.discard("n_head")
+  for k, v in overrides.items():
+    if k in fixed and v != cfg[k]:
+      why = "model_args" if k in args else "its tensor shapes"
+      raise ValueError(f"--{k}={v} conflicts with the checkpoint ({why} give {k}={cfg[k]}); "
+                       f"drop --{k}")
   cfg.update(overrides)
   return model_lib.ModelConfig(**cfg)
+
+
+def published_variant(cfg: model_lib.ModelConfig) -> str:
+  """The published model code a config corresponds to: ``sigma_gpt`` or ``aogpt``."""
+  return "sigma_gpt" if cfg.target == "sigma_gpt" else "aogpt"
 
 
 def _flatten(tree, prefix=""):
@@ -217,10 +231,12 @@ def state_dict_to_flat(sd: Mapping[str, np.ndarray], variant: str, cfg: model_li
 
 def check_published(cfg: model_lib.ModelConfig, variant: str) -> None:
   """Raises unless ``cfg`` is an architecture the published ``variant`` code can express."""
-  want = (dict(target="adaln", norm="rmsnorm", qk_norm=True, tie_embeddings=False, head_bias=True)
+  # The published code hard-codes the 4x MLP and (AO-GPT) the 128-wide target embedding.
+  want = (dict(target="adaln", target_dim=128, norm="rmsnorm", qk_norm=True, tie_embeddings=False,
+               head_bias=True, mlp_ratio=4)
           if variant == "aogpt" else
           dict(target="sigma_gpt", norm="layernorm", qk_norm=False, tie_embeddings=True,
-               head_bias=False))
+               head_bias=False, mlp_ratio=4))
   bad = {k: getattr(cfg, k) for k, v in want.items() if getattr(cfg, k) != v}
   if bad:
     raise ValueError(f"model config {bad} cannot be written in the published {variant} layout "
@@ -286,10 +302,14 @@ def convert_checkpoint(ck: Mapping[str, Any], which: str = "ema", variant: str =
 
 
 def export_safetensors(m: model_lib.AOGPT, out_dir: str, layout: str = "aogpt_jax",
-                       variant: str = "aogpt", meta: Mapping[str, Any] | None = None) -> str:
+                       variant: str | None = None, meta: Mapping[str, Any] | None = None) -> str:
   """Writes ``out_dir/model.safetensors`` and ``config.json``; ``layout="published"`` uses the
-  published PyTorch names and [out, in] weights (loadable by the published model code)."""
+  published PyTorch names and [out, in] weights (loadable by the published model code).
+  ``variant``: the published model code the weights belong to (default: `published_variant`)."""
   from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
+  variant = variant or published_variant(m.cfg)
+  if layout == "published":
+    check_published(m.cfg, variant)      # before anything is written
   os.makedirs(out_dir, exist_ok=True)
   flat = model_to_flat(m)
   if layout == "published":
@@ -350,14 +370,14 @@ def main(argv=None) -> None:
     over = {k: v for k, v in (("n_head", a.n_head), ("valid_vocab_size", a.valid_vocab_size)) if v}
     for which in a.which.split(","):
       m, cfg = convert_checkpoint(ck, which, a.variant, **over)
-      out = export_safetensors(m, os.path.join(a.out, which), meta={
+      out = export_safetensors(m, os.path.join(a.out, which), variant=published_variant(cfg),
+                               meta={
           "source": os.path.abspath(a.ckpt), "which": which, "iter_num": ck.get("iter_num")})
       print(f"wrote {out} ({cfg.n_layer} layers, d={cfg.n_embd}, target={cfg.target})")
   else:
     from aogpt_jax import checkpoint  # pylint: disable=g-import-not-at-top  (trainer's module)
     m, _ = checkpoint.load_model(a.workdir, which=a.which)       # (model, the run's config)
-    variant = "sigma_gpt" if m.cfg.target == "sigma_gpt" else "aogpt"
-    print(f"wrote {export_safetensors(m, a.out, a.layout, variant, {'workdir': a.workdir})}")
+    print(f"wrote {export_safetensors(m, a.out, a.layout, meta={'workdir': a.workdir})}")
 
 
 if __name__ == "__main__":

@@ -117,7 +117,8 @@ def load(path: str, dtype: str = "float32") -> tuple[dict, GPT2Config]:
         f"generative perplexity needs Hugging Face GPT-2 weights: expected {cfg_file} and "
         f"{os.path.join(path, 'model.safetensors')} (the paper scores with GPT-2 Large). "
         f"Fetch them once on a machine with network access, e.g. "
-        f"`{DOWNLOAD_HINT.format(path=path)}`, and pass that folder (eval.gen_ppl_model_dir).")
+        f"`{DOWNLOAD_HINT.format(path=path)}`, and pass that folder to "
+        f"genppl.GPT2Scorer.from_pretrained(PATH).")
   with open(cfg_file) as f:
     cfg = GPT2Config.from_hf(json.load(f))
   raw = _read_tensors(path)

@@ -24,7 +24,7 @@ def _slot(tokens: jax.Array, r: jax.Array):
 
 
 def sample_ar(model: AOGPT, tokens0, prefix_len, tok_keys, *, prefill: int, temperature: float,
-              top_p: float, greedy: bool, debug: bool):
+              top_p: float, top_p_rule: str, greedy: bool, debug: bool):
   """Traced body: tokens0 int32 [B, n] (prompt tokens in place), prefix_len int32 [B];
   ``prefill`` = min prefix length (static). Returns (tokens, per-step logits [n-P, B, V])."""
   batch, n = tokens0.shape
@@ -45,6 +45,7 @@ def sample_ar(model: AOGPT, tokens0, prefix_len, tok_keys, *, prefill: int, temp
     hidden, cache = model.encode(tok, pos, tgt, mask=mask, cache=cache, write_index=rr)
     logits = model.head(hidden, tgt)[:, 0]
     new = tokens_lib.sample_tokens(logits, keys, temperature=temperature, top_p=top_p,
+                                   top_p_rule=top_p_rule,
                                    greedy=greedy)
     keep = r < prefix_len
     tokens = tokens.at[:, r].set(jnp.where(keep, tokens[:, r], new))

@@ -93,8 +93,8 @@ def commit_tokens(tokens, commit, new):
 
 
 def sample_cached(model: AOGPT, order, tokens0, prompt_len, tok_keys, xs, *, block: int,
-                  queries: int, prefill: int, temperature: float, top_p: float, greedy: bool,
-                  debug: bool):
+                  queries: int, prefill: int, temperature: float, top_p: float,
+                  top_p_rule: str, greedy: bool, debug: bool):
   """Traced body of the KV-cached sampler. ``xs`` = (m, q0, k, cstart, ccount) int32 [P, B].
   Returns (tokens [B, n], per-pass query logits [P, B, Q, V] if ``debug`` else None).
 
@@ -122,6 +122,7 @@ def sample_cached(model: AOGPT, order, tokens0, prompt_len, tok_keys, xs, *, blo
                                  write_index=lay["write"])
     logits = model.head(hidden[:, :queries], lay["tgt"][:, :queries])
     new = tokens_lib.sample_tokens(logits, qkeys, temperature=temperature, top_p=top_p,
+                                   top_p_rule=top_p_rule,
                                    greedy=greedy)
     tokens = commit_tokens(tokens, lay["commit"][:, :queries], new)
     return (cache, tokens), (logits if debug else None)
@@ -163,8 +164,8 @@ def full_step_logits(model: AOGPT, order, tokens, m, q0, k, *, queries: int):
 
 
 def sample_uncached(model: AOGPT, order, tokens0, prompt_len, tok_keys, xs, *, block: int,
-                    queries: int, prefill: int, temperature: float, top_p: float, greedy: bool,
-                    debug: bool):
+                    queries: int, prefill: int, temperature: float, top_p: float,
+                    top_p_rule: str, greedy: bool, debug: bool):
   """Same plan and keys as `sample_cached`, but every step re-reads the whole sequence."""
   del prompt_len, block, prefill
 
@@ -172,7 +173,8 @@ def sample_uncached(model: AOGPT, order, tokens0, prompt_len, tok_keys, xs, *, b
     m, q0, k, _, _ = x
     logits, qpos, is_q = full_step_logits(model, order, tokens, m, q0, k, queries=queries)
     new = tokens_lib.sample_tokens(logits, tokens_lib.token_keys(tok_keys, qpos),
-                                   temperature=temperature, top_p=top_p, greedy=greedy)
+                                   temperature=temperature, top_p=top_p,
+                                   top_p_rule=top_p_rule, greedy=greedy)
     tokens = commit_tokens(tokens, jnp.where(is_q, qpos, order.shape[1]), new)
     return tokens, (logits if debug else None)
 

@@ -58,8 +58,8 @@ def step_logits(model: AOGPT, tokens: jax.Array, rank: jax.Array, m: jax.Array,
 
 
 def sample_encoder(model: AOGPT, order, tokens0, prompt_len, tok_keys, xs, *, block: int,
-                   queries: int, prefill: int, temperature: float, top_p: float, greedy: bool,
-                   debug: bool):
+                   queries: int, prefill: int, temperature: float, top_p: float,
+                   top_p_rule: str, greedy: bool, debug: bool):
   """Traced body of the encoder sampler (same signature as `diffusion.sample_cached`).
   Returns (tokens [B, n], per-pass logits [P, B, Q, V] if ``debug`` else None)."""
   del prompt_len, block, prefill            # the prompt is in tokens0 at ranks < m
@@ -75,6 +75,7 @@ def sample_encoder(model: AOGPT, order, tokens0, prompt_len, tok_keys, xs, *, bl
     mi, qp, ci, ki = x
     logits = step_logits(model, tokens, rank, mi, qp)
     new = tokens_lib.sample_tokens(logits, ki, temperature=temperature, top_p=top_p,
+                                   top_p_rule=top_p_rule,
                                    greedy=greedy)
     return commit_tokens(tokens, ci, new), (logits if debug else None)
 

@@ -3,18 +3,21 @@
 Exactness. ``jax.random.categorical`` adds float32 Gumbel noise ``-log(-log(u))``: u has 23
 random mantissa bits, so the noise is cut off near 16 and coarsely quantised in its upper tail,
 which under-samples low-probability tokens (an effectively lower temperature; Zheng et al. 2024,
-arXiv:2409.02908). Here the noise is float64 (52 random bits: the noise reaches ~36 and only
-events of probability ~2^-52 are lost) and the argmax is taken over float64
-``logits / temperature + gumbel``. float64 must be on while the caller's jit is *traced and
-lowered* (a scoped x64 inside a trace fails at lowering), so every sampler jit is called inside
-`exact_sampling()`; `sample_tokens` refuses to trace without it rather than silently falling
-back to float32. The model itself keeps its explicit dtypes under x64 (the sampler's logits
-equal plain forwards to 1e-5; tests/test_sampler_logits.py).
+arXiv:2409.02908). Here a token is drawn by inverting the float64 CDF of the filtered
+distribution with ONE float64 uniform per token (52 random bits): token i is chosen when
+``cdf[i-1] <= u * cdf[-1] < cdf[i]``, so every token's chance is its probability up to float64
+rounding (~V * 2^-53), a token of probability 0 (padding, outside top-p) is never chosen, and no
+per-vocabulary-entry noise is generated (Gumbel-max needs V uniforms and 2V logs per token).
+float64 must be on while the caller's jit is *traced and lowered* (a scoped x64 inside a trace
+fails at lowering), so every sampler jit is called inside `exact_sampling()`; `sample_tokens`
+refuses to trace without it rather than silently falling back to float32. The model itself keeps
+its explicit dtypes under x64 (the sampler's logits equal plain forwards to 1e-5;
+tests/test_sampler_logits.py).
 
 Padding ids have logits -inf (the model sets them) and stay -inf through temperature and top-p,
-so they are never drawn. Top-p keeps the smallest set of most-likely tokens whose probability
-(after temperature) reaches ``top_p`` and renormalises (Gumbel-max over the kept logits); at
-``top_p == 1`` nothing is sorted.
+so they are never drawn. Top-p (`filter_logits`) has two named rules: ``"published"`` (the
+released AO-GPT code's ``top_p_sampling_from_probs``, the default) and ``"nucleus"`` (Holtzman
+et al.); at ``top_p == 1`` nothing is sorted.
 
 Keys. A sample's stream is ``fold_in(key, sample_index)`` (`sample_keys`); the token at original
 position p is drawn with ``fold_in(fold_in(sample_key, TOKEN_STREAM), p)`` (`token_keys`), so a
@@ -54,17 +57,6 @@ def token_keys(tok_keys: jax.Array, positions: jax.Array) -> jax.Array:
       tok_keys, positions.astype(jnp.int32))
 
 
-def top_p_filter(logits: jax.Array, top_p: float) -> jax.Array:
-  """Sets to -inf every logit outside the nucleus: the most likely tokens whose cumulative
-  probability, counted before each token, is below ``top_p`` (ties at the cut-off are kept)."""
-  srt = -jnp.sort(-logits, axis=-1)                            # descending
-  probs = jax.nn.softmax(srt, axis=-1)
-  before = jnp.cumsum(probs, axis=-1) - probs
-  keep = before < top_p
-  cutoff = jnp.min(jnp.where(keep, srt, jnp.inf), axis=-1, keepdims=True)
-  return jnp.where(logits >= cutoff, logits, -jnp.inf)
-
-
 TOP_P_RULES = ("published", "nucleus")
 
 
@@ -98,22 +90,32 @@ def filter_logits(logits: jax.Array, *, temperature: float = 1.0, top_p: float =
 
 
 def sample_tokens(logits: jax.Array, keys: jax.Array, *, temperature: float = 1.0,
-                  top_p: float = 1.0, greedy: bool = False) -> jax.Array:
+                  top_p: float = 1.0, top_p_rule: str = "published",
+                  greedy: bool = False) -> jax.Array:
   """Draws one token per row: logits [..., V] (float32, padding ids -inf), keys [...] -> int32.
 
-  ``greedy`` takes the argmax (temperature and top-p ignored). Must be traced inside
-  `exact_sampling()` unless greedy.
+  The distribution is `filter_logits` (temperature, then the named top-p rule); the draw inverts
+  its float64 CDF with one uniform per row. ``greedy`` takes the argmax (temperature and top-p
+  ignored). Must be traced inside `exact_sampling()` unless greedy.
   """
   if greedy:
     return jnp.argmax(logits, axis=-1).astype(jnp.int32)
   if jax.dtypes.canonicalize_dtype(jnp.float64) != jnp.float64:
-    raise RuntimeError("sample_tokens: float64 Gumbel noise needs x64 while tracing; call the "
+    raise RuntimeError("sample_tokens: exact sampling needs float64 (x64) while tracing; call the "
                        "jitted sampler inside aogpt_jax.sampling.tokens.exact_sampling()")
-  x = logits.astype(jnp.float64) / jnp.float64(temperature)
-  if top_p < 1.0:
-    x = top_p_filter(x, top_p)
-  flat_keys = keys.reshape(-1)
-  u = jax.vmap(lambda k: jax.random.uniform(k, (x.shape[-1],), jnp.float64,
-                                            minval=jnp.finfo(jnp.float64).tiny))(flat_keys)
-  gumbel = -jnp.log(-jnp.log(u)).reshape(x.shape)
-  return jnp.argmax(x + gumbel, axis=-1).astype(jnp.int32)
+  x = filter_logits(logits, temperature=temperature, top_p=top_p, top_p_rule=top_p_rule)
+  u = jax.vmap(lambda k: jax.random.uniform(k, (), jnp.float64))(keys.reshape(-1))
+  return inverse_cdf(x, u.reshape(x.shape[:-1]))
+
+
+def inverse_cdf(x: jax.Array, u: jax.Array) -> jax.Array:
+  """The token whose CDF interval holds ``u`` (float64 [...], in [0, 1)) under ``softmax(x)``
+  (float64 logits [..., V]): the count of CDF entries ``<= u * total``, so zero-probability
+  tokens (empty intervals) are never returned."""
+  w = jnp.exp(x - jnp.max(x, axis=-1, keepdims=True))
+  cdf = jnp.cumsum(w, axis=-1)
+  target = u[..., None] * cdf[..., -1:]
+  idx = jnp.sum(cdf <= target, axis=-1)
+  # u * total can round up to total when u is within 2^-53 of 1: stay on the last possible token.
+  last = x.shape[-1] - 1 - jnp.argmax((w > 0)[..., ::-1], axis=-1)
+  return jnp.minimum(idx, last).astype(jnp.int32)
