@@ -55,6 +55,9 @@ METHODS = ("diffusion", "ar", "uncached", "encoder")
 FULL_FORWARD_METHODS = ("uncached", "encoder")
 
 
+MIN_TEMPERATURE = 1e-30   # logits / T stay finite in float64 for |logits| < 1e278
+
+
 @dataclasses.dataclass(frozen=True)
 class SampleSettings:
   length: int
@@ -85,8 +88,11 @@ class SampleSettings:
     if self.count_mode not in schedules.COUNT_MODES:
       raise ValueError(f"sample.count_mode: must be one of {schedules.COUNT_MODES}, "
                        f"got {self.count_mode!r}")
-    if not (isinstance(self.temperature, numbers.Real) and self.temperature > 0):
-      raise ValueError(f"sample.temperature: must be > 0, got {self.temperature}")
+    if not (isinstance(self.temperature, numbers.Real)
+            and MIN_TEMPERATURE <= self.temperature < float("inf")):
+      raise ValueError(f"sample.temperature: must be finite and >= {MIN_TEMPERATURE:g} (logits "
+                       f"/ a smaller one overflow; use sample.greedy for argmax), "
+                       f"got {self.temperature}")
     if not (isinstance(self.top_p, numbers.Real) and 0 < self.top_p <= 1):
       raise ValueError(f"sample.top_p: must be in (0, 1], got {self.top_p}")
     if self.top_p_rule not in tokens_lib.TOP_P_RULES:
