@@ -33,7 +33,7 @@ def _steps(workdir) -> list[int]:
   return sorted(int(p.name) for p in d.iterdir() if p.name.isdigit()) if d.exists() else []
 
 
-def _wait_for(predicate, proc, timeout=120.0) -> bool:
+def _wait_for(predicate, proc, timeout=400.0) -> bool:
   t = time.time()
   while not predicate():
     if proc.poll() is not None:
