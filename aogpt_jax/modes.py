@@ -98,8 +98,9 @@ def eval_mode(cfg, workdir: str) -> dict:
 
 def sample_mode(cfg, workdir: str) -> str:
   _check_run(cfg, workdir)
-  m, _ = checkpoint.load_model(workdir, which=cfg.sample.which)
-  path = sampler.write_samples(m, cfg, workdir, data.get_tokenizer(cfg.data.tokenizer))
+  m, run_cfg = checkpoint.load_model(workdir, which=cfg.sample.which)
+  path = sampler.write_samples(m, cfg, workdir, data.get_tokenizer(cfg.data.tokenizer),
+                               step=run_cfg.loaded.step, loaded=run_cfg.loaded.to_dict())
   print(f"samples written to {path}")
   return path
 

@@ -19,6 +19,6 @@ def test_non_finite_and_tiny_temperatures_are_refused(t):
     sampler.SampleSettings(length=8, steps=8, temperature=t).validate(MODEL_CFG)
 
 
-@pytest.mark.parametrize("t", [1e-30, 0.5, 1.0, 3.0])
+@pytest.mark.parametrize("t", [1e-6, 0.5, 1.0, 3.0])
 def test_ordinary_temperatures_are_accepted(t):
   sampler.SampleSettings(length=8, steps=8, temperature=t).validate(MODEL_CFG)
