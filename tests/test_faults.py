@@ -82,6 +82,6 @@ def test_sigint_saves_a_checkpoint_like_sigterm(cache_dir, tmp_path):
       p.kill()
   log = (tmp_path / "run.log").read_text()
   assert rc == 0, log[-3000:]
-  assert f"received signal {int(signal.SIGINT)}" in log, log[-3000:]
+  assert "received SIGINT" in log, log[-3000:]
   assert _steps(work)[-1] > before, "no checkpoint saved on SIGINT"
   assert "KeyboardInterrupt" not in log
