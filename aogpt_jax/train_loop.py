@@ -6,7 +6,9 @@ the newest readable checkpoint in WORKDIR/checkpoints (or starts fresh), then tr
 any-order), and checkpoints. It stops:
 
 * at ``total_steps`` after a final checkpoint;
-* on SIGTERM (or a multi-host preemption notice) after saving a checkpoint at the current step;
+* on SIGTERM or SIGINT (Ctrl-C) (or a multi-host preemption notice) after saving a checkpoint at
+  the current step;
+* at once with a one-line error if another run holds the workdir lock (WORKDIR/.lock);
 * with `NonFiniteLoss` naming the step when the loss, the gradients or the new parameters stop
   being finite; that step is not saved, so the newest checkpoint is the last good one.
 """
@@ -47,6 +49,29 @@ def prepare_workdir(workdir: str) -> pathlib.Path:
   except OSError as e:
     raise config_lib.ConfigError(f"--workdir: {path} is not writable ({e.strerror})") from None
   return path
+
+
+def lock_workdir(workdir) -> "object":
+  """Takes WORKDIR/.lock (an flock, released by the kernel when the process dies, so a kill -9
+  leaves no stale lock); raises a one-line ConfigError if another run holds it. Returns the open
+  lock file: keep it open for the whole run, close it to release."""
+  import fcntl
+  path = pathlib.Path(workdir) / ".lock"
+  f = open(path, "a+", encoding="utf-8")
+  try:
+    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+  except OSError:
+    f.seek(0)
+    holder = f.read().strip() or "unknown"
+    f.close()
+    raise config_lib.ConfigError(
+        f"--workdir: {workdir} is in use by another run (pid {holder}, lock {path}); "
+        "wait for it or use another --workdir") from None
+  f.seek(0)
+  f.truncate()
+  f.write(f"{os.getpid()}\n")
+  f.flush()
+  return f
 
 
 def write_json_atomic(path: pathlib.Path, text: str) -> None:
@@ -162,6 +187,15 @@ def train(cfg, workdir: str) -> dict[str, float]:
   workdir = prepare_workdir(workdir)
   meta = checkpoint_lib.run_meta(cfg, model_cfg)
   proc = jax.process_index()
+  lock = lock_workdir(workdir) if proc == 0 else None
+  try:
+    return _train(cfg, workdir, model_cfg, mesh, meta, proc)
+  finally:
+    if lock is not None:
+      lock.close()
+
+
+def _train(cfg, workdir, model_cfg, mesh, meta, proc) -> dict[str, float]:
 
   with jax.set_mesh(mesh):
     trainer = train_lib.build(cfg, model_cfg, mesh)

@@ -1,0 +1,87 @@
+"""Fault injection on the trainer (issue 16): a second run on a busy workdir is refused, the
+workdir lock does not outlive a kill -9, and Ctrl-C (SIGINT) saves a checkpoint like SIGTERM.
+Subprocess runs of a tiny config on CPU; each test takes a few seconds."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import time
+
+import pytest
+
+from aogpt_jax import config as config_lib
+from aogpt_jax import data as data_lib
+from aogpt_jax import train_loop
+
+from trainer_util import REPO, cli_args, cpu_env, start, tiny_config
+
+LONG = dict(total_steps=100000, checkpoint_every=4, log_every=4, eval_every=0)
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory):
+  d = tmp_path_factory.mktemp("cache")
+  cfg = tiny_config(d)
+  for split in ("train", "validation"):
+    data_lib.token_stream(cfg.data, split)
+  return d
+
+
+def _steps(workdir) -> list[int]:
+  d = workdir / "checkpoints"
+  return sorted(int(p.name) for p in d.iterdir() if p.name.isdigit()) if d.exists() else []
+
+
+def _wait_for(predicate, proc, timeout=400.0) -> bool:
+  t = time.time()
+  while not predicate():
+    if proc.poll() is not None:
+      return False
+    if time.time() - t > timeout:
+      raise TimeoutError("the run did not get there in time")
+    time.sleep(0.05)
+  return True
+
+
+def test_second_run_on_a_busy_workdir_is_refused_and_kill9_frees_the_lock(cache_dir, tmp_path):
+  work = tmp_path / "work"
+  first = start(cli_args(cache_dir, work, **LONG), tmp_path / "first.log")
+  try:
+    assert _wait_for(lambda: bool(_steps(work)), first), (tmp_path / "first.log").read_text()
+    second = subprocess.run(cli_args(cache_dir, work, **LONG), cwd=REPO, env=cpu_env(),
+                            capture_output=True, text=True, timeout=120)
+    assert second.returncode != 0
+    assert "in use by another run" in second.stderr, second.stderr[-3000:]
+    assert "Traceback" not in second.stderr
+    assert first.poll() is None, "the second run stopped the first"
+  finally:
+    first.kill()                              # kill -9: the lock must not outlive the process
+    first.wait()
+  lock = train_loop.lock_workdir(work)        # a stale lock file is no obstacle
+  lock.close()
+  lock = train_loop.lock_workdir(work)
+  try:
+    with pytest.raises(config_lib.ConfigError, match="in use by another run"):
+      train_loop.lock_workdir(work)           # a held lock refuses, in-process as well
+  finally:
+    lock.close()
+
+
+def test_sigint_saves_a_checkpoint_like_sigterm(cache_dir, tmp_path):
+  work = tmp_path / "work"
+  p = start(cli_args(cache_dir, work, **LONG), tmp_path / "run.log")
+  try:
+    assert _wait_for(lambda: bool(_steps(work)), p), (tmp_path / "run.log").read_text()
+    time.sleep(0.5)
+    before = _steps(work)[-1]
+    p.send_signal(signal.SIGINT)
+    rc = p.wait(timeout=120)
+  finally:
+    if p.poll() is None:
+      p.kill()
+  log = (tmp_path / "run.log").read_text()
+  assert rc == 0, log[-3000:]
+  assert "received SIGINT" in log, log[-3000:]
+  assert _steps(work)[-1] > before, "no checkpoint saved on SIGINT"
+  assert "KeyboardInterrupt" not in log
