@@ -166,7 +166,9 @@ def _newest_readable(manager, directory, read: Callable[[int], Any],
 
 def load_model(workdir: str | os.PathLike, which: str = "ema", step: int | None = None,
                **model_overrides) -> tuple[model_lib.AOGPT, config_dict.ConfigDict]:
-  """An `AOGPT` with the weights of a checkpoint in ``workdir`` and the run's config.
+  """An `AOGPT` with the weights of a checkpoint in ``workdir`` and the run's config; the
+  config's ``loaded`` entry says what was loaded: ``checkpoint`` (path), ``step``, ``weights``
+  (``ema`` or ``params``, after any fallback).
 
   which: "ema" (the EMA weights; falls back to the live weights, with a warning, when the run
     had no EMA) or "params" (the live weights).
@@ -199,7 +201,10 @@ def load_model(workdir: str | os.PathLike, which: str = "ema", step: int | None 
     target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=dev),
                           nnx.to_pure_dict(abstract))
     r = manager.restore(s, args=ocp.args.Composite(**{item: ocp.args.StandardRestore(target)}))
-    return nnx.merge(graphdef, r[item]), config_dict.ConfigDict(meta["config"])
+    run_cfg = config_dict.ConfigDict(meta["config"])
+    # What was actually loaded (after any fallback), for every output's provenance.
+    run_cfg.loaded = {"checkpoint": str(directory / str(s)), "step": int(s), "weights": item}
+    return nnx.merge(graphdef, r[item]), run_cfg
 
   try:
     if step is not None:

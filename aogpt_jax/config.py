@@ -230,6 +230,8 @@ def resolve(cfg) -> model_lib.ModelConfig:
       mc = mdm_lib.encoder_config(mc)
     except ValueError as e:
       raise ConfigError(str(e)) from None
+  if cfg.seq_len < 2:
+    _fail("seq_len", f"must be >= 2 (one token has no context to learn from), got {cfg.seq_len}")
   if cfg.seq_len > mc.block_size:
     _fail("seq_len", f"{cfg.seq_len} is longer than model.block_size={mc.block_size}")
 
@@ -251,6 +253,9 @@ def resolve(cfg) -> model_lib.ModelConfig:
     if o[key] > 1:
       _fail(f"optimizer.{key}", f"must be <= 1, got {o[key]}")
   _positive(cfg, "optimizer.warmup_steps", "optimizer.decay_steps", allow_zero=True)
+  if o.decay_steps and o.decay_steps < o.warmup_steps:
+    _fail("optimizer.decay_steps", f"the cosine would end at step {o.decay_steps}, before the "
+          f"warmup ends (optimizer.warmup_steps={o.warmup_steps}); 0 = total_steps")
   d = ema_decay(cfg)
   if d is not None and not 0.0 < d < 1.0:
     _fail("optimizer.ema_decay", f"must be in (0, 1), or 0/None for no EMA, got {d}")

@@ -169,6 +169,8 @@ def evaluate(m: model_lib.AOGPT, datasets: Mapping[str, Batches | Callable[[], B
   check_model(m, s)
   results = {
       "name": name, "model_kind": s.model_kind, "settings": dataclasses.asdict(s),
+      "unit": ("nll: mean negative log-likelihood per token in nats; ppl = exp(nll); tokens and "
+               "blocks: what each row scored"),
       "model": m.cfg.to_dict(),
       "meta": dict(meta or {}), "jax": jax.__version__, "backend": jax.default_backend(),
       "processes": jax.process_count(),
@@ -261,6 +263,6 @@ def run(workdir: str, datasets: Mapping[str, Batches | Callable[[], Batches]],
         name: str = "zero_shot") -> dict:
   """Loads the ``which`` (default EMA) weights of a training workdir and runs `evaluate`."""
   from aogpt_jax import checkpoint  # pylint: disable=g-import-not-at-top  (trainer's module)
-  m, _ = checkpoint.load_model(workdir, which=which)
+  m, run_cfg = checkpoint.load_model(workdir, which=which)
   return evaluate(m, datasets, settings, workdir=workdir, name=name,
-                  meta={"workdir": os.path.abspath(workdir), "weights": which})
+                  meta={"workdir": os.path.abspath(workdir), **run_cfg.loaded.to_dict()})

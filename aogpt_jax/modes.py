@@ -116,11 +116,14 @@ def eval_mode(cfg, workdir: str, checkpoint: str = "") -> dict:
 
 def sample_mode(cfg, workdir: str, checkpoint: str = "") -> str:
   if checkpoint:
-    m, _ = _from_spec(cfg, checkpoint, cfg.sample.which)
+    m, prov = _from_spec(cfg, checkpoint, cfg.sample.which)
+    path = sampler.write_samples(m, cfg, workdir, data.get_tokenizer(cfg.data.tokenizer),
+                                 step=prov["step"], loaded=prov)
   else:
     _check_run(cfg, workdir)
-    m, _ = checkpoint_lib.load_model(workdir, which=cfg.sample.which)
-  path = sampler.write_samples(m, cfg, workdir, data.get_tokenizer(cfg.data.tokenizer))
+    m, run_cfg = checkpoint_lib.load_model(workdir, which=cfg.sample.which)
+    path = sampler.write_samples(m, cfg, workdir, data.get_tokenizer(cfg.data.tokenizer),
+                                 step=run_cfg.loaded.step, loaded=run_cfg.loaded.to_dict())
   print(f"samples written to {path}")
   return path
 

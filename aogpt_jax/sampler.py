@@ -31,6 +31,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import math
 import numbers
 import os
 import time
@@ -51,6 +52,9 @@ from aogpt_jax.sampling import diffusion, prompts, schedules
 from aogpt_jax.sampling import tokens as tokens_lib
 
 METHODS = ("diffusion", "ar", "uncached", "encoder")
+# Below this, logits / temperature overflow float64 for ordinary logits (and the draw is argmax
+# anyway); infinity would give every token the same probability. greedy=True is the argmax.
+MIN_TEMPERATURE = 1e-6
 # Methods that run one full (uncached) forward per step: one pass per step, no block choice.
 FULL_FORWARD_METHODS = ("uncached", "encoder")
 
@@ -85,8 +89,10 @@ class SampleSettings:
     if self.count_mode not in schedules.COUNT_MODES:
       raise ValueError(f"sample.count_mode: must be one of {schedules.COUNT_MODES}, "
                        f"got {self.count_mode!r}")
-    if not (isinstance(self.temperature, numbers.Real) and self.temperature > 0):
-      raise ValueError(f"sample.temperature: must be > 0, got {self.temperature}")
+    if not (isinstance(self.temperature, numbers.Real) and math.isfinite(self.temperature)
+            and self.temperature >= MIN_TEMPERATURE):
+      raise ValueError(f"sample.temperature: must be a finite number >= {MIN_TEMPERATURE} "
+                       f"(greedy=True for argmax decoding), got {self.temperature!r}")
     if not (isinstance(self.top_p, numbers.Real) and 0 < self.top_p <= 1):
       raise ValueError(f"sample.top_p: must be in (0, 1], got {self.top_p}")
     if self.top_p_rule not in tokens_lib.TOP_P_RULES:
@@ -297,11 +303,13 @@ def config_prompt(c: ml_collections.ConfigDict, tokenizer, length: int, vocab: i
 
 
 def write_samples(model: AOGPT, config: ml_collections.ConfigDict, workdir: str, tokenizer, *,
-                  step: int | None = None) -> str:
+                  step: int | None = None, loaded: dict | None = None) -> str:
   """Samples ``config.sample`` (or ``config`` itself if it is the group) and writes
   WORKDIR/samples/NAME.jsonl (one JSON line per sample: index, tokens, text, order) and
-  NAME.json (the settings, the plan, timings). Everything is validated before compiling;
-  one compiled sampler serves every batch. Returns the .jsonl path."""
+  NAME.json (the settings, the plan, timings, and ``loaded``: which checkpoint, step and weights
+  made them). An existing NAME is never overwritten: the new files get NAME-2, NAME-3, ...
+  Everything is validated before compiling; one compiled sampler serves every batch. Returns
+  the .jsonl path."""
   c = config.sample if "sample" in config else config
   cfg = model.cfg
   s = settings_from_config(c, cfg)
@@ -327,8 +335,12 @@ def write_samples(model: AOGPT, config: ml_collections.ConfigDict, workdir: str,
   name = c.name or (f"{s.method}{steps}_p{s.top_p:g}{rule}_t{s.temperature:g}_seed{int(c.seed)}")
   out_dir = os.path.join(workdir, "samples")
   os.makedirs(out_dir, exist_ok=True)
-  path = os.path.join(out_dir, name + ".jsonl")
-  with open(path, "w") as f:
+  stem, k = name, 1
+  while any(os.path.exists(os.path.join(out_dir, stem + ext)) for ext in (".jsonl", ".json")):
+    k += 1
+    stem = f"{name}-{k}"
+  path = os.path.join(out_dir, stem + ".jsonl")
+  with open(path, "x") as f:
     for off, o in zip(range(0, num, bs), outs):
       for i, (toks, order) in enumerate(zip(o.tokens[:num - off], o.order[:num - off])):
         f.write(json.dumps({"index": off + i, "tokens": toks.tolist(),
@@ -336,10 +348,11 @@ def write_samples(model: AOGPT, config: ml_collections.ConfigDict, workdir: str,
                             "order": order.tolist()}) + "\n")
   meta = {"settings": {k: (v.tolist() if isinstance(v, np.ndarray) else v)
                        for k, v in dataclasses.asdict(s).items()},
-          "config": c.to_dict(), "checkpoint_step": step, "model": cfg.to_dict(),
+          "config": c.to_dict(), "checkpoint_step": step, "loaded": loaded,
+          "model": cfg.to_dict(),
           "num_samples": num, "seconds_incl_compile": round(seconds, 3),
           "tokens_per_s_incl_compile": round(num * s.length / seconds, 1),
           "plan": None if plans[0] is None else plans[0].stats()}
-  with open(os.path.join(out_dir, name + ".json"), "w") as f:
+  with open(os.path.join(out_dir, stem + ".json"), "x") as f:
     json.dump(meta, f, indent=1)
   return path

@@ -56,19 +56,25 @@ def write_json_atomic(path: pathlib.Path, text: str) -> None:
 
 
 class StopSignal:
-  """SIGTERM -> "save and exit". Multi-host runs use JAX's preemption sync point instead, so
-  that every process stops at the same step."""
+  """SIGTERM or SIGINT (Ctrl-C) -> "save and exit"; a second Ctrl-C stops at once, unsaved.
+  Multi-host runs use JAX's preemption sync point instead, so that every process stops at the
+  same step."""
+
+  SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
   def __init__(self):
     self.requested = False
     self.multihost = jax.process_count() > 1
-    self._previous = None
+    self._previous = {}
     if not self.multihost:
-      self._previous = signal.signal(signal.SIGTERM, self._handle)
+      self._previous = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
 
   def _handle(self, signum, frame):
     del frame
-    logging.warning("received signal %d: saving a checkpoint and stopping", signum)
+    if self.requested and signum == signal.SIGINT:
+      raise KeyboardInterrupt("second Ctrl-C: stopping without saving")
+    logging.warning("received %s: saving a checkpoint and stopping (Ctrl-C again: stop without "
+                    "saving)", signal.Signals(signum).name)
     self.requested = True
 
   def should_stop(self, step: int) -> bool:
@@ -82,8 +88,8 @@ class StopSignal:
     return self.requested
 
   def restore(self) -> None:
-    if self._previous is not None:
-      signal.signal(signal.SIGTERM, self._previous)
+    for s, previous in self._previous.items():
+      signal.signal(s, previous)
 
 
 class _Window:
@@ -171,6 +177,15 @@ def train(cfg, workdir: str) -> dict[str, float]:
       logging.info("starting a new run in %s", workdir)
     else:
       start, state = restored
+      if start > cfg.total_steps:
+        ckpt.close()
+        raise config_lib.ConfigError(
+            f"total_steps: {cfg.total_steps} is below the newest checkpoint's step {start} in "
+            f"{ckpt.directory}; set total_steps > {start} to continue the run, or use a new "
+            f"--workdir")
+      if start == cfg.total_steps:
+        logging.warning("the run in %s already reached total_steps=%d: nothing to train "
+                        "(raise total_steps to continue it)", workdir, start)
       logging.info("resumed from %s", ckpt.directory / str(start))
     writer = metrics_lib.create_writer(workdir, resume_step=start if restored else None)
     if proc == 0:

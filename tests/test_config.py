@@ -229,3 +229,24 @@ def test_eval_mode_takes_the_order_options():
     modes.eval_order_kwargs(cfg)
   with pytest.raises(ValueError, match="eval.order / eval.order_kwargs"):
     evaluate_lib.EvalSettings(order="fixed_random", order_kwargs={"block": 4})
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"seq_len": 1}, "seq_len: must be >= 2"),
+    ({"optimizer.warmup_steps": 50, "optimizer.decay_steps": 20},
+     "optimizer.decay_steps: the cosine would end at step 20, before the warmup ends"),
+])
+def test_degenerate_run_settings_are_refused(overrides, message, tmp_path):
+  cfg = tiny_config(tmp_path)
+  recipes.apply(cfg, overrides)
+  with pytest.raises(ConfigError, match=message):
+    config_lib.resolve(cfg)
+
+
+@pytest.mark.parametrize("temperature", [float("inf"), float("nan"), 1e-308, 5e-324, 0.0, -1.0,
+                                         "1.0"])
+def test_temperatures_that_cannot_be_sampled_are_refused(temperature):
+  from aogpt_jax import sampler
+  s = sampler.SampleSettings(length=8, steps=8, temperature=temperature)
+  with pytest.raises(ValueError, match="sample.temperature: must be a finite number >= 1e-06"):
+    s.validate(model_lib.preset("tiny"))

@@ -56,12 +56,16 @@ def test_evaluate_writes_json_and_table(tmp_path):
 def test_run_loads_ema_weights_from_the_workdir(tmp_path, monkeypatch):
   m, data = _setup()
   calls = []
+  from ml_collections import config_dict
+  run_cfg = config_dict.ConfigDict({"loaded": {"checkpoint": "ckpts/7", "step": 7,
+                                               "weights": "ema"}})
   monkeypatch.setattr(checkpoint, "load_model",
-                      lambda workdir, which: (calls.append((workdir, which)) or (m, m.cfg)))
+                      lambda workdir, which: (calls.append((workdir, which)) or (m, run_cfg)))
   res = evaluate.run(str(tmp_path), {"ptb": data["ptb"]},
                      evaluate.EvalSettings(any_order=False))
   assert calls == [(str(tmp_path), "ema")]
   assert res["meta"]["weights"] == "ema" and "any_order" not in res["datasets"]["ptb"]
+  assert res["meta"]["step"] == 7
   assert (tmp_path / "eval" / "zero_shot.json").exists()
 
 

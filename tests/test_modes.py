@@ -29,6 +29,9 @@ def test_eval_mode_writes_json_and_table_with_the_ema_weights(trained):
   table = (workdir / "eval" / "zero_shot.md").read_text()
   assert "heldout" in table and "Ensemble M=2" in table
   assert out["meta"]["weights"] == "ema"
+  steps = sorted(int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit())
+  assert out["meta"]["step"] == steps[-1] and out["meta"]["checkpoint"].endswith(str(steps[-1]))
+  assert "nats" in out["unit"] and out["datasets"]["heldout"]["l2r"]["blocks"] == 16
   # The numbers are those of `evaluate.evaluate` on the same model and batches.
   m, _ = checkpoint.load_model(workdir, which="ema")
   direct = evaluate.evaluate_dataset(
@@ -45,6 +48,15 @@ def test_sample_mode_writes_jsonl(trained):
   path = pathlib.Path(modes.sample_mode(cfg, str(workdir)))
   rows = [json.loads(line) for line in path.read_text().splitlines()]
   assert len(rows) == 3 and all(r["tokens"][:2] == [97, 98] for r in rows)
+  meta = json.loads(path.with_suffix(".json").read_text())
+  assert meta["checkpoint_step"] is not None and meta["loaded"]["weights"] == "ema"
+  assert meta["loaded"]["step"] == meta["checkpoint_step"]
+  # Another prompt with the same settings: new files, the first ones untouched.
+  first = path.read_text()
+  cfg.sample.prompt = "xy"
+  second = pathlib.Path(modes.sample_mode(cfg, str(workdir)))
+  assert second != path and second.name.endswith("-2.jsonl") and path.read_text() == first
+  assert json.loads(second.read_text().splitlines()[0])["tokens"][:2] == [120, 121]
 
 
 def test_modes_refuse_bad_input_before_running(trained):

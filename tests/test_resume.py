@@ -128,3 +128,23 @@ def test_bad_mode_and_config_errors_exit_with_a_message(cache_dir, tmp_path):
   p = subprocess.run(args + ["--config.model.n_head=3"], **kw)
   assert p.returncode == 1
   assert "config error: model.n_head: 3 heads do not divide n_embd=32" in p.stderr
+
+
+def test_ctrl_c_saves_like_sigterm_and_a_lower_total_steps_is_refused(cache_dir, tmp_path):
+  work = tmp_path / "w"
+  p = start(cli_args(cache_dir, work, **RUN), tmp_path / "interrupted.log")
+  assert _wait_for(lambda: bool(_steps(work)), p), "no checkpoint before the run ended"
+  p.send_signal(signal.SIGINT)
+  assert p.wait(timeout=120) == 0, (tmp_path / "interrupted.log").read_text()[-3000:]
+  log = (tmp_path / "interrupted.log").read_text()
+  assert "received SIGINT: saving a checkpoint and stopping" in log
+  stopped = int(log.split("stopped at step ")[1].split()[0])
+  assert stopped == _steps(work)[-1] and stopped < TOTAL
+  # A total_steps below the newest checkpoint is an error, not a silent exit 0.
+  kw = dict(capture_output=True, text=True, env=cpu_env(), cwd=REPO, timeout=120)
+  lower = cli_args(cache_dir, work, **dict(RUN, total_steps=stopped - 1))
+  q = subprocess.run(lower, **kw)
+  assert q.returncode == 1, q.stderr[-2000:]
+  assert (f"config error: total_steps: {stopped - 1} is below the newest checkpoint's step "
+          f"{stopped}") in q.stderr
+  assert _steps(work)[-1] == stopped                     # nothing was touched
