@@ -29,6 +29,10 @@ _CONFIG = config_flags.DEFINE_config_file(
     lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run folder: checkpoints, metrics, config.json.")
 _MODE = flags.DEFINE_string("mode", "train", "What to do; one of the keys of MODES.")
+_CHECKPOINT = flags.DEFINE_string(
+    "checkpoint", "", "eval/sample: load this instead of WORKDIR's checkpoint (published .pt, "
+    "converted folder, or hf:OWNER/REPO/PATH; see aogpt_jax/checkpoint_spec.py); WORKDIR then "
+    "only receives outputs.")
 
 # mode name -> function(config, workdir).
 MODES: dict[str, Callable[..., object]] = {
@@ -62,7 +66,12 @@ def main(argv) -> None:
     config_lib.check_keys(cfg)
     sharding_lib.maybe_initialize_distributed(cfg)   # before anything touches the devices
     logging.info("mode %s, workdir %s", _MODE.value, _WORKDIR.value)
-    MODES[_MODE.value](cfg, _WORKDIR.value)
+    if _CHECKPOINT.value:
+      if _MODE.value not in ("eval", "sample"):
+        raise app.UsageError(f"--checkpoint: only for --mode=eval or sample, not {_MODE.value}")
+      MODES[_MODE.value](cfg, _WORKDIR.value, checkpoint=_CHECKPOINT.value)
+    else:
+      MODES[_MODE.value](cfg, _WORKDIR.value)
   except config_lib.ConfigError as e:
     raise SystemExit(f"aogpt_jax: config error: {e}") from None
   except (ValueError, FileNotFoundError) as e:   # bad input found before compiling

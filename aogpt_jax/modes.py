@@ -18,7 +18,8 @@ import os
 
 import jax
 
-from aogpt_jax import checkpoint, data, evaluate, sampler
+from aogpt_jax import checkpoint as checkpoint_lib
+from aogpt_jax import data, evaluate, sampler
 from aogpt_jax import config as config_lib
 from aogpt_jax.config import ConfigError
 
@@ -71,14 +72,28 @@ def eval_order_kwargs(cfg) -> dict:
   return kw
 
 
-def eval_mode(cfg, workdir: str) -> dict:
+def _from_spec(cfg, spec: str, which: str):
+  """--checkpoint=SPEC: (model, provenance); the tokenizer must fit; the model is an AO-GPT."""
+  from aogpt_jax import checkpoint_spec  # pylint: disable=g-import-not-at-top
+  m, mc, prov = checkpoint_spec.load(spec, which)
+  tok = data.get_tokenizer(cfg.data.tokenizer)
+  checkpoint_spec.check_vocab(mc, cfg.data.tokenizer, tok.vocab_size)
+  for key, value in (("sample.method", cfg.sample.method),
+                     ("evaluate.model_kind", cfg.evaluate.model_kind)):
+    if value == "encoder":
+      raise ConfigError(f"{key}: --checkpoint={spec} is an AO-GPT, got {value!r}")
+  return m, prov
+
+
+def eval_mode(cfg, workdir: str, checkpoint: str = "") -> dict:
   e = cfg.evaluate
   try:
     settings = evaluate.EvalSettings.from_dict({k: e[k] for k in EVAL_SETTINGS}
                                                | {"order_kwargs": eval_order_kwargs(cfg)})
   except ValueError as err:
     raise ConfigError(f"evaluate: {err}") from None
-  _check_run(cfg, workdir)
+  if not checkpoint:
+    _check_run(cfg, workdir)
   batch = int(e.batch_size) or int(cfg.batch_size)
   names = [n.strip() for n in str(e.datasets).split(",") if n.strip()]
   if not names:
@@ -93,14 +108,22 @@ def eval_mode(cfg, workdir: str) -> dict:
   datasets = {n: batches(_split_of(n, cfg)) for n in names}
   for n in names:   # a missing dataset fails here, naming the command that prepares it
     data.prepared_path(cfg.data, _split_of(n, cfg), int(cfg.seq_len))
+  if checkpoint:
+    m, prov = _from_spec(cfg, checkpoint, e.which)
+    return evaluate.evaluate(m, datasets, settings, workdir=workdir, name=e.name, meta=prov)
   return evaluate.run(workdir, datasets, settings, which=e.which, name=e.name)
 
 
-def sample_mode(cfg, workdir: str) -> str:
-  _check_run(cfg, workdir)
-  m, run_cfg = checkpoint.load_model(workdir, which=cfg.sample.which)
-  path = sampler.write_samples(m, cfg, workdir, data.get_tokenizer(cfg.data.tokenizer),
-                               step=run_cfg.loaded.step, loaded=run_cfg.loaded.to_dict())
+def sample_mode(cfg, workdir: str, checkpoint: str = "") -> str:
+  if checkpoint:
+    m, prov = _from_spec(cfg, checkpoint, cfg.sample.which)
+    path = sampler.write_samples(m, cfg, workdir, data.get_tokenizer(cfg.data.tokenizer),
+                                 step=prov["step"], loaded=prov)
+  else:
+    _check_run(cfg, workdir)
+    m, run_cfg = checkpoint_lib.load_model(workdir, which=cfg.sample.which)
+    path = sampler.write_samples(m, cfg, workdir, data.get_tokenizer(cfg.data.tokenizer),
+                                 step=run_cfg.loaded.step, loaded=run_cfg.loaded.to_dict())
   print(f"samples written to {path}")
   return path
 

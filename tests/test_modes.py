@@ -99,3 +99,26 @@ def test_encoder_baseline_trains_evaluates_and_samples(tmp_path):
   cfg.sample.method = "diffusion"
   with pytest.raises(ConfigError, match="sample.method: the run .* trained an encoder"):
     modes.sample_mode(cfg, str(workdir))
+
+
+def test_checkpoint_spec_evaluates_and_samples_into_an_empty_workdir(trained, tmp_path):
+  from aogpt_jax.evaluation import convert
+  cache, workdir = trained
+  folder = tmp_path / "conv"
+  convert.main(["export", "--workdir", str(workdir), "--which", "ema", "--out", str(folder)])
+  out = tmp_path / "out"
+  cfg = tu.tiny_config(cache)
+  cfg.evaluate.max_blocks = 16
+  cfg.evaluate.ensemble_max_m = 1
+  res = modes.eval_mode(cfg, str(out), checkpoint=str(folder))
+  ref = modes.eval_mode(cfg, str(workdir))
+  assert res["datasets"]["heldout"]["l2r"]["nll"] == pytest.approx(
+      ref["datasets"]["heldout"]["l2r"]["nll"], rel=1e-6)
+  meta = json.loads((out / "eval" / "zero_shot.json").read_text())["meta"]
+  assert meta["source"] == str(folder) and meta["weights"] == "ema"
+  cfg.sample.update(dict(num_samples=2, batch_size=2, length=16, steps=4, prompt="ab"))
+  rows = pathlib.Path(modes.sample_mode(cfg, str(out), checkpoint=str(folder))).read_text()
+  assert len(rows.splitlines()) == 2
+  cfg.data.tokenizer = "gpt2"
+  with pytest.raises(ValueError, match="data.tokenizer: 'gpt2' has 50257 ids.*valid_vocab_size"):
+    modes.sample_mode(cfg, str(out), checkpoint=str(folder))

@@ -1,0 +1,135 @@
+"""``--checkpoint=SPEC``: load a model from somewhere other than a training WORKDIR.
+
+SPEC is one of
+* a published PyTorch ``.pt`` (AO-GPT or sigma-GPT): converted on the fly and cached as a
+  safetensors folder next to it (``FILE.aogpt_jax/<which>/``), or under ``$AOGPT_JAX_CACHE``
+  (default ``~/.cache/aogpt_jax``) when that directory is read-only;
+* a folder written by ``python -m aogpt_jax.evaluation.convert`` (``config.json`` +
+  ``model.safetensors``);
+* ``hf:OWNER/REPO/PATH``: PATH (a ``.pt`` file or a converted folder) from the Hugging Face Hub
+  via ``huggingface_hub`` (needs the network or the files in its local cache).
+
+`load` returns ``(model, model_config, provenance)``; provenance is a dict
+``{"source": SPEC, "step": ..., "weights": "ema"|"params"}`` for output writers.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+
+from aogpt_jax.evaluation import convert
+
+
+class CheckpointSpecError(ValueError):
+  """A --checkpoint SPEC that cannot be loaded; the message names the SPEC and the fix."""
+
+
+def _cache_dir(pt_path: str, which: str) -> str:
+  st = os.stat(pt_path)
+  beside = pt_path + ".aogpt_jax"
+  parent = os.path.dirname(os.path.abspath(pt_path))
+  if os.access(parent, os.W_OK) or os.path.isdir(os.path.join(beside, which)):
+    return os.path.join(beside, which)
+  key = hashlib.sha256(f"{os.path.abspath(pt_path)}|{st.st_size}|{st.st_mtime_ns}".encode())
+  root = os.environ.get("AOGPT_JAX_CACHE", os.path.expanduser("~/.cache/aogpt_jax"))
+  return os.path.join(root, key.hexdigest()[:16], which)
+
+
+def _cache_valid(folder: str, pt_path: str) -> bool:
+  try:
+    with open(os.path.join(folder, "config.json")) as f:
+      meta = json.load(f).get("meta", {})
+  except (OSError, ValueError):
+    return False
+  st = os.stat(pt_path)
+  return (meta.get("source_size") == st.st_size and meta.get("source_mtime_ns") == st.st_mtime_ns
+          and os.path.exists(os.path.join(folder, "model.safetensors")))
+
+
+def _from_pt(path: str, which: str, trust_pickle: bool):
+  folder = _cache_dir(path, which)
+  if _cache_valid(folder, path):
+    m, cfg = convert.load_safetensors(folder)
+    with open(os.path.join(folder, "config.json")) as f:
+      return m, cfg, json.load(f)["meta"].get("iter_num")
+  try:
+    ck = convert.read_torch_checkpoint(path, trust_pickle)
+    m, cfg = convert.convert_checkpoint(ck, which)
+  except (ValueError, KeyError, RuntimeError, EOFError) as err:
+    raise CheckpointSpecError(f"--checkpoint={path}: not a readable published AO-GPT/sigma-GPT "
+                              f"checkpoint ({type(err).__name__}: {str(err).splitlines()[0][:300]})"
+                              ) from err
+  st = os.stat(path)
+  try:
+    convert.export_safetensors(m, folder, variant=convert.published_variant(cfg), meta={
+        "source": os.path.abspath(path), "which": which, "iter_num": ck.get("iter_num"),
+        "source_size": st.st_size, "source_mtime_ns": st.st_mtime_ns})
+  except OSError:
+    pass                                    # no writable cache: converted again next time
+  return m, cfg, ck.get("iter_num")
+
+
+def _from_hf(spec: str) -> str:
+  rest = spec[len("hf:"):]
+  parts = rest.split("/")
+  if len(parts) < 2 or not all(parts[:2]):
+    raise CheckpointSpecError(f"--checkpoint={spec}: expected hf:OWNER/REPO[/PATH]")
+  repo, path = "/".join(parts[:2]), "/".join(parts[2:])
+  try:
+    import huggingface_hub  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    raise CheckpointSpecError(f"--checkpoint={spec}: needs huggingface_hub "
+                              f"(pip install huggingface_hub)") from None
+  try:
+    if path.endswith(".pt"):
+      return huggingface_hub.hf_hub_download(repo, path)
+    local = huggingface_hub.snapshot_download(
+        repo, allow_patterns=[f"{path}/*" if path else "*"])
+    return os.path.join(local, path) if path else local
+  except Exception as err:  # pylint: disable=broad-except   (offline, 404, auth: all one route)
+    raise CheckpointSpecError(
+        f"--checkpoint={spec}: could not fetch {path or 'the repository'} from the Hugging Face "
+        f"Hub repo {repo} ({type(err).__name__}); it needs the network or the files in the "
+        f"huggingface_hub cache; or download it and pass the local path") from None
+
+
+def load(spec: str, which: str = "ema", trust_pickle: bool = False):
+  """SPEC -> (model, ModelConfig, provenance); see the module docstring."""
+  if which not in ("ema", "params"):
+    raise CheckpointSpecError(f"--checkpoint={spec}: which must be 'ema' or 'params', "
+                              f"got {which!r}")
+  path = _from_hf(spec) if spec.startswith("hf:") else os.path.expanduser(spec)
+  step = None
+  if os.path.isdir(path):
+    if os.path.isdir(os.path.join(path, which)) and not os.path.exists(
+        os.path.join(path, "config.json")):
+      path = os.path.join(path, which)     # the `convert import --out` layout: OUT/{ema,params}
+    try:
+      m, cfg = convert.load_safetensors(path)
+      with open(os.path.join(path, "config.json")) as f:
+        meta = json.load(f).get("meta", {})
+    except FileNotFoundError as err:
+      raise CheckpointSpecError(f"--checkpoint={spec}: {err}") from None
+    except Exception as err:  # pylint: disable=broad-except
+      raise CheckpointSpecError(f"--checkpoint={spec}: {path} is not a readable converted folder "
+                                f"({type(err).__name__}: {str(err).splitlines()[0][:300]}); "
+                                f"re-run `python -m aogpt_jax.evaluation.convert`") from err
+    step = meta.get("iter_num")
+    weights = meta.get("which", which)
+  elif os.path.isfile(path):
+    m, cfg, step = _from_pt(path, which, trust_pickle)
+    weights = which
+  else:
+    raise CheckpointSpecError(f"--checkpoint={spec}: no such file or folder ({path}); expected a "
+                              f"published .pt, a converted folder, or hf:OWNER/REPO/PATH")
+  return m, cfg, {"source": spec, "step": step, "weights": weights}
+
+
+def check_vocab(cfg, tokenizer_name: str, vocab_size: int) -> None:
+  """The tokenizer must fit the checkpoint: a one-line error naming both values."""
+  if vocab_size != cfg.valid_vocab_size:
+    raise CheckpointSpecError(
+        f"data.tokenizer: {tokenizer_name!r} has {vocab_size} ids but the checkpoint has "
+        f"valid_vocab_size={cfg.valid_vocab_size}; use the checkpoint's tokenizer")
