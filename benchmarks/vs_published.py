@@ -1,0 +1,114 @@
+"""aogpt_jax against the published AO-GPT PyTorch code on the same work, side by side.
+
+    python benchmarks/vs_published.py --published=DIR [--parts=train,sample] [--repeats=2]
+
+DIR is a checkout of the published repository scxue/AO-GPT-MDM (it has no licence: it is run
+here, never copied into this project). Its ``model_AOGPT_generate.py`` hard-codes 1024 in three
+step counts; the script copies DIR to a scratch folder and replaces them by
+``self.config.block_size`` there (DIR is not touched), so the block size 256 used here works.
+
+Sizes (both sides): 4 layers, width 256, 4 heads, n = 256, vocabulary 50304 (50257 valid),
+batch 8, fp32, CPU; PyTorch eager with 2 threads, JAX jitted (compile time reported apart). Each
+repeat runs the published half, then ours, each in its own subprocess
+(`vs_published/published_side.py`, `vs_published/ours_side.py`); a ratio is the best time of
+each side over all repeats (the machine is shared: compare ratios from one run). Writes
+benchmarks/results/vs_published_cpu.json and prints a Markdown table.
+
+Not covered yet: the context-order ensembles (the published estimator needs ~1,800 full passes
+per 256-token sequence; see `benchmarks/eval_cost.py` for ours against the naive estimator).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+
+HERE = pathlib.Path(__file__).resolve().parent
+REPO = HERE.parent
+NEEDED = ("model_AOGPT_AdaLN6_NoRep_cond_128_trunc_qknorm.py", "model_AOGPT_generate.py", "ema.py",
+          "catsample.py")
+
+
+def patched_copy(published: pathlib.Path) -> pathlib.Path:
+  missing = [f for f in NEEDED if not (published / f).exists()]
+  if missing:
+    sys.exit(f"--published={published}: not a checkout of scxue/AO-GPT-MDM (missing {missing}). "
+             f"Get one with git (or the search tool's fetch of scxue/AO-GPT-MDM, then "
+             f"`git --git-dir=<its git dir> archive HEAD | tar -x -C DIR`).")
+  out = pathlib.Path(tempfile.mkdtemp(prefix="aogpt_published_"))
+  for f in published.glob("*.py"):
+    shutil.copy(f, out / f.name)
+  gen = out / "model_AOGPT_generate.py"
+  text = gen.read_text()
+  text, k = re.subn(r"int\(1024\*\(1-timesteps", "int(self.config.block_size*(1-timesteps", text)
+  text, k2 = re.subn(r"int\(\(1024-len_input_ids\)", "int((self.config.block_size-len_input_ids)",
+                     text)
+  if (k, k2) != (2, 1):
+    sys.exit(f"{published}/model_AOGPT_generate.py: expected the three hard-coded 1024s "
+             f"(found {k} + {k2}); has the published code changed?")
+  gen.write_text(text)
+  return out
+
+
+def side(script: str, part: str, extra: list[str]) -> dict:
+  env = dict(os.environ, JAX_PLATFORMS="cpu", TORCHDYNAMO_DISABLE="1",
+             PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+  p = subprocess.run([sys.executable, str(HERE / "vs_published" / script), part, *extra],
+                     capture_output=True, text=True, env=env, cwd=REPO)
+  if p.returncode:
+    sys.exit(f"{script} {part} failed:\n{p.stderr[-3000:]}")
+  return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+  ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  ap.add_argument("--published", required=True, help="a checkout of scxue/AO-GPT-MDM")
+  ap.add_argument("--parts", default="train,sample")
+  ap.add_argument("--repeats", type=int, default=2)
+  ap.add_argument("--runs", type=int, default=3, help="timed runs per side per repeat")
+  ap.add_argument("--steps", default="16,64,256")
+  ap.add_argument("--top_p", default="1.0,0.95")
+  ap.add_argument("--out", default=str(HERE / "results" / "vs_published_cpu.json"))
+  a = ap.parse_args()
+  pub = patched_copy(pathlib.Path(a.published).expanduser().resolve())
+  best: dict[str, dict[str, float]] = {}
+  for rep in range(a.repeats):
+    for part in a.parts.split(","):
+      extra = [f"--runs={a.runs}"] + ([f"--steps={a.steps}", f"--top_p={a.top_p}"]
+                                      if part == "sample" else [])
+      for who, script, args in (("published", "published_side.py", [f"--published={pub}"]),
+                                ("ours", "ours_side.py", [])):
+        for name, r in side(script, part, extra + args).items():
+          t = r.get("step_s", r.get("wall_s"))
+          row = best.setdefault(name, {})
+          row[who] = min(row.get(who, float("inf")), t)
+          if "first_incl_compile_s" in r:
+            row["ours_first_call_s"] = r["first_incl_compile_s"]
+        print(f"repeat {rep + 1}/{a.repeats} {part} {who}: done", flush=True)
+  shutil.rmtree(pub, ignore_errors=True)
+  lines = ["| work | published (s) | aogpt_jax (s) | ours / published | speed-up |",
+           "|---|---:|---:|---:|---:|"]
+  for name, row in best.items():
+    if "published" in row and "ours" in row:
+      row["ratio"] = row["ours"] / row["published"]
+      lines.append(f"| {name} | {row['published']:.3f} | {row['ours']:.3f} | {row['ratio']:.2f} "
+                   f"| {1 / row['ratio']:.1f}x |")
+    else:
+      lines.append(f"| {name} | - | {row['ours']:.3f} | - | - |")
+  print("\n".join(lines))
+  pathlib.Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+  with open(a.out, "w") as f:
+    json.dump({"best_s": best, "repeats": a.repeats, "runs": a.runs, "machine": os.uname().nodename,
+               "cpus": os.cpu_count()}, f, indent=1)
+  print(f"wrote {a.out}")
+
+
+if __name__ == "__main__":
+  main()

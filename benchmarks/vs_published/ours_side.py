@@ -1,0 +1,73 @@
+"""aogpt_jax's half of `benchmarks/vs_published.py` (run by it in a subprocess): the same sizes
+as `published_side.py` (4 layers, width 256, 4 heads, n = 256, vocab 50304 of which 50257 valid,
+batch 8, fp32, CPU). ``train``: the trainer's own jitted step (AdamW, clip 1.0, EMA) of the
+paper recipe at this size; ``sample``: the KV-cached sampler (linear schedule, deterministic
+counts, temperature 1, the published top-p rule) at each T and top-p, and AR decoding. Compile
+time is reported apart. Prints one JSON line."""
+import argparse, json, os, time
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+from flax import nnx  # noqa: E402
+
+from aogpt_jax import config as config_lib, model as model_lib, recipes, sampler, sharding  # noqa: E402
+from aogpt_jax import train as train_lib  # noqa: E402
+
+p = argparse.ArgumentParser()
+p.add_argument("part", choices=("train", "sample"))
+p.add_argument("--runs", type=int, default=3)
+p.add_argument("--steps", default="16,64,256")
+p.add_argument("--top_p", default="1.0,0.95")
+p.add_argument("--loss_chunk", type=int, default=-1, help="-1: the recipe's")
+a = p.parse_args()
+L, H, E, T, V, B = 4, 4, 256, 256, 50304, 8
+
+
+def best(fn, runs):
+  t0 = time.perf_counter(); fn(); first = time.perf_counter() - t0
+  ts = []
+  for _ in range(runs):
+    t0 = time.perf_counter(); fn(); ts.append(time.perf_counter() - t0)
+  return min(ts), ts, first
+
+
+res = {}
+if a.part == "train":
+  c = recipes.paper("small")
+  recipes.apply(c, {"model.dtype": "float32", "seq_len": T, "batch_size": B, "microbatches": 1,
+                    "total_steps": 1000})
+  c.model.n_layer, c.model.n_embd, c.model.n_head, c.model.block_size = L, E, H, T
+  if a.loss_chunk >= 0:
+    c.model.loss_chunk = a.loss_chunk
+  mc = config_lib.resolve(c)
+  mesh = sharding.make_mesh(c)
+  rng = np.random.default_rng(0)
+  with jax.set_mesh(mesh):
+    tr = train_lib.build(c, mc, mesh)
+    st = [tr.init()]
+
+    def step():
+      b = sharding.global_batch({"tokens": rng.integers(0, 50257, (B, T), dtype=np.int32)}, mesh)
+      st[0], m = tr.step(st[0], b)
+      jax.block_until_ready(m)
+    s, ts, first = best(step, a.runs)
+  res["train"] = dict(step_s=round(s, 3), runs=[round(t, 3) for t in ts],
+                      first_incl_compile_s=round(first, 1), loss_chunk=mc.loss_chunk)
+else:
+  m = model_lib.AOGPT(model_lib.ModelConfig(n_layer=L, n_head=H, n_embd=E, block_size=T,
+                                            vocab_size=V, valid_vocab_size=50257),
+                      rngs=nnx.Rngs(0))
+  runs = [(f"sample T={t} top_p={tp}", dict(steps=int(t), top_p=float(tp)))
+          for tp in a.top_p.split(",") for t in a.steps.split(",")]
+  runs.append(("AR decoding", dict(method="ar", order="l2r")))
+  for name, kw in runs:
+    s_ = sampler.SampleSettings(length=T, **kw)
+    k = [0]
+
+    def gen():
+      k[0] += 1
+      np.asarray(sampler.generate(m, jax.random.key(k[0]), s_, batch=B).tokens)
+    s, ts, first = best(gen, a.runs)
+    res[name] = dict(wall_s=round(s, 3), runs=[round(t, 3) for t in ts],
+                     first_incl_compile_s=round(first, 1))
+print(json.dumps(res))
