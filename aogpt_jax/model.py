@@ -40,7 +40,7 @@ from aogpt_jax.layers import (Dense, Embed, Norm, attention, matmul, resolve_att
 TARGETS = ("adaln", "sigma_gpt", "repeat", "per_block", "none")
 START = -1      # slot token id meaning "the START vector"
 NO_TARGET = -1  # slot target meaning "no conditioning" (zero vector)
-RESIDUAL_DTYPE = jnp.float32  # the residual stream (embeddings, adds, norms) under any compute dtype
+RESIDUAL_DTYPE = jnp.float32  # residual stream (embeddings, adds, norms) under any compute dtype
 
 # KV cache: one (k, v) pair per layer, each [batch, cache_len, n_head, head_dim].
 KVCache = tuple[tuple[jax.Array, jax.Array], ...]

@@ -5,7 +5,6 @@ Subprocess runs of a tiny config on CPU."""
 from __future__ import annotations
 
 import subprocess
-import time
 
 import pytest
 
@@ -13,7 +12,7 @@ from aogpt_jax import config as config_lib
 from aogpt_jax import data as data_lib
 from aogpt_jax import train_loop
 
-from trainer_util import REPO, cli_args, cpu_env, start, tiny_config
+from trainer_util import REPO, checkpoint_steps, cli_args, cpu_env, start, tiny_config, wait_for
 
 LONG = dict(total_steps=100000, checkpoint_every=4, log_every=4, eval_every=0)
 
@@ -28,19 +27,11 @@ def cache_dir(tmp_path_factory):
 
 
 def _steps(workdir) -> list[int]:
-  d = workdir / "checkpoints"
-  return sorted(int(p.name) for p in d.iterdir() if p.name.isdigit()) if d.exists() else []
+  return checkpoint_steps(workdir)
 
 
-def _wait_for(predicate, proc, timeout=400.0) -> bool:
-  t = time.time()
-  while not predicate():
-    if proc.poll() is not None:
-      return False
-    if time.time() - t > timeout:
-      raise TimeoutError("the run did not get there in time")
-    time.sleep(0.05)
-  return True
+def _wait_for(predicate, proc, timeout=400.0):
+  return wait_for(predicate, proc, timeout)
 
 
 def test_second_run_on_a_busy_workdir_is_refused_and_kill9_frees_the_lock(cache_dir, tmp_path):

@@ -17,7 +17,8 @@ import pytest
 from aogpt_jax import checkpoint as checkpoint_lib
 from aogpt_jax import data as data_lib
 from aogpt_jax import train_loop
-from trainer_util import REPO, cli_args, cpu_env, run, start, tiny_config
+from trainer_util import (REPO, checkpoint_steps, cli_args, cpu_env, run, start, tiny_config,
+                          wait_for)
 
 TOTAL = 96
 RUN = dict(total_steps=TOTAL, checkpoint_every=4, log_every=8, eval_every=0,
@@ -34,19 +35,11 @@ def cache_dir(tmp_path_factory):
 
 
 def _steps(workdir) -> list[int]:
-  d = workdir / "checkpoints"
-  return sorted(int(p.name) for p in d.iterdir() if p.name.isdigit()) if d.exists() else []
+  return checkpoint_steps(workdir)
 
 
 def _wait_for(predicate, proc, timeout=120.0):
-  t = time.time()
-  while not predicate():
-    if proc.poll() is not None:
-      return False
-    if time.time() - t > timeout:
-      raise TimeoutError("the run did not get there in time")
-    time.sleep(0.05)
-  return True
+  return wait_for(predicate, proc, timeout)
 
 
 def _final_state(workdir, step):

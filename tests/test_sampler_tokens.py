@@ -62,9 +62,9 @@ def test_sampling_needs_float64_while_tracing():
     tokens_lib.sample_tokens(jnp.zeros((2, 4)), jax.random.split(jax.random.key(0), 2))
 
 
-@pytest.mark.parametrize("temperature,top_p,rule", [(1.0, 1.0, "published"), (3.0, 1.0, "published"),
-                                                    (0.5, 0.9, "nucleus"), (1.3, 0.9, "published"),
-                                                    (1.0, 0.97, "published")])
+@pytest.mark.parametrize("temperature,top_p,rule", [
+    (1.0, 1.0, "published"), (3.0, 1.0, "published"), (0.5, 0.9, "nucleus"),
+    (1.3, 0.9, "published"), (1.0, 0.97, "published")])
 def test_frequencies_and_padding(temperature, top_p, rule):
   logits = jnp.array([1.0, -1.0, 0.5, 2.0, -jnp.inf, -jnp.inf], jnp.float32)
   n = 40000

@@ -7,6 +7,7 @@ import os
 import pathlib
 import subprocess
 import sys
+import time
 
 from ml_collections import config_dict
 
@@ -68,3 +69,21 @@ def run(args, log_path, devices: int = 1, timeout: float = 180) -> None:
   if rc != 0:
     raise AssertionError(f"{' '.join(map(str, args))} exited with {rc}:\n"
                          + pathlib.Path(log_path).read_text()[-4000:])
+
+
+def checkpoint_steps(workdir) -> list[int]:
+  """The steps saved under WORKDIR/checkpoints, in order."""
+  d = pathlib.Path(workdir) / "checkpoints"
+  return sorted(int(p.name) for p in d.iterdir() if p.name.isdigit()) if d.exists() else []
+
+
+def wait_for(predicate, proc, timeout: float = 120.0) -> bool:
+  """Polls ``predicate`` until it holds (True) or ``proc`` exits first (False)."""
+  t = time.time()
+  while not predicate():
+    if proc.poll() is not None:
+      return False
+    if time.time() - t > timeout:
+      raise TimeoutError("the run did not get there in time")
+    time.sleep(0.05)
+  return True

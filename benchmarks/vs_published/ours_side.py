@@ -10,7 +10,8 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 
-from aogpt_jax import config as config_lib, model as model_lib, recipes, sampler, sharding  # noqa: E402
+from aogpt_jax import config as config_lib, model as model_lib, recipes  # noqa: E402
+from aogpt_jax import sampler, sharding  # noqa: E402
 from aogpt_jax import train as train_lib  # noqa: E402
 
 p = argparse.ArgumentParser()
