@@ -25,9 +25,19 @@ def reference_top_p_support(p, top_p, rule):
   return sorted(kept)
 
 
+_FILTER = {r: jax.jit(lambda x, tp, r=r: tokens_lib.filter_logits(x, top_p=tp, top_p_rule=r))
+           for r in tokens_lib.TOP_P_RULES}
+
+
 def _support(logits, top_p, rule):
+  if rule not in _FILTER or top_p >= 1:
+    with tokens_lib.exact_sampling():
+      x = tokens_lib.filter_logits(jnp.asarray(logits), top_p=top_p, top_p_rule=rule)
+    return np.flatnonzero(np.isfinite(np.asarray(x)))
+  padded = np.full(32, -np.inf)             # one compiled shape for every trial
+  padded[:len(logits)] = logits
   with tokens_lib.exact_sampling():
-    x = tokens_lib.filter_logits(jnp.asarray(logits), top_p=top_p, top_p_rule=rule)
+    x = _FILTER[rule](jnp.asarray(padded), jnp.float64(top_p))
   return np.flatnonzero(np.isfinite(np.asarray(x)))
 
 
@@ -50,6 +60,29 @@ def test_top_p_rules_match_their_definitions_on_random_distributions(rule):
     top_p = float(rng.uniform(0.05, 0.999))
     got = _support(np.log(p), top_p, rule).tolist()
     assert got == reference_top_p_support(p, top_p, rule), (trial, p, top_p)
+
+
+@pytest.mark.parametrize("rule", tokens_lib.TOP_P_RULES)
+def test_top_p_cutoff_with_ties_padding_and_a_large_vocabulary(rule):
+  # Ties at the cut-off are all kept (the tied tokens' first occurrence decides), padding (-inf)
+  # is never kept, and the bisection over float64 keys is exact across signs and scales.
+  rng = np.random.default_rng(1)
+  f = jax.jit(lambda x, tp: tokens_lib.filter_logits(x, top_p=tp, top_p_rule=rule),
+              static_argnums=1)
+  for trial in range(40):
+    v = 2000
+    x = rng.normal(size=v) * rng.choice([1e-3, 0.5, 8.0])
+    if trial % 2:
+      x = np.round(x, 1 if trial % 4 == 1 else 3)          # many ties
+    x[int(rng.integers(2, v)):] = -np.inf                  # padding ids
+    p = np.exp(x - x.max())
+    p /= p.sum()
+    top_p = float(rng.choice([0.05, 0.3, 0.9, 0.95, 0.999]))
+    want = reference_top_p_support(p, top_p, rule)
+    want = np.flatnonzero(p >= p[want].min()).tolist()     # ties at the cut-off value kept
+    with tokens_lib.exact_sampling():
+      got = np.flatnonzero(np.isfinite(np.asarray(f(jnp.asarray(x), top_p)))).tolist()
+    assert got == want, (trial, top_p, len(got), len(want))
 
 
 def test_unknown_top_p_rule_is_named():

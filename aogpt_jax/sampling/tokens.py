@@ -70,23 +70,60 @@ def filter_logits(logits: jax.Array, *, temperature: float = 1.0, top_p: float =
     token is always kept.
   - ``"nucleus"`` (Holtzman et al.): the smallest set of most likely tokens whose probability
     reaches ``top_p`` (the token that crosses ``top_p`` is kept).
-  Ties at the cut-off value are kept under both rules. At ``top_p == 1`` nothing is sorted.
-  Must be traced inside `exact_sampling()`.
+  Ties at the cut-off value are kept under both rules. Nothing is sorted (`top_p_cutoff`); at
+  ``top_p == 1`` nothing is filtered. Must be traced inside `exact_sampling()`.
   """
   if top_p_rule not in TOP_P_RULES:
     raise ValueError(f"top_p_rule: must be one of {TOP_P_RULES}, got {top_p_rule!r}")
   x = logits.astype(jnp.float64) / jnp.float64(temperature)
-  if top_p >= 1.0:
+  if isinstance(top_p, (int, float)) and top_p >= 1.0:     # (a traced top_p is always filtered)
     return x
-  srt = -jnp.sort(-x, axis=-1)                                 # descending
-  probs = jax.nn.softmax(srt, axis=-1)
-  cum = jnp.cumsum(probs, axis=-1)
-  if top_p_rule == "published":
-    keep = (cum <= top_p) | (jnp.arange(x.shape[-1]) == 0)
-  else:
-    keep = cum - probs < top_p
-  cutoff = jnp.min(jnp.where(keep, srt, jnp.inf), axis=-1, keepdims=True)
-  return jnp.where(x >= cutoff, x, -jnp.inf)
+  return jnp.where(x >= top_p_cutoff(x, top_p, top_p_rule), x, -jnp.inf)
+
+
+def _ordered_key(x: jax.Array) -> jax.Array:
+  """int64 keys with ``key(a) < key(b)`` iff ``a < b`` for float64 a, b (-0.0 and 0.0 equal)."""
+  b = jax.lax.bitcast_convert_type(x, jnp.int64)
+  return jnp.where(b < 0, -(b & jnp.int64(0x7FFFFFFFFFFFFFFF)), b)
+
+
+def top_p_cutoff(x: jax.Array, top_p: float, rule: str) -> jax.Array:
+  """The smallest kept value ``c`` [..., 1] of float64 logits ``x`` [..., V] (kept: ``x >= c``).
+
+  Sort-free (a sort of V = 50k float64 per row costs more than the model's whole step on CPU):
+  with ``p = softmax(x)`` and ``S(u) = sum of p_i over key(x_i) > u``, a bisection over the int64
+  order keys finds the smallest u with ``S(u) <= top_p`` ("published") or ``S(u) < top_p``
+  ("nucleus"), one masked sum per halving (at most 64). Nucleus: c is the value whose key is u.
+  Published: c1 is the smallest value above u (the smallest value v whose tokens with x >= v
+  hold at most top_p); below c1 only the next value c0 can still qualify, when it is tied (its
+  first occurrence has cumulative mass S(c0 excluded) + p(c0) <= top_p), and the top value is
+  always kept. Equal to the sorted definition up to float64 summation order."""
+  mx = jnp.max(x, axis=-1, keepdims=True)
+  w = jnp.exp(x - mx)
+  z = jnp.sum(w, axis=-1, keepdims=True)
+  p = w / z
+  k = _ordered_key(x)
+  mass_above = lambda u: jnp.sum(jnp.where(k > u[..., None], p, 0.0), axis=-1)
+  ok = (lambda s: s <= top_p) if rule == "published" else (lambda s: s < top_p)
+  hi = jnp.max(k, axis=-1)                                           # S(hi) = 0: ok
+  lo = jnp.min(jnp.where(jnp.isfinite(x), k, hi[..., None]), axis=-1) - 1   # S(lo) = 1: not ok
+
+  def body(c):
+    lo, hi = c
+    mid = (lo >> 1) + (hi >> 1) + (lo & hi & 1)                      # floor((lo + hi) / 2)
+    good = ok(mass_above(mid))
+    go = lo < hi - 1
+    return jnp.where(go & ~good, mid, lo), jnp.where(go & good, mid, hi)
+
+  _, u = jax.lax.while_loop(lambda c: jnp.any(c[0] < c[1] - 1), body, (lo, hi))
+  u = u[..., None]
+  if rule == "nucleus":
+    return jnp.min(jnp.where(k >= u, x, jnp.inf), axis=-1, keepdims=True)
+  c1 = jnp.minimum(jnp.min(jnp.where(k > u, x, jnp.inf), axis=-1, keepdims=True), mx)
+  c0 = jnp.max(jnp.where(x < c1, x, -jnp.inf), axis=-1, keepdims=True)
+  s1 = jnp.sum(jnp.where(x >= c1, p, 0.0), axis=-1, keepdims=True)
+  tied_ok = (s1 + jnp.exp(c0 - mx) / z <= top_p) & jnp.isfinite(c0)
+  return jnp.where(tied_ok, c0, c1)
 
 
 def sample_tokens(logits: jax.Array, keys: jax.Array, *, temperature: float = 1.0,
