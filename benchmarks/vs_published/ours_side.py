@@ -3,7 +3,9 @@ as `published_side.py` (4 layers, width 256, 4 heads, n = 256, vocab 50304 of wh
 batch 8, fp32, CPU). ``train``: the trainer's own jitted step (AdamW, clip 1.0, EMA) of the
 paper recipe at this size; ``sample``: the KV-cached sampler (linear schedule, deterministic
 counts, temperature 1, the published top-p rule) at each T and top-p, and AR decoding. Compile
-time is reported apart. Prints one JSON line."""
+time is reported apart. ``ensembles``: context-order ensembles (Eq. 4) of one 256-token sequence,
+M = 8 (`evaluation.ensembles`: the any-order base forward plus the prefix forwards); the first
+call counts compilation. Prints one JSON line."""
 import argparse, json, os, time
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 import jax  # noqa: E402
@@ -15,10 +17,13 @@ from aogpt_jax import sampler, sharding  # noqa: E402
 from aogpt_jax import train as train_lib  # noqa: E402
 
 p = argparse.ArgumentParser()
-p.add_argument("part", choices=("train", "sample"))
+p.add_argument("part", choices=("train", "sample", "ensembles"))
 p.add_argument("--runs", type=int, default=3)
 p.add_argument("--steps", default="16,64,256")
 p.add_argument("--top_p", default="1.0,0.95")
+p.add_argument("--max_m", type=int, default=8)
+p.add_argument("--layout", default="buckets")
+p.add_argument("--num_buckets", type=int, default=-1, help="-1: the evaluator's default")
 p.add_argument("--loss_chunk", type=int, default=-1, help="-1: the recipe's")
 a = p.parse_args()
 L, H, E, T, V, B = 4, 4, 256, 256, 50304, 8
@@ -54,6 +59,24 @@ if a.part == "train":
     s, ts, first = best(step, a.runs)
   res["train"] = dict(step_s=round(s, 3), runs=[round(t, 3) for t in ts],
                       first_incl_compile_s=round(first, 1), loss_chunk=mc.loss_chunk)
+elif a.part == "ensembles":
+  from aogpt_jax.evaluation import ensembles as ens, perplexity as ppl
+  m = model_lib.AOGPT(model_lib.ModelConfig(n_layer=L, n_head=H, n_embd=E, block_size=T,
+                                            vocab_size=V, valid_vocab_size=50257),
+                      rngs=nnx.Rngs(0))
+  x = np.random.default_rng(0).integers(0, 50257, (1, T), dtype=np.int32)
+  ids = np.zeros((1,), np.int32)
+  kw = dict(layout=a.layout)
+  if a.num_buckets > 0:
+    kw["num_buckets"] = a.num_buckets
+
+  def ensemble():
+    nll, sigma = ppl.token_nll(m, x, ids, order="uniform", seed=0)
+    lp = ens.ensemble_logp(m, x, ids, np.asarray(sigma), -np.asarray(nll), max_m=a.max_m, **kw)
+    assert np.isfinite(lp).all()
+  s, ts, first = best(ensemble, a.runs)
+  res["ensembles"] = dict(wall_s=round(s, 3), runs=[round(t, 3) for t in ts],
+                          first_incl_compile_s=round(first, 2), **kw)
 else:
   m = model_lib.AOGPT(model_lib.ModelConfig(n_layer=L, n_head=H, n_embd=E, block_size=T,
                                             vocab_size=V, valid_vocab_size=50257),

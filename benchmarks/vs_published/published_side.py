@@ -3,19 +3,29 @@
 Imports the published model classes from ``--published`` (a scratch copy whose generate() uses
 block_size; `vs_published.py` makes it) and times, on CPU in fp32 with 2 torch threads, eager:
 ``train`` (forward, backward, clip 1.0, AdamW, the EMA update) or ``sample`` (``generate()`` at
-each T of ``--steps`` and top-p of ``--top_p``). Prints one JSON line."""
-import argparse, contextlib, io, json, os, statistics, sys, time
+each T of ``--steps`` and top-p of ``--top_p``) or ``ensembles`` (``eval_ppl_AOGPT_ensemble.py``'s
+inner loop on one sequence: a base ``forward_fn_ppl`` pass, then for every rank i and ordering
+j = 1..M-1 a reshuffled context and one full-length ``forward_fn_ppl`` pass keeping row i; the
+``--passes`` timed passes, spread over the ranks, are extrapolated linearly to all 1 + n (M - 1)
+of them, since every pass costs the same full-length forward). ``forward_fn_ppl`` of
+``model_AOGPT_generate.py`` cannot run as published (it calls its KV-cache blocks without a cache),
+so the pass is the trainer model's ``forward_fn`` (the same computation) plus the per-token
+cross-entropy of every row, as ``forward_fn_ppl`` computes it. Prints one JSON line."""
+import argparse, contextlib, io, json, os, sys, time
 
 p = argparse.ArgumentParser()
-p.add_argument("part", choices=("train", "sample"))
+p.add_argument("part", choices=("train", "sample", "ensembles"))
 p.add_argument("--published", required=True)
 p.add_argument("--runs", type=int, default=3)
 p.add_argument("--steps", default="16,64,256")
 p.add_argument("--top_p", default="1.0,0.95")
+p.add_argument("--max_m", type=int, default=8)
+p.add_argument("--passes", type=int, default=24, help="ensembles: timed passes (0: all)")
 a = p.parse_args()
 sys.path.insert(0, a.published)
 os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
 import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
 import model_AOGPT_AdaLN6_NoRep_cond_128_trunc_qknorm as M  # noqa: E402
 import model_AOGPT_generate as G  # noqa: E402
 from ema import ExponentialMovingAverage  # noqa: E402
@@ -53,6 +63,35 @@ if a.part == "train":
     ema.update(model.parameters())
   s, ts = best(step, a.runs)
   res["train"] = dict(step_s=round(s, 3), runs=[round(t, 3) for t in ts])
+elif a.part == "ensembles":
+  model = M.AOGPT(cfg(M)).eval()
+  x1 = X[:1]
+
+  def ppl_pass(orders):    # forward_fn_ppl: logits of every row, per-token CE of every row
+    logits, _ = model(x1, mode=None, orders=orders)
+    tgt = torch.gather(x1, 1, orders)
+    return None, F.cross_entropy(logits[:, :-1].permute(0, 2, 1), tgt, reduction="none")
+  total = 1 + T * (a.max_m - 1)
+  items = [(i, j) for i in range(T) for j in range(1, a.max_m)]
+  if a.passes:
+    items = items[::max(1, len(items) // a.passes)][:a.passes]
+
+  def ensemble():
+    with torch.no_grad():
+      orders = torch.randperm(T)[None]
+      _, base = ppl_pass(orders)
+      out = torch.zeros([1, T, a.max_m], dtype=torch.float64)
+      out[:, :, 0] = base
+      for i, j in items:
+        reshuffle = torch.randperm(i)[None]
+        oe = torch.cat((torch.gather(orders[:, :i], dim=1, index=reshuffle), orders[:, i:]), dim=1)
+        _, cur = ppl_pass(oe)
+        out[:, i, j] = cur[:, i]
+  s, ts = best(ensemble, a.runs)
+  scale = total / (1 + len(items))
+  res["ensembles"] = dict(wall_s=round(s * scale, 3), measured_s=round(s, 3),
+                          passes_timed=1 + len(items), passes_total=total,
+                          extrapolated=scale != 1.0)
 else:
   model = G.AOGPT(cfg(G)).eval()
   for top_p in [float(x) for x in a.top_p.split(",")]:
