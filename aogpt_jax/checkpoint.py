@@ -293,7 +293,8 @@ class _quiet_unraisable:  # pylint: disable=invalid-name
     return self
 
   def _hook(self, u) -> None:
-    where = f"{getattr(type(u.object), '__module__', '')} {u.object!r:.200} "
+    where = (f"{getattr(u.object, '__module__', '')} {getattr(type(u.object), '__module__', '')} "
+             f"{u.object!r:.200} ")
     tb = u.exc_traceback
     while tb is not None:
       where += tb.tb_frame.f_code.co_filename + " "
