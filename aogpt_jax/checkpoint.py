@@ -6,8 +6,11 @@ killed run never leaves a half-written step behind) holding the items::
     params, opt_state, ema (when EMA is on), train ({step, rng}), data (the grain iterator,
     one file per process), meta (JSON: the resolved config of the run that wrote it)
 
-Resuming takes the newest readable step; one that cannot be read is moved to
-WORKDIR/checkpoints_corrupt/ with a warning naming it and the previous step is used. A
+Once a save has finished, ``<step>/aogpt_sha256.json`` records the size and sha256 of every file
+of the step; restoring checks them first. Resuming takes the newest readable step; one whose
+bytes differ from its manifest (or, without a manifest, that cannot be read) is moved to
+WORKDIR/checkpoints_corrupt/ with a warning naming it and the previous step is used. A step whose
+checksums match but which still cannot be restored is not corrupt: that is an error naming it. A
 checkpoint written with a config that changes the shape of the state or the data stream is
 refused with an error naming the differing field.
 
@@ -18,9 +21,13 @@ Other modes load a trained model with::
 
 from __future__ import annotations
 
+import gc
+import hashlib
+import json
 import logging
 import os
 import pathlib
+import sys
 import time
 from typing import Any, Callable
 
@@ -38,12 +45,96 @@ STATE_ITEMS = ("params", "opt_state", "ema")
 _FREE_MODEL_FIELDS = {"dropout", "attention", "attention_impl", "dtype", "remat", "loss_chunk",
                       "init_truncation"}  # init_truncation: used only at init
 # Top-level keys that fix the data stream and the random stream of a run.
-_STREAM_KEYS = {"seed", "batch_size", "seq_len", "data.source", "data.tokenizer"}
+# data.worker_count: grain's saved iterator state has another layout with worker processes.
+_STREAM_KEYS = {"seed", "batch_size", "seq_len", "data.source", "data.tokenizer",
+                "data.worker_count"}
+MANIFEST = "aogpt_sha256.json"
+_ORBAX_TMP_SUFFIX = ".orbax-checkpoint-tmp"  # orbax: STEP<suffix> is renamed to STEP on commit
 FORMAT = 1
+
+
+class _QuietReadOnly(logging.Filter):
+  """Drops orbax's routine "Given directory is read only" warning of every eval/sample run."""
+
+  def filter(self, record) -> bool:
+    return not (record.pathname.endswith("checkpoint_manager.py")
+                and str(record.msg).startswith("Given directory is read only"))
+
+
+logging.getLogger("absl").addFilter(_QuietReadOnly())
 
 
 class IncompatibleCheckpoint(config_lib.ConfigError):
   """The checkpoint was written by a run whose state or data stream differs from this one."""
+
+
+class CorruptCheckpoint(OSError):
+  """A checkpoint file's size or sha256 differs from the manifest written at save time."""
+
+
+def _sha256(path: pathlib.Path) -> str:
+  h = hashlib.sha256()
+  with open(path, "rb") as f:
+    for chunk in iter(lambda: f.read(1 << 20), b""):
+      h.update(chunk)
+  return h.hexdigest()
+
+
+# orbax's own bookkeeping, rewritten when a step is committed (after the manifest is written)
+_UNHASHED = {MANIFEST, MANIFEST + ".tmp", "_CHECKPOINT_METADATA", "commit_success.txt"}
+
+
+def _files(step_dir: pathlib.Path) -> list[pathlib.Path]:
+  return sorted(p for p in step_dir.rglob("*")
+                if p.is_file() and not (p.parent == step_dir and p.name in _UNHASHED))
+
+
+def write_manifest(step_dir: str | os.PathLike) -> pathlib.Path:
+  """Writes STEP_DIR/aogpt_sha256.json: {relative path: [size, sha256]} of every file."""
+  step_dir = pathlib.Path(step_dir)
+  files = {str(p.relative_to(step_dir)): [p.stat().st_size, _sha256(p)] for p in _files(step_dir)}
+  out = step_dir / MANIFEST
+  tmp = out.with_name(MANIFEST + ".tmp")
+  tmp.write_text(json.dumps({"sha256": files}, sort_keys=True) + "\n", encoding="utf-8")
+  os.replace(tmp, out)
+  return out
+
+
+def verify_manifest(step_dir: str | os.PathLike) -> bool:
+  """True if STEP_DIR's files match its manifest, False if it has none; raises
+  `CorruptCheckpoint` naming the first file that is missing or differs."""
+  step_dir = pathlib.Path(step_dir)
+  path = step_dir / MANIFEST
+  if not path.exists():
+    return False
+  try:
+    files = json.loads(path.read_text(encoding="utf-8"))["sha256"]
+  except (ValueError, KeyError, TypeError) as e:
+    raise CorruptCheckpoint(f"{path}: unreadable manifest ({type(e).__name__})") from None
+  for rel, (size, digest) in sorted(files.items()):
+    p = step_dir / rel
+    if not p.is_file():
+      raise CorruptCheckpoint(f"{p} is missing")
+    if p.stat().st_size != size:
+      raise CorruptCheckpoint(f"{p} has {p.stat().st_size} bytes, {size} when saved")
+    if _sha256(p) != digest:
+      raise CorruptCheckpoint(f"{p}: sha256 differs from the one written at save time")
+  return True
+
+
+def check_writable(directory: str | os.PathLike, what: str = "checkpoints") -> None:
+  """A one-line `ConfigError` (before anything compiles) when DIRECTORY cannot be written;
+  orbax would otherwise retry for minutes and time out without naming the permission."""
+  directory = pathlib.Path(directory)
+  try:
+    directory.mkdir(parents=True, exist_ok=True)
+    probe = directory / f".write_probe.{os.getpid()}.{jax.process_index()}"
+    probe.write_text("ok")
+    probe.unlink()
+  except OSError as e:
+    raise config_lib.ConfigError(
+        f"{what}: {directory} is not writable ({e.strerror or type(e).__name__}); fix its "
+        f"permissions (chmod u+w) or use another --workdir") from None
 
 
 def checkpoint_dir(workdir: str | os.PathLike) -> pathlib.Path:
@@ -89,23 +180,51 @@ class Checkpointer:
   def __init__(self, workdir, ckpt_cfg):
     self.workdir = pathlib.Path(workdir).absolute()
     self.directory = checkpoint_dir(workdir)
+    check_writable(self.directory)
+    self._saving: int | None = None      # the step of the save in flight
+    self.last_saved: int | None = None   # the newest step whose save has finished (or restored)
+    async_options = (ocp.AsyncOptions(post_finalization_callback=self._manifest_before_commit)
+                     if ckpt_cfg.async_save else None)  # orbax allows it only with async saves
     options = ocp.CheckpointManagerOptions(
         max_to_keep=ckpt_cfg.keep or None, keep_period=ckpt_cfg.keep_every or None,
         enable_async_checkpointing=ckpt_cfg.async_save, cleanup_tmp_directories=True,
-        create=True)
+        create=True, async_options=async_options)
     self.manager = ocp.CheckpointManager(self.directory, options=options)
+
+  def _manifest_before_commit(self) -> None:
+    """orbax's hook after the data of an async save is written and before its temporary folder
+    is renamed to the step: the manifest goes in first, so every committed step has one."""
+    tmp = self.directory / f"{self._saving}{_ORBAX_TMP_SUFFIX}"
+    if self._saving is not None and jax.process_index() == 0 and tmp.is_dir():
+      write_manifest(tmp)
+
+  def _finished(self) -> None:
+    """After the save in flight has finished: its manifest, if the hook did not write it (sync
+    saves; a file system without atomic renames)."""
+    step, self._saving = self._saving, None
+    step_dir = self.directory / str(step)
+    if step is None or not step_dir.is_dir():
+      return
+    if jax.process_index() == 0 and not (step_dir / MANIFEST).exists():
+      write_manifest(step_dir)
+    self.last_saved = max(step, self.last_saved or 0)
 
   def save(self, step: int, state: dict, data_iter, meta: dict) -> None:
     items = {k: ocp.args.StandardSave(state[k]) for k in STATE_ITEMS if k in state}
     items["train"] = ocp.args.StandardSave({"step": state["step"], "rng": state["rng"]})
     items["data"] = grain.checkpoint.CheckpointSave(data_iter)
     items["meta"] = ocp.args.JsonSave(meta)
+    self.wait()
+    self._saving = step
     self.manager.save(step, args=ocp.args.Composite(**items), force=True)
+    if not self.manager.is_saving_in_progress():
+      self._finished()
 
   def restore_latest(self, abstract_state: dict, data_iter, meta: dict):
     """``(step, state)`` from the newest readable compatible checkpoint (the data iterator is
     set to its saved position), or None when there is none."""
     def read(step):
+      verified = verify_manifest(self.directory / str(step))
       saved = self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
       check_compatible(saved.meta, meta, str(self.directory / str(step)))
       items = {k: ocp.args.StandardRestore(abstract_state[k])
@@ -113,7 +232,17 @@ class Checkpointer:
       items["train"] = ocp.args.StandardRestore(
           {"step": abstract_state["step"], "rng": abstract_state["rng"]})
       items["data"] = grain.checkpoint.CheckpointRestore(data_iter)
-      r = self.manager.restore(step, args=ocp.args.Composite(**items))
+      try:
+        r = self.manager.restore(step, args=ocp.args.Composite(**items))
+      except Exception as e:  # noqa: BLE001
+        if verified:   # intact bytes: a setting of this run, not corruption
+          raise IncompatibleCheckpoint(
+              f"checkpoint {self.directory / str(step)} is intact (its checksums match) but "
+              f"cannot be restored into this run ({type(e).__name__}: "
+              f"{str(e).splitlines()[0][:200] if str(e) else ''}); restore the run's settings "
+              f"(see its meta/config) or use a new --workdir") from None
+        raise
+      self.last_saved = step
       state = {k: r[k] for k in STATE_ITEMS if k in abstract_state}
       state.update(step=r.train["step"], rng=r.train["rng"])
       return state
@@ -138,9 +267,10 @@ class Checkpointer:
 
   def wait(self) -> None:
     self.manager.wait_until_finished()
+    self._finished()
 
   def close(self) -> None:
-    self.manager.wait_until_finished()
+    self.wait()
     self.manager.close()
 
 
@@ -148,14 +278,52 @@ def _newest_readable(manager, directory, read: Callable[[int], Any],
                      on_failure: Callable[[int], None] | None = None):
   """Tries the steps newest first; an unreadable one is skipped with a warning naming it.
   `IncompatibleCheckpoint` is not a read failure and propagates."""
+  with _quiet_unraisable():
+    return _try_newest(manager, directory, read, on_failure)
+
+
+class _quiet_unraisable:  # pylint: disable=invalid-name
+  """Counts, instead of printing, the "Exception ignored in ..." reports of orbax / tensorstore
+  objects collected after a failed read (hundreds of lines per corrupt checkpoint otherwise);
+  every other unraisable exception still reaches the previous hook."""
+
+  def __enter__(self):
+    self.previous, self.dropped = sys.unraisablehook, 0
+    sys.unraisablehook = self._hook
+    return self
+
+  def _hook(self, u) -> None:
+    where = (f"{getattr(u.object, '__module__', '')} {getattr(type(u.object), '__module__', '')} "
+             f"{u.object!r:.200} ")
+    tb = u.exc_traceback
+    while tb is not None:
+      where += tb.tb_frame.f_code.co_filename + " "
+      tb = tb.tb_next
+    if "orbax" in where or "tensorstore" in where:
+      self.dropped += 1
+    else:
+      self.previous(u)
+
+  def __exit__(self, *exc):
+    gc.collect()
+    sys.unraisablehook = self.previous
+    if self.dropped:
+      logging.info("dropped %d 'Exception ignored' reports of orbax after a failed read",
+                   self.dropped)
+    return False
+
+
+def _try_newest(manager, directory, read, on_failure):
   for step in sorted(manager.all_steps(), reverse=True):
     try:
       return step, read(step)
     except IncompatibleCheckpoint:
       raise
     except Exception as e:  # noqa: BLE001 - any read failure means "try the previous one"
-      logging.warning("checkpoint %s is unreadable (%s: %s); trying the previous one",
-                      directory / str(step), type(e).__name__, str(e).splitlines()[0][:300])
+      what = "is corrupt" if isinstance(e, CorruptCheckpoint) else "is unreadable"
+      logging.warning("checkpoint %s %s (%s: %s); trying the previous one",
+                      directory / str(step), what, type(e).__name__,
+                      (str(e).splitlines() or [""])[0][:300])
       if on_failure is not None:
         on_failure(step)
   return None
@@ -186,9 +354,11 @@ def load_model(workdir: str | os.PathLike, which: str = "ema", step: int | None 
   directory = checkpoint_dir(workdir)
   if not directory.is_dir():
     raise FileNotFoundError(f"no checkpoints in {directory}")
-  manager = ocp.CheckpointManager(directory, options=ocp.CheckpointManagerOptions(read_only=True))
+  manager = ocp.CheckpointManager(directory, options=ocp.CheckpointManagerOptions(
+      read_only=True, save_interval_steps=0, create=False))
 
   def read(s):
+    verify_manifest(directory / str(s))
     meta = manager.restore(s, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta
     mc = model_lib.ModelConfig(**meta["model"]).replace(**model_overrides)
     item = which

@@ -33,6 +33,7 @@ import jax
 import numpy as np
 
 from aogpt_jax import mdm
+from aogpt_jax import metrics as metrics_lib
 from aogpt_jax import model as model_lib
 from aogpt_jax import orders as orders_lib
 from aogpt_jax.evaluation import encoder_nll as enc_lib
@@ -105,7 +106,8 @@ def check_model(m: model_lib.AOGPT, s: EvalSettings) -> None:
     mdm.check_encoder(m.cfg, "eval.model_kind='encoder'")
 
 
-def evaluate_dataset(m: model_lib.AOGPT, batches: Batches, s: EvalSettings) -> dict:
+def evaluate_dataset(m: model_lib.AOGPT, batches: Batches, s: EvalSettings,
+                     name: str = "") -> dict:
   """One pass over ``batches``: every requested perplexity of one dataset."""
   check_model(m, s)
   # The encoder's L2R / any-order rows: exact NLL of the same orders, n forwards per order.
@@ -115,6 +117,10 @@ def evaluate_dataset(m: model_lib.AOGPT, batches: Batches, s: EvalSettings) -> d
   ens = ppl_lib.NLLSum(len(ms))
   elbo = ppl_lib.NLLSum(s.elbo_samples if s.elbo else 1)
   t0 = time.perf_counter()
+  total = len(batches) if hasattr(batches, "__len__") else None
+  if s.max_batches:
+    total = s.max_batches if total is None else min(total, s.max_batches)
+  progress = metrics_lib.ProgressLog(f"eval {name} batches", total)
   for bi, batch in enumerate(batches):
     if s.max_batches and bi >= s.max_batches:
       break
@@ -142,6 +148,7 @@ def evaluate_dataset(m: model_lib.AOGPT, batches: Batches, s: EvalSettings) -> d
     if s.elbo:
       enc_lib.add_elbo_batch(elbo, m, tokens, ids, weight, seed=s.seed,
                              stratified=s.elbo_stratified)
+    progress.update(bi + 1)
   out: dict[str, Any] = {}
   if s.l2r:
     l2r.reduce()
@@ -179,7 +186,7 @@ def evaluate(m: model_lib.AOGPT, datasets: Mapping[str, Batches | Callable[[], B
   }
   for ds_name, batches in datasets.items():
     it = batches() if callable(batches) else batches
-    results["datasets"][ds_name] = evaluate_dataset(m, it, s)
+    results["datasets"][ds_name] = evaluate_dataset(m, it, s, ds_name)
   if workdir:
     write_results(workdir, name, results)
   return results

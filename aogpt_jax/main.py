@@ -9,11 +9,17 @@
 function from `MODES` (each takes ``(config, workdir)``): train (`train_loop`), and eval, sample
 and prepare (`modes`). ``jax.distributed.initialize()`` runs first when the config
 (``distributed.enabled``) or the environment (AOGPT_DISTRIBUTED=1) asks for it.
+
+Bad input (a missing config file, a misspelt key, a bad ``:arg``, a bad value, an unwritable
+folder, a non-finite loss) ends the run with one line on stderr and exit status 1; ``--verbose``
+shows the full traceback instead.
 """
 
 from __future__ import annotations
 
 import logging as std_logging
+import os
+import sys
 from typing import Callable
 
 from absl import app, flags, logging
@@ -28,6 +34,8 @@ _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Config file (optionally file.py:arg); override fields as --config.a.b=v.",
     lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run folder: checkpoints, metrics, config.json.")
+_VERBOSE = flags.DEFINE_bool("verbose", False, "On an error, show the full traceback instead of "
+                             "one line.")
 _MODE = flags.DEFINE_string("mode", "train", "What to do; one of the keys of MODES.")
 _CHECKPOINT = flags.DEFINE_string(
     "checkpoint", "", "eval/sample: load this instead of WORKDIR's checkpoint (published .pt, "
@@ -51,13 +59,59 @@ class _QuietLibraries:
         f"/{lib}/" in record.pathname for lib in ("orbax", "grain"))
 
 
+def _root(e: BaseException) -> BaseException:
+  """What went wrong under the layers that re-raised it: the exception of the chain that says
+  "did you mean", else the innermost cause."""
+  seen, chain = set(), []
+  while e is not None and id(e) not in seen:
+    seen.add(id(e))
+    chain.append(e)
+    e = e.__cause__ or e.__context__
+  hinted = [x for x in chain if "did you mean" in str(x).lower()]
+  return hinted[0] if hinted else chain[-1]
+
+
+def one_line(e: BaseException) -> str:
+  """``e``'s message on one line (KeyError's "did you mean" included)."""
+  msg = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
+  msg = "; ".join(line.strip() for line in str(msg).splitlines() if line.strip())
+  return f"{type(e).__name__}: {msg}" if msg else type(e).__name__
+
+
+def _verbose(argv) -> bool:
+  return any(a in ("--verbose", "--verbose=true", "--verbose=True", "--verbose=1") for a in argv)
+
+
+def parse_flags(argv):
+  """absl's flag parsing, with a one-line error (no traceback unless --verbose) for a missing
+  config file, a misspelt ``--config.KEY`` or a bad ``:arg``."""
+  for i, a in enumerate(argv[1:], 1):
+    value = (a.split("=", 1)[1] if a.startswith("--config=") else
+             argv[i + 1] if a == "--config" and i + 1 < len(argv) else None)
+    if value is not None:
+      path = value.split(":", 1)[0]
+      if not os.path.isfile(path):
+        sys.exit(f"aogpt_jax: config error: --config: no such file: {path}")
+  try:
+    return flags.FLAGS(argv)
+  except Exception as e:  # noqa: BLE001 - any parse failure is bad input
+    if _verbose(argv):
+      raise
+    sys.exit(f"aogpt_jax: config error: {one_line(_root(e))}")
+
+
 def main(argv) -> None:
   logging.get_absl_handler().python_handler.addFilter(_QuietLibraries())
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   if _MODE.value not in MODES:
     raise app.UsageError(f"--mode={_MODE.value}: unknown mode; known: {', '.join(sorted(MODES))}")
-  cfg = _CONFIG.value
+  try:
+    cfg = _CONFIG.value
+  except Exception as e:  # noqa: BLE001 - the config file failed to load
+    if _VERBOSE.value:
+      raise
+    raise SystemExit(f"aogpt_jax: config error: --config: {one_line(_root(e))}") from None
   if cfg is None:
     raise app.UsageError("--config is required")
   if not _WORKDIR.value:
@@ -73,10 +127,15 @@ def main(argv) -> None:
     else:
       MODES[_MODE.value](cfg, _WORKDIR.value)
   except config_lib.ConfigError as e:
-    raise SystemExit(f"aogpt_jax: config error: {e}") from None
-  except (ValueError, FileNotFoundError) as e:   # bad input found before compiling
-    raise SystemExit(f"aogpt_jax: {type(e).__name__}: {e}") from None
+    if _VERBOSE.value:
+      raise
+    raise SystemExit(f"aogpt_jax: config error: {one_line(e).split(': ', 1)[1]}") from None
+  except (ValueError, OSError, FloatingPointError) as e:
+    # bad input found before compiling, an unwritable folder, a non-finite loss
+    if _VERBOSE.value:
+      raise
+    raise SystemExit(f"aogpt_jax: {one_line(e)}") from None
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=parse_flags)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import math
 import os
 import pathlib
@@ -120,6 +121,34 @@ class Progress:
     self._t, self._paused, self.window_start_step = now, 0.0, step
     eta = (self.total - step) / rate if rate > 0 else float("inf")
     return rate, eta
+
+
+class ProgressLog:
+  """``WHAT: i/N (x%), ETA ...`` log lines for a long loop of N known items, at most one every
+  ``every`` seconds (and one at the end); the first item (compilation) is not in the ETA."""
+
+  def __init__(self, what: str, total: int | None, every: float = 10.0):
+    self.what, self.total, self.every = what, total, every
+    self._t0 = self._last = time.perf_counter()
+    self._t1 = None       # time when the first item finished
+
+  def update(self, done: int) -> None:
+    now = time.perf_counter()
+    if self._t1 is None:
+      self._t1 = now
+      if done < (self.total or 0):
+        return
+    if now - self._last < self.every and done != self.total:
+      return
+    self._last = now
+    if self.total:
+      rate = (done - 1) / max(now - self._t1, 1e-9) if done > 1 else 0.0
+      eta = (self.total - done) / rate if rate > 0 else float("inf")
+      logging.info("%s: %d/%d (%.0f%%), %s elapsed, ETA %s", self.what, done, self.total,
+                   100.0 * done / self.total, format_duration(now - self._t0),
+                   format_duration(eta))
+    else:
+      logging.info("%s: %d done, %s elapsed", self.what, done, format_duration(now - self._t0))
 
 
 def format_duration(seconds: float) -> str:

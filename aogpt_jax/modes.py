@@ -34,8 +34,9 @@ def _split_of(name: str, cfg) -> str:
   return name
 
 
-def _check_run(cfg, workdir: str) -> None:
-  """The tokenizer and objective asked for must be the run's (from WORKDIR/config.json)."""
+def _check_run(cfg, workdir: str, key: str) -> None:
+  """The tokenizer and objective asked for must be the run's (from WORKDIR/config.json); ``key``
+  is the mode's setting that picks the model kind (sample.method or evaluate.model_kind)."""
   path = os.path.join(workdir, "config.json")
   if not os.path.exists(path):
     return                        # load_model reports the missing run
@@ -47,8 +48,7 @@ def _check_run(cfg, workdir: str) -> None:
     raise ConfigError(f"data.tokenizer: {cfg.data.tokenizer!r} has {tok.vocab_size} ids but the "
                       f"run in {workdir} has {valid}; use the run's tokenizer")
   encoder = run.get("objective", "ao") == "mdm"
-  for key, value in (("sample.method", cfg.sample.method),
-                     ("evaluate.model_kind", cfg.evaluate.model_kind)):
+  for value in (cfg[key.split(".")[0]][key.split(".")[1]],):
     if encoder != (value == "encoder"):
       want = "encoder" if encoder else "not 'encoder'"
       raise ConfigError(f"{key}: the run in {workdir} trained "
@@ -93,7 +93,8 @@ def eval_mode(cfg, workdir: str, checkpoint: str = "") -> dict:
   except ValueError as err:
     raise ConfigError(f"evaluate: {err}") from None
   if not checkpoint:
-    _check_run(cfg, workdir)
+    _check_run(cfg, workdir, "evaluate.model_kind")
+  checkpoint_lib.check_writable(os.path.join(workdir, "eval"), "--workdir")
   batch = int(e.batch_size) or int(cfg.batch_size)
   names = [n.strip() for n in str(e.datasets).split(",") if n.strip()]
   if not names:
@@ -110,17 +111,23 @@ def eval_mode(cfg, workdir: str, checkpoint: str = "") -> dict:
     data.prepared_path(cfg.data, _split_of(n, cfg), int(cfg.seq_len))
   if checkpoint:
     m, prov = _from_spec(cfg, checkpoint, e.which)
-    return evaluate.evaluate(m, datasets, settings, workdir=workdir, name=e.name, meta=prov)
-  return evaluate.run(workdir, datasets, settings, which=e.which, name=e.name)
+    results = evaluate.evaluate(m, datasets, settings, workdir=workdir, name=e.name, meta=prov)
+  else:
+    results = evaluate.run(workdir, datasets, settings, which=e.which, name=e.name)
+  if jax.process_index() == 0:
+    out = os.path.join(workdir, "eval", e.name)
+    print(f"eval results written to {out}.json and {out}.md")
+  return results
 
 
 def sample_mode(cfg, workdir: str, checkpoint: str = "") -> str:
+  checkpoint_lib.check_writable(os.path.join(workdir, "samples"), "--workdir")
   if checkpoint:
     m, prov = _from_spec(cfg, checkpoint, cfg.sample.which)
     path = sampler.write_samples(m, cfg, workdir, data.get_tokenizer(cfg.data.tokenizer),
                                  step=prov["step"], loaded=prov)
   else:
-    _check_run(cfg, workdir)
+    _check_run(cfg, workdir, "sample.method")
     m, run_cfg = checkpoint_lib.load_model(workdir, which=cfg.sample.which)
     path = sampler.write_samples(m, cfg, workdir, data.get_tokenizer(cfg.data.tokenizer),
                                  step=run_cfg.loaded.step, loaded=run_cfg.loaded.to_dict())

@@ -44,6 +44,7 @@ import numpy as np
 from flax import nnx
 
 from aogpt_jax import mdm
+from aogpt_jax import metrics as metrics_lib
 from aogpt_jax import orders as orders_lib
 from aogpt_jax.model import AOGPT, ModelConfig
 from aogpt_jax.sampling import ar as ar_lib
@@ -78,6 +79,14 @@ class SampleSettings:
       raise ValueError(f"sample.method: must be one of {METHODS}, got {self.method!r}")
     if self.method == "encoder":
       mdm.check_encoder(cfg, "sample.method='encoder'")
+    for name in ("length", "steps"):
+      v = getattr(self, name)
+      if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+        raise ValueError(f"sample.{name}: must be an int, got {type(v).__name__} {v!r}")
+    for name in ("temperature", "top_p"):
+      v = getattr(self, name)
+      if isinstance(v, bool) or not isinstance(v, numbers.Real):
+        raise ValueError(f"sample.{name}: must be a number, got {type(v).__name__} {v!r}")
     if not 1 <= self.length <= cfg.block_size:
       raise ValueError(f"sample.length: must be in [1, model.block_size={cfg.block_size}], "
                        f"got {self.length}")
@@ -133,10 +142,25 @@ class Samples:
                              # [steps, B, V] (ar)
 
 
+def as_key(key) -> jax.Array:
+  """``key`` as one typed PRNG key: ``jax.random.key(seed)`` as it is, a legacy
+  ``jax.random.PRNGKey(seed)`` (uint32[2]) wrapped into the same key; otherwise a ValueError."""
+  if isinstance(key, jax.Array) and jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key):
+    if key.shape:
+      raise ValueError(f"key: one key expected, got an array of keys of shape {key.shape}")
+    return key
+  if isinstance(key, (jax.Array, np.ndarray)) and key.dtype == np.uint32 and key.shape == (2,):
+    return jax.random.wrap_key_data(key)
+  what = (f"an array of {key.dtype}{list(key.shape)}" if hasattr(key, "dtype") else
+          f"{type(key).__name__} {key!r:.40}")
+  raise ValueError(f"key: expected jax.random.key(seed) or jax.random.PRNGKey(seed), got {what}")
+
+
 def prepare(cfg: ModelConfig, key: jax.Array, s: SampleSettings, *, prompt=None,
             batch: int | None = None, sample_offset: int = 0) -> Prepared:
   """Validates everything and draws orders and reveal counts (no model call, no compile)."""
   s.validate(cfg)
+  key = as_key(key)
   n = s.length
   if prompt is None:
     if batch is None or batch < 1:
@@ -327,14 +351,18 @@ def write_samples(model: AOGPT, config: ml_collections.ConfigDict, workdir: str,
   batches = [prepare(cfg, key, s, prompt=prompt, batch=bs, sample_offset=off)
              for off in range(0, num, bs)]
   plans = [None] * len(batches) if s.method == "ar" else plan(batches, method=s.method)
+  out_dir = os.path.join(workdir, "samples")
+  os.makedirs(out_dir, exist_ok=True)      # an unwritable workdir fails before sampling
   t0 = time.perf_counter()
-  outs = [run(model, p, pl, s) for p, pl in zip(batches, plans)]
+  progress = metrics_lib.ProgressLog("sample batches", len(batches))
+  outs = []
+  for i, (p, pl) in enumerate(zip(batches, plans)):
+    outs.append(jax.block_until_ready(run(model, p, pl, s)))
+    progress.update(i + 1)
   seconds = time.perf_counter() - t0
   steps = "" if s.method == "ar" else f"_T{s.steps}_{s.schedule}_{s.count_mode}"
   rule = "" if s.top_p_rule == "published" or s.top_p == 1 else s.top_p_rule
   name = c.name or (f"{s.method}{steps}_p{s.top_p:g}{rule}_t{s.temperature:g}_seed{int(c.seed)}")
-  out_dir = os.path.join(workdir, "samples")
-  os.makedirs(out_dir, exist_ok=True)
   stem, k = name, 1
   while any(os.path.exists(os.path.join(out_dir, stem + ext)) for ext in (".jsonl", ".json")):
     k += 1

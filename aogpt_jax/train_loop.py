@@ -10,7 +10,8 @@ any-order), and checkpoints. It stops:
   the current step;
 * at once with a one-line error if another run holds the workdir lock (WORKDIR/.lock);
 * with `NonFiniteLoss` naming the step when the loss, the gradients or the new parameters stop
-  being finite; that step is not saved, so the newest checkpoint is the last good one.
+  being finite and the step of the newest checkpoint saved (or that none exists); that step is
+  not saved.
 """
 
 from __future__ import annotations
@@ -148,13 +149,18 @@ def _eval_line(ev: dict[str, float]) -> str:
   return ", ".join(f"{names[k]} {v:.4f}" for k, v in ev.items())
 
 
-def _check_finite(step: int, m: dict[str, float]) -> None:
+def _check_finite(step: int, m: dict[str, float], ckpt=None) -> None:
   loss = m["nll_sum"] / max(m["token_count"], 1.0)
   bad = {k: v for k, v in (("loss", loss), ("grad_norm", m["grad_norm"]),
                            ("param_norm", m["param_norm"])) if not math.isfinite(v)}
   if bad:
+    if ckpt is not None:
+      ckpt.wait()                 # a save in flight is finished (and counted) first
+    saved = None if ckpt is None else ckpt.last_saved
+    where = (f"the last good state is the checkpoint of step {saved} ({ckpt.directory / str(saved)})"
+             if saved is not None else "no checkpoint of this run exists yet")
     raise NonFiniteLoss(f"training step {step} produced non-finite values {bad}; stopping. This "
-                        f"step was not saved: the newest checkpoint is the last good state.")
+                        f"step was not saved; {where}.")
 
 
 def evaluate(trainer: train_lib.Trainer, params, cfg) -> dict[str, float]:
@@ -185,6 +191,7 @@ def train(cfg, workdir: str) -> dict[str, float]:
   mesh = sharding_lib.make_mesh(cfg)
   sharding_lib.check_batch(cfg, mesh)
   workdir = prepare_workdir(workdir)
+  checkpoint_lib.check_writable(checkpoint_lib.checkpoint_dir(workdir))  # before compiling
   meta = checkpoint_lib.run_meta(cfg, model_cfg)
   proc = jax.process_index()
   lock = lock_workdir(workdir) if proc == 0 else None
@@ -266,7 +273,7 @@ def _loop(cfg, trainer, state, start: int, data_iter, ckpt, writer, meta) -> dic
       s, m = pending
       pending = None
       host = {k: float(v) for k, v in jax.device_get(m).items()}
-      _check_finite(s, host)
+      _check_finite(s, host, ckpt)
       window.add(host)
 
   try:

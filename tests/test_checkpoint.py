@@ -98,7 +98,7 @@ def test_corrupt_latest_checkpoint_is_skipped(run, tmp_path, caplog):
   want_state, want_next_batch = run["saved"][2]
   _assert_tree_equal(jax.device_get(state), want_state)
   np.testing.assert_array_equal(next(it)["tokens"], want_next_batch["tokens"])
-  assert any(str(workdir / "checkpoints" / "4") in r.getMessage() and "unreadable" in
+  assert any(str(workdir / "checkpoints" / "4") in r.getMessage() and "is corrupt" in
              r.getMessage() for r in caplog.records), [r.getMessage() for r in caplog.records]
   assert not (workdir / "checkpoints" / "4").exists()          # set aside, kept for inspection
   assert len(list((workdir / "checkpoints_corrupt").iterdir())) == 1
@@ -154,3 +154,24 @@ def test_load_model_returns_the_saved_weights(run, which):
                      run["saved"][2][0][which])
   with pytest.raises(ValueError, match="change the parameters"):
     checkpoint_lib.load_model(run["workdir"], n_layer=3)
+
+
+@pytest.mark.parametrize("async_save", [True, False])
+def test_every_saved_step_has_a_sha256_manifest(run, tmp_path, monkeypatch, async_save):
+  """Async saves write the manifest into the temporary folder before orbax commits (renames) it,
+  so no committed step lacks one; sync saves (no such hook in orbax) right after the save."""
+  (step, state), it = _restore(run, _copy_run(run, tmp_path))
+  written = []
+  real = checkpoint_lib.write_manifest
+  monkeypatch.setattr(checkpoint_lib, "write_manifest",
+                      lambda d: written.append(pathlib.Path(d).name) or real(d))
+  cfg = tiny_config(run["cfg"].data.cache_dir, checkpoint__async_save=async_save)
+  workdir = tmp_path / "new"
+  ckpt = checkpoint_lib.Checkpointer(workdir, cfg.checkpoint)
+  with jax.set_mesh(run["mesh"]):
+    ckpt.save(step, state, it, run["meta"])
+    ckpt.wait()
+  ckpt.close()
+  assert written == ([f"{step}.orbax-checkpoint-tmp"] if async_save else [str(step)])
+  assert checkpoint_lib.verify_manifest(workdir / "checkpoints" / str(step))
+  assert ckpt.last_saved == step

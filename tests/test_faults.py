@@ -1,15 +1,30 @@
-"""Fault injection on the trainer (issue 16): a second run on a busy workdir is refused, the
-workdir lock does not outlive a kill -9 (Ctrl-C and a lowered total_steps: test_resume.py).
-Subprocess runs of a tiny config on CPU."""
+"""Fault injection (issue 16), on a tiny config on CPU: a concurrent run on a busy workdir, kill -9
+during saves, flipped checkpoint bytes, a changed ``data.worker_count`` on resume, read-only
+checkpoint / sample folders, a non-finite loss, and the one-line CLI errors (Ctrl-C, repeated
+kill -9 and a lowered total_steps: test_resume.py).
+
+Read-only folders: root ignores permission bits, so the chmod test skips itself when it can still
+write (os.access), and a simulated test (EACCES injected on the probe write) runs everywhere."""
 
 from __future__ import annotations
 
+import json
+import logging
+import os
+import pathlib
+import shutil
 import subprocess
+import sys
+import time
 
 import pytest
+from absl import flags
 
+from aogpt_jax import checkpoint as checkpoint_lib
 from aogpt_jax import config as config_lib
 from aogpt_jax import data as data_lib
+from aogpt_jax import modes
+from aogpt_jax import train as train_lib
 from aogpt_jax import train_loop
 
 from trainer_util import REPO, checkpoint_steps, cli_args, cpu_env, start, tiny_config, wait_for
@@ -48,6 +63,11 @@ def test_second_run_on_a_busy_workdir_is_refused_and_kill9_frees_the_lock(cache_
   finally:
     first.kill()                              # kill -9: the lock must not outlive the process
     first.wait()
+  # Killed at any moment (mid-save included): no finished step is corrupt, the newest loads.
+  for step in _steps(work):
+    checkpoint_lib.verify_manifest(work / "checkpoints" / str(step))   # raises if corrupt
+  _, run_cfg = checkpoint_lib.load_model(work, which="params")
+  assert run_cfg.loaded.step == _steps(work)[-1]
   lock = train_loop.lock_workdir(work)        # a stale lock file is no obstacle
   lock.close()
   lock = train_loop.lock_workdir(work)
@@ -56,3 +76,209 @@ def test_second_run_on_a_busy_workdir_is_refused_and_kill9_frees_the_lock(cache_
       train_loop.lock_workdir(work)           # a held lock refuses, in-process as well
   finally:
     lock.close()
+
+
+# ------------------------------------------------------------ a finished tiny run, copied per test
+
+RUN = dict(total_steps=4, checkpoint_every=2, log_every=2, eval_every=0)
+
+
+@pytest.fixture(scope="module")
+def trained(cache_dir, tmp_path_factory):
+  """A workdir with checkpoints 2 and 4 (trained in-process once)."""
+  work = tmp_path_factory.mktemp("trained")
+  train_loop.train(tiny_config(cache_dir, **RUN), str(work))
+  assert _steps(work) == [2, 4]
+  return work
+
+
+def _copy(trained, tmp_path) -> pathlib.Path:
+  work = tmp_path / "work"
+  shutil.copytree(trained, work)
+  return work
+
+
+def _no_compile(monkeypatch):
+  """Fails the test if the trainer gets as far as building (compiling) anything."""
+  def build(*a, **k):
+    raise AssertionError("the run got as far as building the train step")
+  monkeypatch.setattr(train_lib, "build", build)
+
+
+def test_flipped_bytes_are_detected_set_aside_and_the_previous_step_used(cache_dir, trained,
+                                                                         tmp_path, caplog):
+  work = _copy(trained, tmp_path)
+  for step in (2, 4):   # a manifest of every file, written once the save had finished
+    assert checkpoint_lib.verify_manifest(work / "checkpoints" / str(step))
+  victim = max((p for p in (work / "checkpoints/4/params").rglob("*") if p.is_file()),
+               key=lambda p: p.stat().st_size)
+  raw = bytearray(victim.read_bytes())
+  raw[len(raw) // 2] ^= 0xFF                      # size unchanged
+  victim.write_bytes(bytes(raw))
+  with pytest.raises(checkpoint_lib.CorruptCheckpoint, match="sha256 differs"):
+    checkpoint_lib.verify_manifest(work / "checkpoints/4")
+  _, run_cfg = checkpoint_lib.load_model(work, which="params")
+  assert run_cfg.loaded.step == 2                 # load_model skips it (and moves nothing)
+  caplog.set_level(logging.WARNING)
+  train_loop.train(tiny_config(cache_dir, **dict(RUN, total_steps=2)), str(work))
+  assert _steps(work) == [2]
+  assert [p.name.split("-")[0] for p in (work / "checkpoints_corrupt").iterdir()] == ["4"]
+  assert "checkpoints/4 is corrupt (CorruptCheckpoint" in caplog.text
+
+
+def test_changed_worker_count_is_an_error_naming_it_and_sets_nothing_aside(cache_dir, trained,
+                                                                           tmp_path):
+  work = _copy(trained, tmp_path)
+  flags.FLAGS.mark_as_parsed()         # grain workers need parsed absl flags
+  cfg = tiny_config(cache_dir, **dict(RUN, total_steps=6), data__worker_count=1)
+  with pytest.raises(config_lib.ConfigError,
+                     match=r"data\.worker_count: .* data\.worker_count=0 but this run has "
+                           r"data\.worker_count=1"):
+    train_loop.train(cfg, str(work))
+  assert _steps(work) == [2, 4] and not (work / "checkpoints_corrupt").exists()
+
+
+def test_an_intact_checkpoint_that_cannot_be_restored_is_not_set_aside(cache_dir, trained,
+                                                                       tmp_path, monkeypatch):
+  """Whatever the setting (here: the worker-count check switched off), a checkpoint whose
+  checksums match is never moved to checkpoints_corrupt/."""
+  work = _copy(trained, tmp_path)
+  flags.FLAGS.mark_as_parsed()
+  monkeypatch.setattr(checkpoint_lib, "_STREAM_KEYS",
+                      checkpoint_lib._STREAM_KEYS - {"data.worker_count"})
+  cfg = tiny_config(cache_dir, **dict(RUN, total_steps=6), data__worker_count=1)
+  with pytest.raises(config_lib.ConfigError, match="is intact .* cannot be restored"):
+    train_loop.train(cfg, str(work))
+  assert _steps(work) == [2, 4] and not (work / "checkpoints_corrupt").exists()
+
+
+def test_loading_for_eval_or_sample_logs_no_orbax_warnings(trained, caplog):
+  caplog.set_level(logging.WARNING)
+  checkpoint_lib.load_model(trained, which="ema")
+  assert not [r.getMessage() for r in caplog.records if "orbax" in r.pathname]
+
+
+class _Leaky:
+  """An object whose finalizer fails, as orbax / tensorstore objects do in hundreds after a
+  failed read ("Exception ignored in ..." on stderr for each)."""
+
+  def __del__(self):
+    raise RuntimeError("leaked future")
+
+
+def test_orbax_exception_ignored_reports_are_counted_not_printed(monkeypatch, caplog):
+  caplog.set_level(logging.INFO)
+  reported = []                              # what would be printed ("Exception ignored in")
+  monkeypatch.setattr(sys, "unraisablehook", lambda u: reported.append(type(u.object)))
+  def __del__(self):                         # a finalizer that orbax defines
+    raise RuntimeError("leaked future")
+  __del__.__module__ = "orbax.checkpoint.fake"
+  orbax_leaky = type("Leaky", (), {"__del__": __del__})
+  with checkpoint_lib._quiet_unraisable():
+    for _ in range(50):
+      orbax_leaky()
+    _Leaky()                                 # not orbax's: still reported
+  assert len(reported) == 1
+  assert "dropped 50 'Exception ignored' reports of orbax" in caplog.text
+
+
+def _simulate_read_only(monkeypatch, folder_name: str):
+  """EACCES on writing any file under a folder named ``folder_name`` (what chmod a-w gives a
+  non-root user; root ignores permission bits, so this works the same for everyone)."""
+  real = pathlib.Path.write_text
+
+  def write_text(self, *a, **k):
+    if folder_name in self.parts:
+      raise PermissionError(13, "Permission denied", str(self))
+    return real(self, *a, **k)
+  monkeypatch.setattr(pathlib.Path, "write_text", write_text)
+
+
+def test_read_only_checkpoints_fail_fast_naming_the_folder(cache_dir, trained, tmp_path,
+                                                           monkeypatch):
+  work = _copy(trained, tmp_path)
+  _no_compile(monkeypatch)
+  _simulate_read_only(monkeypatch, "checkpoints")
+  t = time.time()
+  with pytest.raises(config_lib.ConfigError,
+                     match=rf"checkpoints: {work}/checkpoints is not writable \(Permission "
+                           rf"denied\)"):
+    train_loop.train(tiny_config(cache_dir, **dict(RUN, total_steps=6)), str(work))
+  assert time.time() - t < 30
+
+
+def test_read_only_checkpoints_by_chmod(cache_dir, trained, tmp_path, monkeypatch):
+  work = _copy(trained, tmp_path)
+  ckpts = work / "checkpoints"
+  ckpts.chmod(0o555)
+  try:
+    if os.access(ckpts, os.W_OK):
+      pytest.skip("running as root: chmod a-w does not stop root writing (the simulated test "
+                  "above covers this path)")
+    _no_compile(monkeypatch)
+    with pytest.raises(config_lib.ConfigError, match="checkpoints: .* is not writable"):
+      train_loop.train(tiny_config(cache_dir, **dict(RUN, total_steps=6)), str(work))
+  finally:
+    ckpts.chmod(0o755)
+
+
+def test_read_only_workdir_in_sample_mode_is_one_line(cache_dir, trained, tmp_path, monkeypatch):
+  work = _copy(trained, tmp_path)
+  _simulate_read_only(monkeypatch, "samples")
+  monkeypatch.setattr(checkpoint_lib, "load_model", lambda *a, **k: pytest.fail("loaded"))
+  with pytest.raises(config_lib.ConfigError, match="--workdir: .*/samples is not writable"):
+    modes.sample_mode(tiny_config(cache_dir), str(work))
+
+
+def test_eval_on_a_run_of_the_other_objective_names_evaluate_model_kind(cache_dir, trained,
+                                                                        tmp_path):
+  work = _copy(trained, tmp_path)
+  run = json.loads((work / "config.json").read_text())
+  run["objective"] = "mdm"
+  (work / "config.json").write_text(json.dumps(run))
+  with pytest.raises(config_lib.ConfigError, match=r"^evaluate\.model_kind: .*encoder"):
+    modes.eval_mode(tiny_config(cache_dir), str(work))
+  with pytest.raises(config_lib.ConfigError, match=r"^sample\.method: .*encoder"):
+    modes.sample_mode(tiny_config(cache_dir), str(work))
+
+
+def test_non_finite_loss_names_the_last_saved_step_or_none(cache_dir, tmp_path):
+  cfg = tiny_config(cache_dir, optimizer__lr=1e30, optimizer__warmup_steps=1, total_steps=20,
+                    checkpoint_every=100, log_every=1, optimizer__ema_decay=0.0)
+  with pytest.raises(train_loop.NonFiniteLoss, match="no checkpoint of this run exists yet"):
+    train_loop.train(cfg, str(tmp_path / "a"))
+  cfg = tiny_config(cache_dir, optimizer__lr=1e30, optimizer__warmup_steps=1, total_steps=20,
+                    checkpoint_every=1, log_every=1, optimizer__ema_decay=0.0)
+  with pytest.raises(train_loop.NonFiniteLoss) as e:
+    train_loop.train(cfg, str(tmp_path / "b"))
+  steps = _steps(tmp_path / "b")
+  if steps:
+    assert f"the last good state is the checkpoint of step {steps[-1]} (" in str(e.value)
+  else:
+    assert "no checkpoint of this run exists yet" in str(e.value)
+
+
+def test_cli_errors_are_one_line_and_verbose_shows_the_traceback(cache_dir, tmp_path):
+  kw = dict(cwd=REPO, env=cpu_env(), capture_output=True, text=True, timeout=120)
+  base = [sys.executable, "-m", "aogpt_jax.main", f"--workdir={tmp_path / 'w'}"]
+  cases = {
+      "--config=configs/nope.py": "config error: --config: no such file: configs/nope.py",
+      "--config.modle.n_layer=2": 'Did you mean "model" instead of "modle"?',
+      "--config=configs/quickstart.py:bogus": "config argument 'bogus'",
+  }
+  for arg, want in cases.items():
+    args = base + ([arg] if arg.startswith("--config=") else
+                   ["--config=configs/quickstart.py", arg])
+    p = subprocess.run(args, **kw)
+    lines = [x for x in p.stderr.splitlines() if x.strip()]
+    assert p.returncode == 1 and lines and want in lines[-1], (arg, p.stderr[-2000:])
+    assert "Traceback" not in p.stderr, (arg, p.stderr[-2000:])
+  p = subprocess.run(base + ["--config=configs/quickstart.py", "--config.modle.n_layer=2",
+                             "--verbose"], **kw)
+  assert p.returncode != 0 and "Traceback" in p.stderr
+  # A NonFiniteLoss (an error at run time) is one line too.
+  nan = cli_args(cache_dir, tmp_path / "nan", optimizer__lr=1e30, optimizer__warmup_steps=1,
+                 total_steps=20, checkpoint_every=100, log_every=1, optimizer__ema_decay=0.0)
+  p = subprocess.run(nan, **kw)
+  assert p.returncode == 1 and "Traceback" not in p.stderr, p.stderr[-2000:]
+  assert p.stderr.strip().splitlines()[-1].startswith("aogpt_jax: NonFiniteLoss: training step")

@@ -71,3 +71,20 @@ def test_progress_excludes_paused_time_and_formats_eta():
   assert metrics_lib.format_duration(3725) == "1h02m05s"
   assert metrics_lib.format_duration(65) == "1m05s"
   assert metrics_lib.format_duration(float("inf")) == "?"
+
+
+def test_progress_log_lines_have_an_eta_and_skip_the_first_item(monkeypatch, caplog):
+  """eval / sample progress (issue 16): the first item (compilation) is not in the rate."""
+  now = [100.0]
+  monkeypatch.setattr(metrics_lib.time, "perf_counter", lambda: now[0])
+  caplog.set_level("INFO")
+  p = metrics_lib.ProgressLog("eval heldout batches", 11, every=5.0)
+  now[0] += 60.0           # compiling
+  p.update(1)
+  for i in range(2, 12):
+    now[0] += 2.0
+    p.update(i)
+  lines = [r.getMessage() for r in caplog.records]
+  assert lines == [f"eval heldout batches: {i}/11 ({100 * i / 11:.0f}%), {t} elapsed, ETA {eta}"
+                   for i, t, eta in ((2, "1m02s", "0m18s"), (5, "1m08s", "0m12s"),
+                                     (8, "1m14s", "0m06s"), (11, "1m20s", "0m00s"))]

@@ -19,12 +19,16 @@ def trained(tmp_path_factory):
   return cache, workdir
 
 
-def test_eval_mode_writes_json_and_table_with_the_ema_weights(trained):
+def test_eval_mode_writes_json_and_table_with_the_ema_weights(trained, capsys, caplog):
   cache, workdir = trained
   cfg = tu.tiny_config(cache)
   cfg.evaluate.max_blocks = 16
   cfg.evaluate.ensemble_max_m = 2
+  caplog.set_level("INFO")
   res = modes.eval_mode(cfg, str(workdir))
+  # It says where it wrote, and shows progress with an ETA (16 blocks: 2 batches of 8).
+  assert f"eval results written to {workdir}/eval/zero_shot.json and" in capsys.readouterr().out
+  assert "eval heldout batches: 2/2 (100%)" in caplog.text and "ETA" in caplog.text
   out = json.loads((workdir / "eval" / "zero_shot.json").read_text())
   table = (workdir / "eval" / "zero_shot.md").read_text()
   assert "heldout" in table and "Ensemble M=2" in table

@@ -130,11 +130,27 @@ def test_stochastic_counts_are_multinomial():
     (dict(temperature=0.0), "sample.temperature"), (dict(length=13), "sample.length"),
     (dict(schedule="exp"), "sample.schedule"), (dict(count_mode="x"), "sample.count_mode"),
     (dict(order="sideways"), "sideways"), (dict(method="mcmc"), "sample.method"),
-    (dict(order=[0, 0, 1, 2, 3, 4, 5, 6, 7, 8]), "not a permutation")])
+    (dict(order=[0, 0, 1, 2, 3, 4, 5, 6, 7, 8]), "not a permutation"),
+    # Python-API types (issue 16): one message naming the field, not a TypeError deep inside.
+    (dict(length=float(N)), "sample.length: must be an int, got float"),
+    (dict(steps=4.0), "sample.steps: must be an int, got float"),
+    (dict(temperature="1.0"), "sample.temperature: must be a number, got str"),
+    (dict(top_p="0.9"), "sample.top_p: must be a number, got str")])
 def test_bad_settings_raise_before_compiling(model, change, match):
   s = dataclasses.replace(sampler.SampleSettings(length=N, steps=4), **change)
   with pytest.raises(ValueError, match=match):
     sampler.prepare(model.cfg, jax.random.key(0), s, batch=2)
+
+
+def test_legacy_prngkey_is_the_same_key_and_other_keys_are_named(model):
+  s = sampler.SampleSettings(length=N, steps=4)
+  p_new = sampler.prepare(model.cfg, jax.random.key(3), s, batch=2)
+  p_old = sampler.prepare(model.cfg, jax.random.PRNGKey(3), s, batch=2)
+  np.testing.assert_array_equal(p_new.order, p_old.order)
+  np.testing.assert_array_equal(p_new.counts, p_old.counts)
+  for bad in (0, jax.random.split(jax.random.key(0), 2), np.zeros(3, np.uint32)):
+    with pytest.raises(ValueError, match="^key: "):
+      sampler.prepare(model.cfg, bad, s, batch=2)
 
 
 def test_bad_prompts_raise():

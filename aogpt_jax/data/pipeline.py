@@ -144,7 +144,23 @@ def eval_batches(data_cfg, *, split: str, seq_len: int, global_batch_size: int,
       tokens = np.zeros((len(keys), seq_len), np.int32)
       tokens[valid] = reader.read(keys[valid])
       yield {"tokens": tokens, "weight": valid.astype(np.float32)}
-  return gen()
+  return _Sized(gen(), -(-n // global_batch_size))
+
+
+class _Sized:
+  """An iterator that knows its length (for progress lines with an ETA)."""
+
+  def __init__(self, it, n: int):
+    self._it, self._n = it, n
+
+  def __iter__(self):
+    return self
+
+  def __next__(self):
+    return next(self._it)
+
+  def __len__(self) -> int:
+    return self._n
 
 
 def prepared_path(data_cfg, split: str, seq_len: int) -> pathlib.Path:
