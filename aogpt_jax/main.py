@@ -30,7 +30,7 @@ _CONFIG = config_flags.DEFINE_config_file(
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run folder: checkpoints, metrics, config.json.")
 _MODE = flags.DEFINE_string("mode", "train", "What to do; one of the keys of MODES.")
 _CHECKPOINT = flags.DEFINE_string(
-    "checkpoint", "", "eval/sample: load this instead of WORKDIR's checkpoint (published .pt, "
+    "checkpoint", "", "eval/sample/genppl: load this instead of WORKDIR's checkpoint (published .pt, "
     "converted folder, or hf:OWNER/REPO/PATH; see aogpt_jax/checkpoint_spec.py); WORKDIR then "
     "only receives outputs.")
 
@@ -40,6 +40,7 @@ MODES: dict[str, Callable[..., object]] = {
     "eval": modes.eval_mode,
     "sample": modes.sample_mode,
     "prepare": modes.prepare_mode,
+    "genppl": modes.genppl_mode,
 }
 
 
@@ -67,8 +68,9 @@ def main(argv) -> None:
     sharding_lib.maybe_initialize_distributed(cfg)   # before anything touches the devices
     logging.info("mode %s, workdir %s", _MODE.value, _WORKDIR.value)
     if _CHECKPOINT.value:
-      if _MODE.value not in ("eval", "sample"):
-        raise app.UsageError(f"--checkpoint: only for --mode=eval or sample, not {_MODE.value}")
+      if _MODE.value not in ("eval", "sample", "genppl"):
+        raise app.UsageError(f"--checkpoint: only for --mode=eval, sample or genppl, "
+                             f"not {_MODE.value}")
       MODES[_MODE.value](cfg, _WORKDIR.value, checkpoint=_CHECKPOINT.value)
     else:
       MODES[_MODE.value](cfg, _WORKDIR.value)

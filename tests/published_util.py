@@ -1,0 +1,51 @@
+"""Small checkpoints in the formats a new user meets, built without downloads: a random-weight
+converted folder of a tiny AO-GPT (byte vocabulary) and a random GPT-2 evaluator folder in the
+Hugging Face layout (numpy + safetensors only, no torch)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+from flax import nnx
+
+from aogpt_jax import model as model_lib
+from aogpt_jax.evaluation import convert
+
+TINY = dict(n_layer=1, n_embd=32, n_head=2, target_dim=8, block_size=32, dtype="float32")
+
+
+def tiny_model(seed: int = 0, **kw) -> model_lib.AOGPT:
+  return model_lib.AOGPT(model_lib.preset("tiny", **(TINY | kw)), rngs=nnx.Rngs(seed))
+
+
+def converted_folder(path, seed: int = 0, **kw) -> str:
+  """A folder as `convert import` writes it (OUT/ema), from a random tiny model."""
+  convert.export_safetensors(tiny_model(seed, **kw), os.path.join(path, "ema"),
+                             meta={"which": "ema", "iter_num": 3})
+  return str(path)
+
+
+def gpt2_folder(path, vocab: int = 257, n_positions: int = 32, n_embd: int = 16,
+                n_layer: int = 1, n_head: int = 2, seed: int = 0) -> str:
+  """A random GPT-2 in the Hugging Face file layout (config.json + model.safetensors)."""
+  from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(seed)
+  r = lambda *s: (0.2 * rng.standard_normal(s)).astype(np.float32)
+  d = n_embd
+  t = {"wte.weight": r(vocab, d), "wpe.weight": r(n_positions, d),
+       "ln_f.weight": 1 + r(d), "ln_f.bias": r(d)}
+  for i in range(n_layer):
+    p = f"h.{i}."
+    for ln in ("ln_1", "ln_2"):
+      t[p + ln + ".weight"], t[p + ln + ".bias"] = 1 + r(d), r(d)
+    for name, i_, o in (("attn.c_attn", d, 3 * d), ("attn.c_proj", d, d),
+                        ("mlp.c_fc", d, 4 * d), ("mlp.c_proj", 4 * d, d)):
+      t[p + name + ".weight"], t[p + name + ".bias"] = r(i_, o), r(o)
+  os.makedirs(path, exist_ok=True)
+  save_file(t, os.path.join(path, "model.safetensors"))
+  with open(os.path.join(path, "config.json"), "w") as f:
+    json.dump(dict(model_type="gpt2", vocab_size=vocab, n_positions=n_positions, n_embd=d,
+                   n_layer=n_layer, n_head=n_head), f)
+  return str(path)
