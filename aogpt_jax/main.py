@@ -6,8 +6,8 @@
 
 ``--config`` is an ml_collections config file with an optional ``:arg`` passed to its
 ``get_config(arg)``; every field can be overridden as ``--config.a.b=value``. ``--mode`` picks a
-function from `MODES` (each takes ``(config, workdir)``): train (`train_loop`), and eval, sample
-and prepare (`modes`). ``jax.distributed.initialize()`` runs first when the config
+function from `MODES` (each takes ``(config, workdir)``): train (`train_loop`), and eval, sample,
+genppl and prepare (`modes`). ``jax.distributed.initialize()`` runs first when the config
 (``distributed.enabled``) or the environment (AOGPT_DISTRIBUTED=1) asks for it.
 """
 
@@ -30,9 +30,9 @@ _CONFIG = config_flags.DEFINE_config_file(
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run folder: checkpoints, metrics, config.json.")
 _MODE = flags.DEFINE_string("mode", "train", "What to do; one of the keys of MODES.")
 _CHECKPOINT = flags.DEFINE_string(
-    "checkpoint", "", "eval/sample/genppl: load this instead of WORKDIR's checkpoint (published .pt, "
-    "converted folder, or hf:OWNER/REPO/PATH; see aogpt_jax/checkpoint_spec.py); WORKDIR then "
-    "only receives outputs.")
+    "checkpoint", "", "eval/sample/genppl: load this instead of WORKDIR's checkpoint (published "
+    ".pt, converted folder, hf:OWNER/REPO/PATH from the local HF cache, or hf:/local/hub/folder; "
+    "see aogpt_jax/checkpoint_spec.py); WORKDIR then only receives outputs.")
 
 # mode name -> function(config, workdir).
 MODES: dict[str, Callable[..., object]] = {

@@ -49,3 +49,30 @@ def gpt2_folder(path, vocab: int = 257, n_positions: int = 32, n_embd: int = 16,
     json.dump(dict(model_type="gpt2", vocab_size=vocab, n_positions=n_positions, n_embd=d,
                    n_layer=n_layer, n_head=n_head), f)
   return str(path)
+
+
+def hf_cache_repo(cache, repo: str, files: dict, rev: str = "main",
+                  commit: str = "0123456789abcdef0123456789abcdef01234567") -> str:
+  """Puts ``files`` ({path in repo: source file}) into a Hugging Face hub cache at ``cache`` as
+  ``huggingface-cli download`` leaves them (blobs, snapshot symlinks, refs/REV); returns the
+  snapshot folder."""
+  import shutil  # pylint: disable=g-import-not-at-top
+  root = os.path.join(cache, "models--" + repo.replace("/", "--"))
+  snap = os.path.join(root, "snapshots", commit)
+  for i, (dst, src) in enumerate(sorted(files.items())):
+    blob = os.path.join(root, "blobs", f"{i:040x}")
+    os.makedirs(os.path.dirname(blob), exist_ok=True)
+    shutil.copyfile(src, blob)
+    link = os.path.join(snap, dst)
+    os.makedirs(os.path.dirname(link), exist_ok=True)
+    os.symlink(os.path.relpath(blob, os.path.dirname(link)), link)
+  os.makedirs(os.path.join(root, "refs"), exist_ok=True)
+  with open(os.path.join(root, "refs", rev), "w") as f:
+    f.write(commit)
+  return snap
+
+
+def folder_files(folder, prefix: str = "") -> dict:
+  """{prefix/name: path} for the files of ``folder`` (for `hf_cache_repo`)."""
+  return {os.path.join(prefix, n) if prefix else n: os.path.join(folder, n)
+          for n in sorted(os.listdir(folder)) if os.path.isfile(os.path.join(folder, n))}

@@ -17,13 +17,13 @@ sample's token histogram (``per_sample_mean``) and the entropy of the pooled his
 from __future__ import annotations
 
 import math
-import os
 from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from aogpt_jax import hub
 from aogpt_jax.evaluation import gpt2 as gpt2_lib
 
 GRID: dict[str, Any] = {
@@ -57,10 +57,10 @@ class GPT2Scorer:
   @classmethod
   def from_pretrained(cls, path: str, dtype: str = "float32") -> "GPT2Scorer":
     """``path``: a local Hugging Face GPT-2 folder, or ``hf:OWNER/REPO`` (e.g.
-    ``hf:openai-community/gpt2-large``) read from the huggingface_hub cache, downloaded into it
-    when the machine is online."""
+    ``hf:openai-community/gpt2-large``) read from the local Hugging Face cache (`aogpt_jax.hub`;
+    nothing is downloaded)."""
     if path.startswith("hf:"):
-      path = _hub_folder(path)
+      path = hub.resolve(path, files=("config.json", "model.safetensors"))
     return cls(*gpt2_lib.load(path, dtype))
 
   def token_nll(self, tokens: np.ndarray, *, prepend_eot: bool = False,
@@ -88,31 +88,6 @@ class GPT2Scorer:
       x = jnp.asarray(np.concatenate([chunk, np.repeat(chunk[:1], pad, 0)]), jnp.int32)
       out.append(np.asarray(_nll(self.params, x, cfg=self.cfg), np.float64)[:len(chunk)])
     return np.concatenate(out)
-
-
-def _hub_folder(spec: str) -> str:
-  """``hf:OWNER/REPO`` -> a local snapshot holding config.json + model.safetensors."""
-  repo = spec[len("hf:"):].strip("/")
-  route = (f"offline route: on a machine with network run `huggingface-cli download {repo} "
-           f"config.json model.safetensors --local-dir DIR`, copy DIR here and pass DIR instead of "
-           f"{spec} (--config.genppl.scorer=DIR, or GPT2Scorer.from_pretrained(DIR))")
-  try:
-    import huggingface_hub  # pylint: disable=g-import-not-at-top
-  except ImportError:
-    raise FileNotFoundError(f"evaluator {spec}: needs huggingface_hub (pip install "
-                            f"huggingface_hub); {route}") from None
-  pats = ["config.json", "model.safetensors*"]
-  try:
-    return huggingface_hub.snapshot_download(repo, allow_patterns=pats, local_files_only=True)
-  except Exception:  # pylint: disable=broad-except   (not cached: try the network)
-    if os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0", "false", "False"):
-      raise FileNotFoundError(f"evaluator {spec}: not in the huggingface_hub cache and "
-                              f"HF_HUB_OFFLINE is set; {route}") from None
-  try:
-    return huggingface_hub.snapshot_download(repo, allow_patterns=pats)
-  except Exception as err:  # pylint: disable=broad-except   (offline, 404, auth: one route)
-    raise FileNotFoundError(f"evaluator {spec}: not in the huggingface_hub cache and not "
-                            f"downloadable here ({type(err).__name__}); {route}") from None
 
 
 @jax.jit
