@@ -68,8 +68,9 @@ def resolve(spec: str, files: tuple = ()) -> str:
   repo, rev, path = parse(spec)
   root = cache_dir()
   repo_dir = os.path.join(root, "models--" + repo.replace("/", "--"))
-  fix = (f"fetch it on a machine with network (`{download_hint(repo, path, rev, files)}`, with HF_HOME "
-         f"or HF_HUB_CACHE pointing at the cache you then copy here), or pass a local path")
+  cmd = download_hint(repo, path, rev, files)
+  fix = (f"fetch it on a machine with network (`{cmd}`, with HF_HOME or HF_HUB_CACHE pointing "
+         f"at the cache you then copy here), or pass a local path")
   commit = rev
   ref = os.path.join(repo_dir, "refs", rev)
   if os.path.isfile(ref):
