@@ -76,3 +76,21 @@ def folder_files(folder, prefix: str = "") -> dict:
   """{prefix/name: path} for the files of ``folder`` (for `hf_cache_repo`)."""
   return {os.path.join(prefix, n) if prefix else n: os.path.join(folder, n)
           for n in sorted(os.listdir(folder)) if os.path.isfile(os.path.join(folder, n))}
+
+
+def published_pt(path, seed: int = 0, iter_num: int = 250_000, **kw) -> str:
+  """A random-weight AO-GPT ``.pt`` in the published format (state dict in the published names,
+  EMA shadow list in parameters() order, model_args), GPT-2 vocabulary by default."""
+  import torch  # pylint: disable=g-import-not-at-top
+  kw = dict(TINY, target_dim=128, vocab_size=50304, valid_vocab_size=50257) | kw
+  m = tiny_model(seed, **kw)
+  sd = convert.flat_to_state_dict(convert.model_to_flat(m), "aogpt", m.cfg)
+  t = {k: torch.tensor(np.asarray(v, np.float32)) for k, v in sd.items()}
+  c = m.cfg
+  torch.save({"model": t, "iter_num": iter_num,
+              "model_args": dict(n_layer=c.n_layer, n_head=c.n_head, n_embd=c.n_embd,
+                                 block_size=c.block_size, bias=c.bias, vocab_size=c.vocab_size,
+                                 dropout=0.0),
+              "ema_model": {"decay": 0.9999, "num_updates": 3,
+                            "shadow_params": [0.5 * v for v in t.values()]}}, path)
+  return str(path)
