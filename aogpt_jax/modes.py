@@ -185,6 +185,12 @@ def genppl_mode(cfg, workdir: str, checkpoint: str = "") -> dict:
     raise ConfigError(f"genppl.scorer: {g.scorer} has vocab_size {scorer.cfg.vocab_size} but "
                       f"data.tokenizer {cfg.data.tokenizer!r} has {tok.vocab_size} ids; the "
                       f"samples must be in the scorer's tokens (GPT-2 for GPT-2 Large)")
+  length = (int(cfg.sample.length) or m.cfg.block_size) + bool(g.prepend_eot)
+  if length > scorer.cfg.n_positions:
+    raise ConfigError(f"genppl.scorer: {g.scorer} reads at most {scorer.cfg.n_positions} tokens "
+                      f"but the samples have {length} (sample.length"
+                      f"{' + 1 for genppl.prepend_eot' if g.prepend_eot else ''}); lower "
+                      f"sample.length or use a scorer with a longer context")
 
   files = []
 
@@ -201,7 +207,7 @@ def genppl_mode(cfg, workdir: str, checkpoint: str = "") -> dict:
 
   rows = genppl.run_grid(sample_fn, scorer, num_samples=int(cfg.sample.num_samples),
                          seed=int(cfg.sample.seed), grid=grid, prepend_eot=bool(g.prepend_eot),
-                         batch_size=int(g.batch_size))
+                         batch_size=int(g.batch_size), eot=tok.eot_id)
   for r, f in zip(rows, files):
     r["samples_file"] = f
   table = genppl.grid_table(rows)

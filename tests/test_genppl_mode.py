@@ -50,6 +50,13 @@ def test_genppl_mode_bad_settings_are_named(tmp_path):
   cfg = _cfg(tmp_path, pu.gpt2_folder(tmp_path / "g", vocab=300))
   with pytest.raises(ConfigError, match="genppl.scorer: .* vocab_size 300 .* 257 ids"):
     modes.genppl_mode(cfg, str(tmp_path / "o"), checkpoint=ckpt)
+  cfg.genppl.scorer = pu.gpt2_folder(tmp_path / "short", n_positions=16)
+  cfg.sample.length = 16
+  cfg.genppl.prepend_eot = True                # 16 + the end-of-text > 16 positions
+  with pytest.raises(ConfigError, match="genppl.scorer: .* at most 16 tokens .* have 17 "
+                                        "\\(sample.length \\+ 1 for genppl.prepend_eot"):
+    modes.genppl_mode(cfg, str(tmp_path / "o"), checkpoint=ckpt)
+  assert not (tmp_path / "o" / "samples").exists()
   cfg.genppl.sampling = "0.9"
   with pytest.raises(ConfigError, match="genppl.sampling"):
     modes.genppl_mode(cfg, str(tmp_path / "o"), checkpoint=ckpt)
@@ -84,3 +91,15 @@ def test_scorer_path_errors_are_one_line_naming_the_key(tmp_path):
                                           "openai-community/gpt2-large") as e:
       modes.genppl_mode(cfg, str(out), checkpoint=ckpt)
   assert "\n" not in str(e.value)
+
+
+def test_prepend_eot_uses_the_tokenizers_end_of_text(tmp_path):
+  """A byte-vocabulary scorer has no id 50256: the end-of-text put in front is the tokenizer's
+  (the mode passes data.tokenizer's eot_id), and an id outside the scorer is refused."""
+  scorer = genppl.GPT2Scorer.from_pretrained(pu.gpt2_folder(tmp_path / "g"))
+  toks = np.random.default_rng(0).integers(0, 256, (2, 8))
+  got = scorer.token_nll(toks, prepend_eot=True, eot=256)
+  want = scorer.token_nll(np.concatenate([np.full((2, 1), 256), toks], axis=1))
+  np.testing.assert_array_equal(got, want)
+  with pytest.raises(ValueError, match="end-of-text id 50256 is outside"):
+    scorer.token_nll(toks, prepend_eot=True)
