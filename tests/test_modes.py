@@ -59,6 +59,22 @@ def test_sample_mode_writes_jsonl(trained):
   assert json.loads(second.read_text().splitlines()[0])["tokens"][:2] == [120, 121]
 
 
+def test_genppl_mode_from_the_workdir(trained, tmp_path):
+  """Without --checkpoint, genppl samples the run's EMA weights; the JSON names the step."""
+  import published_util as pu  # pylint: disable=g-import-not-at-top
+  cache, workdir = trained
+  cfg = tu.tiny_config(cache)
+  cfg.sample.update(dict(num_samples=2, batch_size=2, length=16, steps=4))
+  cfg.genppl.scorer = pu.gpt2_folder(tmp_path / "gpt2")
+  res = modes.genppl_mode(cfg, str(workdir))
+  (row,) = res["rows"]
+  assert res["meta"]["weights"] == "ema" and res["meta"]["step"] == tu.checkpoint_steps(workdir)[-1]
+  assert row["steps"] == 4 and row["num_samples"] == 2 and row["length"] == 16
+  assert pathlib.Path(row["samples_file"]).exists()
+  assert json.loads((workdir / "eval" / "genppl.json").read_text())["rows"] == json.loads(
+      json.dumps(res["rows"]))
+
+
 def test_modes_refuse_bad_input_before_running(trained):
   cache, workdir = trained
   cfg = tu.tiny_config(cache)
