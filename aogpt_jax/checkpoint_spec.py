@@ -6,8 +6,9 @@ SPEC is one of
   (default ``~/.cache/aogpt_jax``) when that directory is read-only;
 * a folder written by ``python -m aogpt_jax.evaluation.convert`` (``config.json`` +
   ``model.safetensors``);
-* ``hf:OWNER/REPO/PATH``: PATH (a ``.pt`` file or a converted folder) from the Hugging Face Hub
-  via ``huggingface_hub`` (needs the network or the files in its local cache).
+* ``hf:OWNER/REPO[@REV]/PATH``: PATH (a ``.pt`` file or a converted / Hub folder) in the
+  repository's snapshot in the local Hugging Face cache; ``hf:/local/DIR[/PATH]``: a folder laid
+  out like a Hub repository (see `aogpt_jax.hub`; nothing is downloaded at run time).
 
 `load` returns ``(model, model_config, provenance)``; provenance is a dict
 ``{"source": SPEC, "step": ..., "weights": "ema"|"params"}`` for output writers.
@@ -19,6 +20,7 @@ import hashlib
 import json
 import os
 
+from aogpt_jax import hub
 from aogpt_jax.evaluation import convert
 
 
@@ -72,27 +74,10 @@ def _from_pt(path: str, which: str, trust_pickle: bool):
 
 
 def _from_hf(spec: str) -> str:
-  rest = spec[len("hf:"):]
-  parts = rest.split("/")
-  if len(parts) < 2 or not all(parts[:2]):
-    raise CheckpointSpecError(f"--checkpoint={spec}: expected hf:OWNER/REPO[/PATH]")
-  repo, path = "/".join(parts[:2]), "/".join(parts[2:])
   try:
-    import huggingface_hub  # pylint: disable=g-import-not-at-top
-  except ImportError:
-    raise CheckpointSpecError(f"--checkpoint={spec}: needs huggingface_hub "
-                              f"(pip install huggingface_hub)") from None
-  try:
-    if path.endswith(".pt"):
-      return huggingface_hub.hf_hub_download(repo, path)
-    local = huggingface_hub.snapshot_download(
-        repo, allow_patterns=[f"{path}/*" if path else "*"])
-    return os.path.join(local, path) if path else local
-  except Exception as err:  # pylint: disable=broad-except   (offline, 404, auth: all one route)
-    raise CheckpointSpecError(
-        f"--checkpoint={spec}: could not fetch {path or 'the repository'} from the Hugging Face "
-        f"Hub repo {repo} ({type(err).__name__}); it needs the network or the files in the "
-        f"huggingface_hub cache; or download it and pass the local path") from None
+    return hub.resolve(spec)
+  except hub.HubError as err:
+    raise CheckpointSpecError(f"--checkpoint={err}") from None
 
 
 def load(spec: str, which: str = "ema", trust_pickle: bool = False):

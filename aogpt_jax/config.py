@@ -98,6 +98,7 @@ def default_config() -> config_dict.ConfigDict:
 
   c.evaluate = evaluate_group()             # --mode=eval
   c.sample = sampler_lib.sample_config()    # --mode=sample
+  c.genppl = genppl_group()                 # --mode=genppl (samples from the sample group)
 
   c.checkpoint = config_dict.ConfigDict(dict(
       keep=3,                # keep the last N checkpoints ...
@@ -132,6 +133,20 @@ def evaluate_group() -> config_dict.ConfigDict:
   # order.name (a fixed_random / blockwise run is scored under its own order), else none.
   c.order_kwargs = ""
   return c
+
+
+def genppl_group() -> config_dict.ConfigDict:
+  """``genppl.*`` (``--mode=genppl``): generative perplexity of samples drawn with the ``sample``
+  group's settings, scored by a GPT-2 (the paper: GPT-2 Large)."""
+  return config_dict.ConfigDict(dict(
+      scorer="hf:openai-community/gpt2-large",  # local HF GPT-2 folder, or hf:OWNER/REPO
+      sampling="",          # "TOP_P/TEMPERATURE,...", "paper" (1.0/1.0,0.95/0.9,0.95/0.7);
+                            # "" = sample.top_p / sample.temperature
+      steps="",             # "64,128,...", "paper" (64..1024); "" = sample.steps
+      prepend_eot=False,    # score every token after an end-of-text (default: token 0 = context)
+      batch_size=8,         # scorer batch
+      name="genppl",        # output file stem under WORKDIR/eval/
+  ))
 
 
 # ----------------------------------------------------------------------------- checks

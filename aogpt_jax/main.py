@@ -6,8 +6,8 @@
 
 ``--config`` is an ml_collections config file with an optional ``:arg`` passed to its
 ``get_config(arg)``; every field can be overridden as ``--config.a.b=value``. ``--mode`` picks a
-function from `MODES` (each takes ``(config, workdir)``): train (`train_loop`), and eval, sample
-and prepare (`modes`). ``jax.distributed.initialize()`` runs first when the config
+function from `MODES` (each takes ``(config, workdir)``): train (`train_loop`), and eval, sample,
+genppl and prepare (`modes`). ``jax.distributed.initialize()`` runs first when the config
 (``distributed.enabled``) or the environment (AOGPT_DISTRIBUTED=1) asks for it.
 
 Bad input (a missing config file, a misspelt key, a bad ``:arg``, a bad value, an unwritable
@@ -38,9 +38,9 @@ _VERBOSE = flags.DEFINE_bool("verbose", False, "On an error, show the full trace
                              "one line.")
 _MODE = flags.DEFINE_string("mode", "train", "What to do; one of the keys of MODES.")
 _CHECKPOINT = flags.DEFINE_string(
-    "checkpoint", "", "eval/sample: load this instead of WORKDIR's checkpoint (published .pt, "
-    "converted folder, or hf:OWNER/REPO/PATH; see aogpt_jax/checkpoint_spec.py); WORKDIR then "
-    "only receives outputs.")
+    "checkpoint", "", "eval/sample/genppl: load this instead of WORKDIR's checkpoint (published "
+    ".pt, converted folder, hf:OWNER/REPO/PATH from the local HF cache, or hf:/local/hub/folder; "
+    "see aogpt_jax/checkpoint_spec.py); WORKDIR then only receives outputs.")
 
 # mode name -> function(config, workdir).
 MODES: dict[str, Callable[..., object]] = {
@@ -48,6 +48,7 @@ MODES: dict[str, Callable[..., object]] = {
     "eval": modes.eval_mode,
     "sample": modes.sample_mode,
     "prepare": modes.prepare_mode,
+    "genppl": modes.genppl_mode,
 }
 
 
@@ -121,8 +122,9 @@ def main(argv) -> None:
     sharding_lib.maybe_initialize_distributed(cfg)   # before anything touches the devices
     logging.info("mode %s, workdir %s", _MODE.value, _WORKDIR.value)
     if _CHECKPOINT.value:
-      if _MODE.value not in ("eval", "sample"):
-        raise app.UsageError(f"--checkpoint: only for --mode=eval or sample, not {_MODE.value}")
+      if _MODE.value not in ("eval", "sample", "genppl"):
+        raise app.UsageError(f"--checkpoint: only for --mode=eval, sample or genppl, "
+                             f"not {_MODE.value}")
       MODES[_MODE.value](cfg, _WORKDIR.value, checkpoint=_CHECKPOINT.value)
     else:
       MODES[_MODE.value](cfg, _WORKDIR.value)

@@ -1,4 +1,5 @@
-"""The non-training modes of ``python -m aogpt_jax.main``: ``eval``, ``sample`` and ``prepare``.
+"""The non-training modes of ``python -m aogpt_jax.main``: ``eval``, ``sample``, ``genppl`` and
+``prepare``.
 
 Each takes ``(config, workdir)``, like `train_loop.train`, and reads its own config group:
 
@@ -7,6 +8,8 @@ Each takes ``(config, workdir)``, like `train_loop.train`, and reads its own con
   names wikitext2 / wikitext103 / ptb / lambada / lm1b; or any ``source:split``), writing
   WORKDIR/eval/<evaluate.name>.json and .md.
 * ``--mode=sample``: loads the checkpoint (``sample.which``) and writes WORKDIR/samples/.
+* ``--mode=genppl``: samples over the ``genppl`` grid with the ``sample`` settings, scores the
+  samples with the GPT-2 ``genppl.scorer`` and writes WORKDIR/eval/<genppl.name>.json and .md.
 * ``--mode=prepare``: prepares ``data.source`` for sequences of ``seq_len`` (WORKDIR unused).
 """
 
@@ -139,3 +142,96 @@ def prepare_mode(cfg, workdir: str) -> list:
   del workdir
   from aogpt_jax.data.prepare import prepare  # pylint: disable=g-import-not-at-top
   return prepare(cfg.data, block_size=int(cfg.seq_len))
+
+
+def _genppl_grid(g, sample) -> dict:
+  """The (top_p, temperature) x steps grid of the ``genppl`` group (see config.genppl_group)."""
+  from aogpt_jax.evaluation import genppl  # pylint: disable=g-import-not-at-top
+  raw = str(g.sampling).strip()
+  if raw == "paper":
+    sampling = genppl.GRID["sampling"]
+  elif raw:
+    sampling = []
+    for item in raw.split(","):
+      try:
+        p, t = (float(v) for v in item.split("/"))
+      except ValueError:
+        raise ConfigError(f"genppl.sampling: expected 'TOP_P/TEMPERATURE,...' or 'paper', got "
+                          f"{item!r}") from None
+      sampling.append({"top_p": p, "temperature": t})
+  else:
+    sampling = [{"top_p": float(sample.top_p), "temperature": float(sample.temperature)}]
+  raw = str(g.steps).strip()
+  try:
+    steps = (genppl.GRID["steps"] if raw == "paper" else
+             [int(v) for v in raw.split(",")] if raw else [int(sample.steps)])
+  except ValueError:
+    raise ConfigError(f"genppl.steps: expected '64,128,...' or 'paper', got {raw!r}") from None
+  return {"sampling": sampling, "steps": steps}
+
+
+def genppl_mode(cfg, workdir: str, checkpoint: str = "") -> dict:
+  """Samples with the ``sample`` group over the ``genppl`` grid (files in WORKDIR/samples/),
+  scores them with ``genppl.scorer`` and writes WORKDIR/eval/<genppl.name>.json and .md."""
+  from aogpt_jax.evaluation import genppl  # pylint: disable=g-import-not-at-top
+  g = cfg.genppl
+  grid = _genppl_grid(g, cfg.sample)
+  tok = data.get_tokenizer(cfg.data.tokenizer)
+  if checkpoint:
+    m, prov = _from_spec(cfg, checkpoint, cfg.sample.which)
+  else:
+    _check_run(cfg, workdir)
+    m, run_cfg = checkpoint_lib.load_model(workdir, which=cfg.sample.which)
+    prov = run_cfg.loaded.to_dict()
+  try:                                                            # before any sampling
+    scorer = genppl.GPT2Scorer.from_pretrained(str(g.scorer))
+  except (OSError, ValueError, KeyError) as err:
+    raise ConfigError(f"genppl.scorer: {str(err).splitlines()[0] if str(err) else repr(err)}"
+                      ) from None
+  if scorer.cfg.vocab_size != tok.vocab_size:
+    raise ConfigError(f"genppl.scorer: {g.scorer} has vocab_size {scorer.cfg.vocab_size} but "
+                      f"data.tokenizer {cfg.data.tokenizer!r} has {tok.vocab_size} ids; the "
+                      f"samples must be in the scorer's tokens (GPT-2 for GPT-2 Large)")
+  length = (int(cfg.sample.length) or m.cfg.block_size) + bool(g.prepend_eot)
+  if length > scorer.cfg.n_positions:
+    raise ConfigError(f"genppl.scorer: {g.scorer} reads at most {scorer.cfg.n_positions} tokens "
+                      f"but the samples have {length} (sample.length"
+                      f"{' + 1 for genppl.prepend_eot' if g.prepend_eot else ''}); lower "
+                      f"sample.length or use a scorer with a longer context")
+
+  files = []
+
+  def sample_fn(*, num_samples, steps, top_p, temperature, seed):
+    c = cfg.sample.copy_and_resolve_references()
+    c.update(dict(num_samples=num_samples, steps=steps, top_p=top_p, temperature=temperature,
+                  seed=seed, name=""))
+    path = sampler.write_samples(m, c, workdir, tok, step=prov.get("step"), loaded=prov)
+    with open(path) as f:
+      rows = [json.loads(line)["tokens"] for line in f]
+    files.append(os.path.abspath(path))
+    print(f"  sampled {path}")
+    return rows
+
+  rows = genppl.run_grid(sample_fn, scorer, num_samples=int(cfg.sample.num_samples),
+                         seed=int(cfg.sample.seed), grid=grid, prepend_eot=bool(g.prepend_eot),
+                         batch_size=int(g.batch_size), eot=tok.eot_id)
+  for r, f in zip(rows, files):
+    r["samples_file"] = f
+  table = genppl.grid_table(rows)
+  out = {"rows": rows, "grid": grid, "scorer": str(g.scorer), "meta": prov,
+         "scorer_config": dataclasses.asdict(scorer.cfg), "jax": jax.__version__,
+         "backend": jax.default_backend(),
+         "aggregations": {"corpus": "exp(total NLL / total scored tokens), pooled over samples",
+                          "per_sample_mean": "mean over samples of exp(mean NLL of the sample)"},
+         "sample": cfg.sample.to_dict()}
+  os.makedirs(os.path.join(workdir, "eval"), exist_ok=True)
+  stem = os.path.join(workdir, "eval", str(g.name))
+  with open(stem + ".json", "w") as f:
+    json.dump(out, f, indent=1)
+  with open(stem + ".md", "w") as f:
+    f.write(f"Generative perplexity under {g.scorer} ({rows[0]['num_samples']} "
+            f"samples per row of {rows[0]['length']} tokens); unigram entropy in nats, "
+            f"per-sample mean.\n\n{table}\n")
+  print(table)
+  print(f"generative perplexity written to {stem}.json and {stem}.md")
+  return out

@@ -67,8 +67,10 @@ def test_errors_name_the_spec(tmp_path):
 def test_hf_offline_error_names_the_route(tmp_path, monkeypatch):
   monkeypatch.setenv("HF_HUB_OFFLINE", "1")
   monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+  monkeypatch.delenv("HF_HUB_CACHE", raising=False)
   with pytest.raises(checkpoint_spec.CheckpointSpecError,
-                     match="Hugging Face Hub repo someone/aogpt.*network"):
+                     match="repository someone/aogpt .* not in the Hugging Face cache .*"
+                           "huggingface-cli download someone/aogpt ckpt.pt"):
     checkpoint_spec.load("hf:someone/aogpt/ckpt.pt")
 
 

@@ -4,6 +4,7 @@ train a few steps in a subprocess, then evaluate and sample from its checkpoint 
 import json
 import pathlib
 
+import numpy as np
 import pytest
 
 from aogpt_jax import checkpoint, data, evaluate, modes
@@ -61,6 +62,42 @@ def test_sample_mode_writes_jsonl(trained):
   second = pathlib.Path(modes.sample_mode(cfg, str(workdir)))
   assert second != path and second.name.endswith("-2.jsonl") and path.read_text() == first
   assert json.loads(second.read_text().splitlines()[0])["tokens"][:2] == [120, 121]
+
+
+def test_genppl_mode_from_the_workdir(trained, tmp_path):
+  """Without --checkpoint, genppl samples the run's EMA weights; the JSON names the step."""
+  import published_util as pu  # pylint: disable=g-import-not-at-top
+  cache, workdir = trained
+  cfg = tu.tiny_config(cache)
+  cfg.sample.update(dict(num_samples=2, batch_size=2, length=16, steps=4))
+  cfg.genppl.scorer = pu.gpt2_folder(tmp_path / "gpt2")
+  res = modes.genppl_mode(cfg, str(workdir))
+  (row,) = res["rows"]
+  assert res["meta"]["weights"] == "ema" and res["meta"]["step"] == tu.checkpoint_steps(workdir)[-1]
+  assert row["steps"] == 4 and row["num_samples"] == 2 and row["length"] == 16
+  assert pathlib.Path(row["samples_file"]).exists()
+  assert json.loads((workdir / "eval" / "genppl.json").read_text())["rows"] == json.loads(
+      json.dumps(res["rows"]))
+
+
+def test_export_hub_dir_has_a_model_card_and_loads_back_as_hf(trained, tmp_path):
+  from aogpt_jax import checkpoint_spec  # pylint: disable=g-import-not-at-top
+  from aogpt_jax.evaluation import convert  # pylint: disable=g-import-not-at-top
+  _, workdir = trained
+  hub = tmp_path / "hub"
+  convert.main(["export", "--workdir", str(workdir), "--hub-dir", str(hub)])
+  ref, _ = checkpoint.load_model(str(workdir), which="ema")
+  m, _, prov = checkpoint_spec.load(f"hf:{hub}")
+  assert prov == {"source": f"hf:{hub}", "step": tu.checkpoint_steps(workdir)[-1],
+                  "weights": "ema"}
+  for k, v in convert.model_to_flat(ref).items():
+    np.testing.assert_array_equal(convert.model_to_flat(m)[k], v)
+  card = (hub / "README.md").read_text()
+  assert card.startswith("---\nlibrary_name: aogpt_jax")
+  assert "| n_layer |" in card and "| order.name | `\"mixture\"` |" in card
+  assert "| optimizer.lr | `0.003` |" in card
+  for md in (workdir / "eval").glob("*.md"):         # every eval table the run wrote
+    assert f"### {md.stem}" in card and md.read_text().strip() in card
 
 
 def test_modes_refuse_bad_input_before_running(trained):

@@ -362,9 +362,14 @@ def main(argv=None) -> None:
   exp = sub.add_parser("export", help="our checkpoint -> safetensors")
   exp.add_argument("--workdir", required=True)
   exp.add_argument("--which", default="ema", choices=("ema", "params"))
-  exp.add_argument("--out", required=True)
+  exp.add_argument("--out", default="", help="the safetensors folder")
+  exp.add_argument("--hub-dir", dest="hub_dir", default="",
+                   help="a folder ready for the Hugging Face Hub: the safetensors folder plus a "
+                        "model card README.md (architecture, training recipe, WORKDIR/eval tables)")
   exp.add_argument("--layout", default="aogpt_jax", choices=("aogpt_jax", "published"))
   a = ap.parse_args(argv)
+  if a.cmd == "export" and not (a.out or a.hub_dir):
+    ap.error("export: pass --out DIR and/or --hub-dir DIR")
   if a.cmd == "import":
     ck = read_torch_checkpoint(a.ckpt, a.trust_pickle)
     over = {k: v for k, v in (("n_head", a.n_head), ("valid_vocab_size", a.valid_vocab_size)) if v}
@@ -376,8 +381,17 @@ def main(argv=None) -> None:
       print(f"wrote {out} ({cfg.n_layer} layers, d={cfg.n_embd}, target={cfg.target})")
   else:
     from aogpt_jax import checkpoint  # pylint: disable=g-import-not-at-top  (trainer's module)
-    m, _ = checkpoint.load_model(a.workdir, which=a.which)       # (model, the run's config)
-    print(f"wrote {export_safetensors(m, a.out, a.layout, meta={'workdir': a.workdir})}")
+    m, run_cfg = checkpoint.load_model(a.workdir, which=a.which)   # (model, the run's config)
+    loaded = run_cfg.loaded.to_dict()
+    meta = {"workdir": os.path.abspath(a.workdir), "which": loaded.get("weights", a.which),
+            "iter_num": loaded.get("step")}
+    for out in (a.out, a.hub_dir):
+      if out:
+        print(f"wrote {export_safetensors(m, out, a.layout, meta=meta)}")
+    if a.hub_dir:
+      from aogpt_jax.evaluation import model_card  # pylint: disable=g-import-not-at-top
+      print(f"wrote {model_card.write(a.hub_dir, m.cfg, a.workdir, loaded)}; upload the folder "
+            f"with `huggingface-cli upload OWNER/REPO {a.hub_dir}`")
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from aogpt_jax import hub
 from aogpt_jax.evaluation import gpt2 as gpt2_lib
 
 GRID: dict[str, Any] = {
@@ -55,11 +56,17 @@ class GPT2Scorer:
 
   @classmethod
   def from_pretrained(cls, path: str, dtype: str = "float32") -> "GPT2Scorer":
+    """``path``: a local Hugging Face GPT-2 folder, or ``hf:OWNER/REPO`` (e.g.
+    ``hf:openai-community/gpt2-large``) read from the local Hugging Face cache (`aogpt_jax.hub`;
+    nothing is downloaded)."""
+    if path.startswith("hf:"):
+      path = hub.resolve(path, files=("config.json", "model.safetensors"))
     return cls(*gpt2_lib.load(path, dtype))
 
   def token_nll(self, tokens: np.ndarray, *, prepend_eot: bool = False,
-                batch_size: int = 8) -> np.ndarray:
-    """float64 [N, L'] NLL of each scored token (L' = L - 1, or L with ``prepend_eot``)."""
+                batch_size: int = 8, eot: int = EOT) -> np.ndarray:
+    """float64 [N, L'] NLL of each scored token (L' = L - 1, or L with ``prepend_eot``: the
+    end-of-text id ``eot`` in front)."""
     tokens = np.asarray(tokens)
     if tokens.ndim != 2:
       raise ValueError(f"samples must be [num_samples, length], got shape {tokens.shape}")
@@ -69,7 +76,10 @@ class GPT2Scorer:
       raise ValueError(f"sample {r} has token {tokens[r, c]} at position {c}, outside the "
                        f"evaluator's vocabulary [0, {self.cfg.vocab_size})")
     if prepend_eot:
-      tokens = np.concatenate([np.full((len(tokens), 1), EOT, tokens.dtype), tokens], axis=1)
+      if not 0 <= eot < self.cfg.vocab_size:
+        raise ValueError(f"prepend_eot: end-of-text id {eot} is outside the evaluator's "
+                         f"vocabulary [0, {self.cfg.vocab_size})")
+      tokens = np.concatenate([np.full((len(tokens), 1), eot, tokens.dtype), tokens], axis=1)
     if tokens.shape[1] > self.cfg.n_positions:
       raise ValueError(f"samples of {tokens.shape[1]} tokens (with EOT: {prepend_eot}) exceed the "
                        f"evaluator's context of {self.cfg.n_positions}")
@@ -95,9 +105,9 @@ def _nll(params, x, *, cfg):
 
 
 def generative_perplexity(samples: np.ndarray, scorer: GPT2Scorer, *, prepend_eot: bool = False,
-                          batch_size: int = 8) -> dict:
+                          batch_size: int = 8, eot: int = EOT) -> dict:
   """Scores ``samples`` [N, L]: both perplexity aggregations and the unigram entropy."""
-  nll = scorer.token_nll(samples, prepend_eot=prepend_eot, batch_size=batch_size)
+  nll = scorer.token_nll(samples, prepend_eot=prepend_eot, batch_size=batch_size, eot=eot)
   per_sample = nll.mean(axis=1)
   return {
       "gen_ppl": {"corpus": math.exp(float(nll.sum() / nll.size)),
@@ -115,7 +125,8 @@ SampleFn = Callable[..., np.ndarray]
 
 
 def run_grid(sample_fn: SampleFn, scorer: GPT2Scorer, *, num_samples: int, seed: int = 0,
-             grid: dict[str, Any] | None = None, prepend_eot: bool = False) -> list[dict]:
+             grid: dict[str, Any] | None = None, prepend_eot: bool = False,
+             batch_size: int = 8, eot: int = EOT) -> list[dict]:
   """For every (top_p, temperature) x steps of ``grid`` (default `GRID`): draws samples with
   ``sample_fn(num_samples=, steps=, top_p=, temperature=, seed=) -> int [N, L]`` and scores them."""
   grid = grid or GRID
@@ -128,7 +139,8 @@ def run_grid(sample_fn: SampleFn, scorer: GPT2Scorer, *, num_samples: int, seed:
       samples = np.asarray(sample_fn(num_samples=num_samples, steps=int(steps),
                                      top_p=float(s["top_p"]),
                                      temperature=float(s["temperature"]), seed=seed))
-      res = generative_perplexity(samples, scorer, prepend_eot=prepend_eot)
+      res = generative_perplexity(samples, scorer, prepend_eot=prepend_eot,
+                                  batch_size=batch_size, eot=eot)
       rows.append(dict(res, steps=int(steps), top_p=float(s["top_p"]),
                        temperature=float(s["temperature"]), seed=seed))
   return rows
