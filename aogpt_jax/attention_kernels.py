@@ -6,8 +6,8 @@
   ``[B, heads, n, n]`` score or probability tensor is ever saved: the backward of one query block
   holds at most ``[B, heads, block, n]`` fp32 at a time. Causal attention skips the key blocks
   past the diagonal. Same numbers as the XLA path up to fp32 summation order.
-* `splash`: TPU flash attention (Pallas splash attention) for causal or full attention without a
-  mask array; ``interpret=True`` runs the same kernel through the Pallas interpreter (CPU tests).
+* `splash`: TPU flash attention (Pallas splash attention, opt-in: ``model.attention_impl=splash``)
+  for causal or full attention without a mask array; ``interpret=True`` runs the same kernel through the Pallas interpreter (CPU tests).
 """
 
 from __future__ import annotations
@@ -102,14 +102,10 @@ def splash_blocks(seq: int) -> int:
   return min(SPLASH_BLOCK, seq)
 
 
-def splash_problems(seq_q: int, seq_k: int, head_dim: int, *, masked: bool,
-                    causal: bool) -> list[str]:
-  """Reasons the splash kernel cannot run these shapes (empty: it can)."""
+def splash_problems(seq_q: int, seq_k: int, head_dim: int) -> list[str]:
+  """Reasons the splash kernel cannot run causal or full attention of these shapes (empty: it
+  can)."""
   out = []
-  if masked:
-    out.append("explicit mask array (splash runs causal or full attention only)")
-  if causal and seq_q != seq_k:
-    out.append(f"causal attention over {seq_q} queries and {seq_k} keys")
   for name, n in (("query", seq_q), ("key", seq_k)):
     if n % 128:
       out.append(f"{name} length {n} is not a multiple of 128")
@@ -122,7 +118,8 @@ def splash_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool,
                      interpret: bool = False) -> jax.Array:
   """``q [B, S, N, H]``, ``k, v [B, C, N, H]`` -> ``[B, S, N, H]`` with the Pallas TPU splash
   kernel (causal or full attention), vmapped over the batch. The kernel does not scale the
-  scores, so the queries are scaled by 1/sqrt(H) first."""
+  scores, so the queries are scaled by 1/sqrt(H) first. Not yet wrapped in shard_map: under a
+  sharded mesh XLA cannot partition the Pallas call (never run on a real TPU so far)."""
   from jax.experimental.pallas.ops.tpu import splash_attention as sa
 
   b, s, n, h = q.shape

@@ -139,24 +139,28 @@ def resolve_attention_impl(requested: str, dtype, head_dim: int, *, masked: bool
   """Chooses the attention kernel.
 
   ``cudnn`` (flash attention through ``jax.nn.dot_product_attention``) needs a GPU, bf16/fp16
-  and head_dim a multiple of 8 up to 128; ``splash`` (Pallas TPU flash attention,
-  attention_kernels.py) needs a TPU, no mask array, sequence lengths multiple of 128 and head_dim
-  a multiple of 64. ``auto`` takes the flash kernel of the backend when its conditions hold (and
-  no explicit mask array is given) and falls back to ``xla`` otherwise, logging the reason once;
-  ``cudnn`` or ``splash`` asked for explicitly raises when they do not. ``blockwise`` (the
-  memory-efficient XLA attention) and ``xla`` run everywhere.
+  and head_dim a multiple of 8 up to 128; ``auto`` takes it when those hold and no explicit mask
+  array is given (causal or full attention) and falls back to ``xla`` otherwise, logging the
+  reason once; ``cudnn`` asked for explicitly raises when they do not hold.
+  ``splash`` (Pallas TPU flash attention, attention_kernels.py) is opt-in, never chosen by
+  ``auto``: it needs a TPU, sequence lengths multiple of 128 and head_dim a multiple of 64 (else
+  it raises); calls with an explicit mask array (the mask path, the cached sampler) run ``xla``,
+  logged once. ``blockwise`` (memory-efficient attention) and ``xla`` run everywhere.
   """
   if requested not in ATTENTION_IMPLS:
     raise ValueError(f"model.attention_impl must be one of {ATTENTION_IMPLS}, got {requested!r}")
   if requested in ("xla", "blockwise"):
     return requested
   backend = jax.default_backend()
-  if requested == "splash" or (requested == "auto" and backend == "tpu"):
+  if requested == "splash":
     from aogpt_jax.attention_kernels import splash_problems
+    if backend == "tpu" and masked:
+      _log_once("attention: explicit mask array, splash runs causal or full attention only; "
+                "using the XLA kernel for these calls", "splash-masked")
+      return "xla"
     reasons = [] if backend == "tpu" else [f"backend is {backend}, not tpu"]
     if seq_q is not None:
-      reasons += splash_problems(seq_q, seq_k or seq_q, head_dim, masked=masked,
-                                 causal=seq_k is None or seq_q == seq_k)
+      reasons += splash_problems(seq_q, seq_k or seq_q, head_dim)
     return _pick("splash", requested, reasons)
   reasons = []
   if backend != "gpu":

@@ -118,12 +118,18 @@ def test_selection(monkeypatch, caplog):
     layers.resolve_attention_impl("flash", bf16, 64, masked=False)
   monkeypatch.setattr(jax, "default_backend", lambda: "tpu")
   layers._logged.clear()
+  # auto never takes splash (opt-in; the default path keeps its numbers on every backend).
   assert layers.resolve_attention_impl("auto", bf16, 64, masked=False, seq_q=1024,
+                                       seq_k=1024) == "xla"
+  assert layers.resolve_attention_impl("splash", bf16, 64, masked=False, seq_q=1024,
                                        seq_k=1024) == "splash"
   with caplog.at_level(logging.INFO):
-    assert layers.resolve_attention_impl("auto", bf16, 64, masked=True, seq_q=1, seq_k=1024
-                                         ) == "xla"
-  assert "explicit mask array" in caplog.text and "query length 1 " in caplog.text
+    # The cached sampler: one query over the whole cache, an explicit mask.
+    assert layers.resolve_attention_impl("splash", bf16, 64, masked=True, seq_q=1,
+                                         seq_k=1024) == "xla"
+  assert "explicit mask array" in caplog.text
+  with pytest.raises(ValueError, match="query length 100 is not a multiple of 128"):
+    layers.resolve_attention_impl("splash", bf16, 64, masked=False, seq_q=100, seq_k=100)
   with pytest.raises(ValueError, match="head_dim 48 is not a multiple of 64"):
     layers.resolve_attention_impl("splash", bf16, 48, masked=False, seq_q=256, seq_k=256)
   with pytest.raises(ValueError, match="model.attention_impl"):
