@@ -7,6 +7,7 @@ Parameters are stored in ``param_dtype`` (fp32); computation runs in the module'
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 from typing import Sequence
@@ -96,9 +97,32 @@ class Norm(nnx.Module):
     return y.astype(self.dtype)
 
 
+# ----------------------------------------------------------------------------- activations
+
+# Logical names of activation dimensions; `sharding.activation_constraints` maps them to mesh
+# axes while a step is traced (outside it `constrain` does nothing).
+BATCH, HEADS, MLP_ACT, VOCAB_ACT = "act_batch", "act_heads", "act_mlp", "act_vocab"
+_constrain_fn: list = []
+
+
+@contextlib.contextmanager
+def activation_sharding(fn):
+  """While active, `constrain(x, axes)` calls ``fn(x, axes)`` (a sharding constraint)."""
+  _constrain_fn.append(fn)
+  try:
+    yield
+  finally:
+    _constrain_fn.pop()
+
+
+def constrain(x: jax.Array, axes: Axes) -> jax.Array:
+  """Pins activation ``x`` to the mesh axes of its logical ``axes`` (no-op without a mesh)."""
+  return _constrain_fn[-1](x, axes) if _constrain_fn else x
+
+
 # ----------------------------------------------------------------------------- attention
 
-ATTENTION_IMPLS = ("auto", "xla", "cudnn")
+ATTENTION_IMPLS = ("auto", "xla", "cudnn", "splash", "blockwise")
 # ``mask`` value for bidirectional attention with no mask array (the encoder baseline).
 FULL = "full"
 _logged: set[tuple] = set()
@@ -110,50 +134,81 @@ def _log_once(msg: str, *key) -> None:
     logging.info(msg)
 
 
-def resolve_attention_impl(requested: str, dtype, head_dim: int, *, masked: bool) -> str:
-  """Chooses the kernel for ``jax.nn.dot_product_attention``.
+def resolve_attention_impl(requested: str, dtype, head_dim: int, *, masked: bool,
+                           seq_q: int | None = None, seq_k: int | None = None) -> str:
+  """Chooses the attention kernel.
 
-  ``cudnn`` (flash attention) needs a GPU, bf16/fp16 and head_dim a multiple of 8 up to 128;
-  ``auto`` takes it when those hold and no explicit mask array is given (causal or full
-  attention) and falls back to ``xla`` otherwise, logging the reason once. ``cudnn`` asked for explicitly raises when they do not.
+  ``cudnn`` (flash attention through ``jax.nn.dot_product_attention``) needs a GPU, bf16/fp16
+  and head_dim a multiple of 8 up to 128; ``auto`` takes it when those hold and no explicit mask
+  array is given (causal or full attention) and falls back to ``xla`` otherwise, logging the
+  reason once; ``cudnn`` asked for explicitly raises when they do not hold.
+  ``splash`` (Pallas TPU flash attention, attention_kernels.py) is opt-in, never chosen by
+  ``auto``: it needs a TPU, sequence lengths multiple of 128 and head_dim a multiple of 64 (else
+  it raises); calls with an explicit mask array (the mask path, the cached sampler) run ``xla``,
+  logged once. ``blockwise`` (memory-efficient attention) and ``xla`` run everywhere.
   """
   if requested not in ATTENTION_IMPLS:
     raise ValueError(f"model.attention_impl must be one of {ATTENTION_IMPLS}, got {requested!r}")
-  if requested == "xla":
-    return "xla"
+  if requested in ("xla", "blockwise"):
+    return requested
+  backend = jax.default_backend()
+  if requested == "splash":
+    from aogpt_jax.attention_kernels import splash_problems
+    if backend == "tpu" and masked:
+      _log_once("attention: explicit mask array, splash runs causal or full attention only; "
+                "using the XLA kernel for these calls", "splash-masked")
+      return "xla"
+    reasons = [] if backend == "tpu" else [f"backend is {backend}, not tpu"]
+    if seq_q is not None:
+      reasons += splash_problems(seq_q, seq_k or seq_q, head_dim)
+    return _pick("splash", requested, reasons)
   reasons = []
-  if jax.default_backend() != "gpu":
-    reasons.append(f"backend is {jax.default_backend()}, not gpu")
+  if backend != "gpu":
+    reasons.append(f"backend is {backend}, not gpu")
   if jnp.dtype(dtype) not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
     reasons.append(f"compute dtype is {jnp.dtype(dtype).name}, cuDNN needs bfloat16 or float16")
   if head_dim % 8 or head_dim > 128:
     reasons.append(f"head_dim {head_dim} is not a multiple of 8 up to 128")
-  if requested == "cudnn":
-    if reasons:
-      raise ValueError("model.attention_impl='cudnn' cannot be used: " + "; ".join(reasons))
-    return "cudnn"
-  if masked:
+  if masked and requested == "auto":
     reasons.append("explicit mask array (auto uses cuDNN only for causal or full attention)")
+  return _pick("cudnn", requested, reasons)
+
+
+def _pick(kernel: str, requested: str, reasons: list[str]) -> str:
+  if requested == kernel:
+    if reasons:
+      raise ValueError(f"model.attention_impl={kernel!r} cannot be used: " + "; ".join(reasons))
+    return kernel
   if reasons:
     _log_once("attention: using the XLA kernel (" + "; ".join(reasons) + ")", "xla", *reasons)
     return "xla"
-  _log_once("attention: using cuDNN flash attention", "cudnn")
-  return "cudnn"
+  _log_once(f"attention: using {kernel} flash attention", kernel)
+  return kernel
 
 
 def attention(q: jax.Array, k: jax.Array, v: jax.Array, *, mask: jax.Array | str | None,
-              impl: str) -> jax.Array:
+              impl: str, block: int = 256) -> jax.Array:
   """``q [B, S, N, H]``, ``k, v [B, C, N, H]``; ``mask``: None (causal), FULL (bidirectional)
   or bool ``[B, S, C]``.
 
-  ``cudnn`` calls ``jax.nn.dot_product_attention``; ``xla`` is written out as two einsums with
-  the softmax in fp32: on CPU a whole train step at n = 1024 ran 3.2x faster than with
+  ``cudnn`` calls ``jax.nn.dot_product_attention``; ``splash`` the Pallas TPU kernel;
+  ``blockwise`` the memory-efficient online-softmax attention with ``block``-row query and key
+  blocks (attention_kernels.py); ``xla`` is written out as two einsums with the softmax in fp32:
+  on CPU a whole train step at n = 1024 ran 3.2x faster than with
   ``jax.nn.dot_product_attention``'s XLA path (README, measured results)."""
   no_array = mask is None or (isinstance(mask, str) and mask == FULL)
   if impl == "cudnn":
     if no_array:
       return jax.nn.dot_product_attention(q, k, v, is_causal=mask is None, implementation=impl)
     return jax.nn.dot_product_attention(q, k, v, mask=mask[:, None, :, :], implementation=impl)
+  if impl in ("splash", "splash_interpret"):
+    from aogpt_jax.attention_kernels import splash_attention
+    if not no_array:
+      raise ValueError("splash attention takes no mask array")
+    return splash_attention(q, k, v, causal=mask is None, interpret=impl == "splash_interpret")
+  if impl == "blockwise":
+    from aogpt_jax.attention_kernels import blockwise_attention
+    return blockwise_attention(q, k, v, mask=mask, block=block)
   scores = jnp.einsum("bsnh,bcnh->bnsc", q, k, preferred_element_type=jnp.float32)
   scores = scores * (1.0 / math.sqrt(q.shape[-1]))
   if mask is None:

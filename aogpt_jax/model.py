@@ -34,8 +34,8 @@ from flax import nnx
 
 from aogpt_jax import cross_entropy
 from aogpt_jax import orders as orders_lib
-from aogpt_jax.layers import (Dense, Embed, Norm, attention, matmul, resolve_attention_impl,
-                              trunc_normal)
+from aogpt_jax.layers import (ATTENTION_IMPLS, BATCH, HEADS, MLP_ACT, Dense, Embed, Norm,
+                              attention, constrain, matmul, resolve_attention_impl, trunc_normal)
 
 TARGETS = ("adaln", "sigma_gpt", "repeat", "per_block", "none")
 START = -1      # slot token id meaning "the START vector"
@@ -68,7 +68,8 @@ class ModelConfig:
   zero_init_modulation: bool = False # the published model does NOT zero-init adaLN
   dropout: float = 0.0
   attention: str = "gather"          # gather | mask (same numbers; gather is faster)
-  attention_impl: str = "auto"       # auto | xla | cudnn
+  attention_impl: str = "auto"       # auto | xla | cudnn | splash | blockwise (layers.py)
+  attention_block: int = 256         # query/key block of attention_impl='blockwise'
   dtype: str = "float32"             # compute dtype (bfloat16 on accelerators)
   param_dtype: str = "float32"
   remat: bool = False                # rematerialise each block in the backward pass
@@ -96,8 +97,10 @@ class ModelConfig:
       bad("norm", f"must be 'rmsnorm' or 'layernorm', got {self.norm!r}")
     if self.attention not in ("gather", "mask"):
       bad("attention", f"must be 'gather' or 'mask', got {self.attention!r}")
-    if self.attention_impl not in ("auto", "xla", "cudnn"):
-      bad("attention_impl", f"must be auto, xla or cudnn, got {self.attention_impl!r}")
+    if self.attention_impl not in ATTENTION_IMPLS:
+      bad("attention_impl", f"must be one of {ATTENTION_IMPLS}, got {self.attention_impl!r}")
+    if int(self.attention_block) < 1:
+      bad("attention_block", f"must be >= 1, got {self.attention_block}")
     if int(self.loss_chunk) < 0:
       bad("loss_chunk", f"must be >= 0 (0: plain logits), got {self.loss_chunk}")
     if not self.init_truncation >= 0:
@@ -179,7 +182,7 @@ class Attention(nnx.Module):
       self.q_norm = Norm(cfg.head_dim, kind="rmsnorm", axes=("head_dim",), dtype=dtype)
       self.k_norm = Norm(cfg.head_dim, kind="rmsnorm", axes=("head_dim",), dtype=dtype)
     self.n_head, self.head_dim, self.qk_norm = cfg.n_head, cfg.head_dim, cfg.qk_norm
-    self.impl, self.dtype = cfg.attention_impl, dtype
+    self.impl, self.block, self.dtype = cfg.attention_impl, cfg.attention_block, dtype
 
   def __call__(self, x, *, mask, cache, write_index):
     b, s, d = x.shape
@@ -187,6 +190,7 @@ class Attention(nnx.Module):
     q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
     if self.qk_norm:
       q, k = self.q_norm(q), self.k_norm(k)
+    q, k, v = (constrain(t, (BATCH, None, HEADS, None)) for t in (q, k, v))
     new_cache = None
     if cache is not None:
       # Write this block's keys and values into the preallocated cache (indices past its end
@@ -198,8 +202,10 @@ class Attention(nnx.Module):
       new_cache = (ck, cv)
       k, v = ck.astype(self.dtype), cv.astype(self.dtype)
     impl = resolve_attention_impl(self.impl, self.dtype, self.head_dim,
-                                  masked=not (mask is None or isinstance(mask, str)))
-    y = attention(q, k, v, mask=mask, impl=impl)
+                                  masked=not (mask is None or isinstance(mask, str)),
+                                  seq_q=q.shape[1], seq_k=k.shape[1])
+    y = attention(q, k, v, mask=mask, impl=impl, block=self.block)
+    y = constrain(y, (BATCH, None, HEADS, None))
     return self.c_proj(y.reshape(b, s, d)), new_cache
 
 
@@ -213,7 +219,8 @@ class MLP(nnx.Module):
     self.c_proj = Dense(h, d, axes=("mlp", "embed"), std=std / math.sqrt(2 * cfg.n_layer), **kw)
 
   def __call__(self, x):
-    return self.c_proj(jax.nn.gelu(self.c_fc(x), approximate=False))
+    h = constrain(self.c_fc(x), (BATCH, None, MLP_ACT))
+    return self.c_proj(jax.nn.gelu(h, approximate=False))
 
 
 class Block(nnx.Module):
@@ -340,8 +347,8 @@ class AOGPT(nnx.Module):
         x = x + tgt_emb
       layer_cache = None if cache is None else cache[i]
       run = nnx.remat(_run_block) if cfg.remat else _run_block
-      x, c = run(block, x, slot_tgt, cond_table, mask, layer_cache, write_index,
-                 _fold(dropout_key, i))
+      x, c = run(block, constrain(x, (BATCH, None, None)), slot_tgt, cond_table, mask,
+                 layer_cache, write_index, _fold(dropout_key, i))
       new_cache.append(c)
     return x, (tuple(new_cache) if cache is not None else None)
 

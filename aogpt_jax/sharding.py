@@ -10,6 +10,7 @@ fake CPU devices, a GPU host and a TPU pod.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
@@ -20,6 +21,7 @@ from flax import nnx
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
 from aogpt_jax import config as config_lib
+from aogpt_jax import layers
 
 MESH_AXES = config_lib.MESH_AXES
 BATCH_AXES = ("data", "fsdp")
@@ -186,3 +188,30 @@ def global_batch(local: dict[str, np.ndarray], mesh) -> dict[str, jax.Array]:
     shape = (v.shape[0] * jax.process_count(),) + v.shape[1:]
     out[k] = jax.make_array_from_process_local_data(batch_sharding(mesh, v.ndim), v, shape)
   return out
+
+
+# ----------------------------------------------------------------------------- activations
+
+
+def activation_rules(rules: dict[str, tuple[str, ...]]) -> dict[str, tuple[str, ...]]:
+  """Logical activation axis -> mesh axes: the batch over the batch axes; heads, MLP and vocab
+  columns over the mesh axes of their parameters' rules, less the batch axes (the ``embed``
+  rule shards parameters over fsdp, but the activations' feature dim stays whole)."""
+  def cols(logical):
+    return tuple(a for a in rules.get(logical, ()) if a not in BATCH_AXES)
+  return {layers.BATCH: BATCH_AXES, layers.HEADS: cols("heads"), layers.MLP_ACT: cols("mlp"),
+          layers.VOCAB_ACT: cols("vocab")}
+
+
+@contextlib.contextmanager
+def activation_constraints(mesh, rules):
+  """While tracing inside this context, `layers.constrain` pins activations (the residual
+  stream, per-head q/k/v and attention output, the MLP hidden) to their mesh axes: with
+  ``mesh.tensor > 1`` heads and MLP columns stay split over ``tensor`` (Megatron layout)."""
+  act = activation_rules(rules)
+
+  def fn(x, axes):
+    return jax.lax.with_sharding_constraint(
+        x, NamedSharding(mesh, logical_to_spec(axes, x.shape, act, mesh)))
+  with layers.activation_sharding(fn):
+    yield

@@ -256,14 +256,19 @@ def build(cfg, model_cfg: model_lib.ModelConfig, mesh) -> Trainer:
                    "weight": sharding_lib.batch_sharding(mesh, 1)}
   init = jax.jit(lambda: init_state(model_cfg, tx, cfg.seed, with_ema), out_shardings=state_sh)
   dropout = model_cfg.dropout > 0
-  step = jax.jit(lambda s, b: train_step(s, b, graphdef=graphdef, tx=tx, cfg=cfg,
-                                         dropout=dropout),
+  def step_fn(s, b):
+    with sharding_lib.activation_constraints(mesh, rules):
+      return train_step(s, b, graphdef=graphdef, tx=tx, cfg=cfg, dropout=dropout)
+
+  def eval_fn(p, b, k):
+    with sharding_lib.activation_constraints(mesh, rules):
+      return eval_step(p, b, k, graphdef=graphdef, objective=cfg.objective, orders=ev_orders)
+
+  ev_orders = heldout_orders(cfg)
+  step = jax.jit(step_fn,
                  in_shardings=(state_sh, batch_sh), out_shardings=(state_sh, rep),
                  donate_argnums=0)
-  ev_orders = heldout_orders(cfg)
-  ev = jax.jit(lambda p, b, k: eval_step(p, b, k, graphdef=graphdef, objective=cfg.objective,
-                                         orders=ev_orders),
-               in_shardings=(param_sh, eval_batch_sh, rep), out_shardings=rep)
+  ev = jax.jit(eval_fn, in_shardings=(param_sh, eval_batch_sh, rep), out_shardings=rep)
   return Trainer(cfg=cfg, model_cfg=model_cfg, mesh=mesh, graphdef=graphdef, tx=tx,
                  abstract_state=abstract, state_shardings=state_sh, param_shardings=param_sh,
                  init=init, step=step, eval_step=ev)

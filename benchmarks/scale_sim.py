@@ -6,6 +6,8 @@ device count (XLA_FLAGS=--xla_force_host_platform_device_count=N) is fixed at JA
 
   python benchmarks/scale_sim.py                          # Small and Medium, all meshes
   python benchmarks/scale_sim.py --sizes=small --meshes=8:data
+  python benchmarks/scale_sim.py --sizes=small --meshes=8:fsdp \
+      --variants='[{"attention_impl": "xla"}, {"attention_impl": "blockwise"}]'
   python benchmarks/scale_sim.py --one=small:8:1:1 --json  # one mesh (data:fsdp:tensor), child
 
 Reports XLA's memory analysis per device (arguments, outputs, temporaries), the collectives in
@@ -122,17 +124,18 @@ def gib(x):
 
 
 def table(rows) -> str:
-  lines = ["| model | mesh (data,fsdp,tensor) | args GiB | temps GiB | peak GiB | H100 80GB | "
-           "v5e 16GB | compile s | collectives (count, GiB) |", "|" + "---|" * 9]
+  lines = ["| model | mesh (data,fsdp,tensor) | settings | args GiB | temps GiB | peak GiB | "
+           "H100 80GB | v5e 16GB | compile s | collectives (count, GiB) |", "|" + "---|" * 10]
   for r in rows:
     m = r["mesh"]
     ms = f"{m['data']},{m['fsdp']},{m['tensor']}"
+    settings = " ".join(f"{k}={v}" for k, v in sorted(r.get("overrides", {}).items())) or "-"
     if "error" in r:
-      lines.append(f"| {r['size']} | {ms} | error: {r['error'][:80]} |" + " |" * 6)
+      lines.append(f"| {r['size']} | {ms} | {settings} | error: {r['error'][:80]} |" + " |" * 6)
       continue
     coll = ", ".join(f"{k} {v['count']}x {gib(v['bytes'])}" for k, v in
                      sorted(r["collectives"].items()))
-    lines.append(f"| {r['size']} | {ms} | {gib(r['argument_bytes'])} | {gib(r['temp_bytes'])} | "
+    lines.append(f"| {r['size']} | {ms} | {settings} | {gib(r['argument_bytes'])} | {gib(r['temp_bytes'])} | "
                  f"{gib(r['peak_bytes'])} | {'fits' if r['fits_h100_80gb'] else 'NO'} | "
                  f"{'fits' if r['fits_tpu_v5e_16gb'] else 'NO'} | {r['compile_s']} | "
                  f"{coll or 'none'} |")
@@ -146,6 +149,10 @@ def main():
   ap.add_argument("--per_device", type=int, default=16, help="published: 16 x 1024 per GPU")
   ap.add_argument("--seq_len", type=int, default=1024)
   ap.add_argument("--overrides", default="{}", help="JSON of ModelConfig fields")
+  ap.add_argument("--variants", default="[{}]",
+                  help='JSON list of ModelConfig overrides, each merged over --overrides and '
+                       'compiled for every size and mesh, e.g. \'[{"attention_impl": "xla"}, '
+                       '{"attention_impl": "blockwise"}]\'')
   ap.add_argument("--one", default="", help="internal: SIZE:DATA:FSDP:TENSOR in this process")
   ap.add_argument("--out", default="")
   a = ap.parse_args()
@@ -154,14 +161,18 @@ def main():
     size, *m = a.one.split(":")
     print(json.dumps(compile_step(size, *map(int, m), a.per_device, a.seq_len, overrides)))
     return
+  variants = json.loads(a.variants)
+  if not (isinstance(variants, list) and all(isinstance(v, dict) for v in variants)):
+    sys.exit(f"--variants: expected a JSON list of objects, got {a.variants!r}")
   rows = []
   for size in a.sizes.split(","):
     for name in a.meshes.split(","):
       if name not in MESHES:
         sys.exit(f"--meshes: unknown mesh {name!r}; known: {list(MESHES)}")
-      r = run_child(size, MESHES[name], a.per_device, a.seq_len, overrides)
-      print(json.dumps(r), flush=True)
-      rows.append(r)
+      for variant in variants:
+        r = run_child(size, MESHES[name], a.per_device, a.seq_len, {**overrides, **variant})
+        print(json.dumps(r), flush=True)
+        rows.append(r)
   print(table(rows))
   out = pathlib.Path(a.out or f"benchmarks/results/scale_sim_{a.sizes.replace(',', '_')}.json")
   out.parent.mkdir(parents=True, exist_ok=True)

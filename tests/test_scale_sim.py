@@ -26,3 +26,12 @@ def test_fsdp_shrinks_state_and_data_parallel_reduces_grads():
   assert fs["argument_bytes"] < dp["argument_bytes"] / 4, (fs, dp)
   assert dp["collectives"]["all-reduce"]["bytes"] > dp["argument_bytes"] / 8
   assert "all-gather" in fs["collectives"]
+
+
+def test_table_names_each_rows_settings():
+  row = {"size": "small", "mesh": {"data": 1, "fsdp": 8, "tensor": 1},
+         "overrides": {"attention_impl": "blockwise", "remat": True}, "argument_bytes": 2**30,
+         "temp_bytes": 2**31, "peak_bytes": 3 * 2**30, "fits_h100_80gb": True,
+         "fits_tpu_v5e_16gb": True, "compile_s": 1.5, "collectives": {}}
+  line = scale_sim.table([row]).splitlines()[-1]
+  assert line.startswith("| small | 1,8,1 | attention_impl=blockwise remat=True | 1.00 | 2.00 |")
