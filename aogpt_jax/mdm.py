@@ -21,7 +21,7 @@ from flax import nnx
 
 from aogpt_jax.layers import FULL
 from aogpt_jax.orders import ranks
-from aogpt_jax.model import AOGPT, NO_TARGET, ModelConfig, token_nll
+from aogpt_jax.model import AOGPT, NO_TARGET, ModelConfig, nll_from_logits
 
 
 def encoder_config(cfg: ModelConfig) -> ModelConfig:
@@ -88,7 +88,7 @@ def weighted_nll(m: AOGPT, tokens: jax.Array, masked: jax.Array, t: jax.Array, *
                  dropout_key=None) -> jax.Array:
   """Per-sequence ELBO terms [B]: (1/t) * sum of -log p(x_i | unmasked) over masked i."""
   inp = jnp.where(masked, mask_id(m.cfg), tokens)
-  nll = token_nll(encoder_logits(m, inp, dropout_key=dropout_key), tokens)
+  nll = nll_from_logits(encoder_logits(m, inp, dropout_key=dropout_key), tokens)
   return jnp.sum(jnp.where(masked, nll, 0.0), axis=-1) / t
 
 
@@ -125,6 +125,6 @@ def exact_order_nll(m: AOGPT, tokens: jax.Array, order: jax.Array) -> jax.Array:
     h = encoder_hidden(m, inp)
     pos = order[:, r]
     logits = m.head(h[rows, pos][:, None], jnp.full((b, 1), NO_TARGET, jnp.int32))[:, 0]
-    return token_nll(logits, tokens[rows, pos])
+    return nll_from_logits(logits, tokens[rows, pos])
 
   return jax.lax.map(one_rank, jnp.arange(n)).T

@@ -142,7 +142,7 @@ def _packed_logp(graphdef, params, tokens, sigma, ids, seed, item_b, item_j, ite
   h, _ = m.encode(tok, pos, tgt, mask=mask)
   hq = jnp.take_along_axis(h, query[..., None], axis=1)                 # [I, G, d]
   tq = jnp.take_along_axis(tgt, query, axis=1)
-  return -model_lib.token_nll(m.head(hq, tq), label)                   # log p, [I, G]
+  return -model_lib.nll_from_logits(m.head(hq, tq), label)                   # log p, [I, G]
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "path"))
@@ -163,7 +163,7 @@ def _naive_logp(graphdef, params, tokens, sigma, ids, seed, item_b, item_i, item
                                                         axis=1)[:, 0] + 1)
   lg = jnp.take_along_axis(logits, row[:, None, None], axis=1)[:, 0]
   label = jnp.take_along_axis(x, jnp.take_along_axis(order, item_i[:, None], axis=1), axis=1)[:, 0]
-  return -model_lib.token_nll(lg, label)
+  return -model_lib.nll_from_logits(lg, label)
 
 
 def _chunks(arrays: Sequence[np.ndarray], size: int):

@@ -13,14 +13,16 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from aogpt_jax.model import AOGPT, START
+from aogpt_jax import orders as orders_lib
+from aogpt_jax.model import AOGPT
 from aogpt_jax.sampling import tokens as tokens_lib
 
 
 def _slot(tokens: jax.Array, r: jax.Array):
   """Token, position row and target of rank-slot(s) r [B, S] under sigma = identity."""
-  tok = jnp.where(r == 0, START, jnp.take_along_axis(tokens, jnp.maximum(r - 1, 0), axis=1))
-  return tok.astype(jnp.int32), r.astype(jnp.int32), r.astype(jnp.int32)
+  identity = jnp.broadcast_to(jnp.arange(tokens.shape[1], dtype=jnp.int32), tokens.shape)
+  tok, pos = orders_lib.rank_slots(identity, tokens, r)
+  return tok, pos, orders_lib.slot_target(identity, r)
 
 
 def sample_ar(model: AOGPT, tokens0, prefix_len, tok_keys, *, prefill: int, temperature: float,

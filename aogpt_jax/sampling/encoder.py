@@ -37,10 +37,8 @@ def query_positions(order: jax.Array, m: jax.Array, q0: jax.Array, k: jax.Array,
                     queries: int) -> tuple[jax.Array, jax.Array]:
   """Positions ``order[m + q0 + j]`` revealed by a pass (j < ``queries``) and their validity
   ``j < k``, both [B, Q]."""
-  n = order.shape[1]
-  j = jnp.arange(queries, dtype=jnp.int32)[None, :]
-  idx = jnp.clip(m[:, None] + q0[:, None] + j, 0, n - 1)
-  return jnp.take_along_axis(order, idx, axis=1).astype(jnp.int32), j < k[:, None]
+  qpos = orders_lib.slot_target(order, orders_lib.query_ranks(m, q0, queries))
+  return qpos, jnp.arange(queries, dtype=jnp.int32)[None, :] < k[:, None]
 
 
 def masked_input(model: AOGPT, tokens: jax.Array, rank: jax.Array, m: jax.Array) -> jax.Array:
