@@ -100,12 +100,6 @@ def block_inputs(lay: dict, tokens: jax.Array, cache_len: int):
   return tok, mask
 
 
-def commit_tokens(tokens, commit, new):
-  """Writes sampled tokens at their positions (index n: dropped)."""
-  rows = jnp.arange(tokens.shape[0], dtype=jnp.int32)[:, None]
-  return tokens.at[rows, commit].set(new, mode="drop")
-
-
 def sample_cached(model: AOGPT, order, tokens0, prompt_len, tok_keys, xs, *, block: int,
                   queries: int, prefill: int, temperature: float, top_p: float,
                   top_p_rule: str, greedy: bool, debug: bool):
@@ -116,6 +110,8 @@ def sample_cached(model: AOGPT, order, tokens0, prompt_len, tok_keys, xs, *, blo
   mask limits, the keys of every query) is computed for all passes before the scan; a scan
   iteration only gathers the slot tokens, runs the model and draws the queries' tokens."""
   batch, n = order.shape
+  draw = dict(temperature=temperature, top_p=top_p, top_p_rule=top_p_rule, greedy=greedy,
+              debug=debug)
   cache_len = n + block
   cache = model.init_cache(batch, cache_len)
   if prefill:
@@ -135,11 +131,9 @@ def sample_cached(model: AOGPT, order, tokens0, prompt_len, tok_keys, xs, *, blo
     hidden, cache = model.encode(tok, lay["pos"], lay["tgt"], mask=mask, cache=cache,
                                  write_index=lay["write"])
     logits = model.head(hidden[:, :queries], lay["tgt"][:, :queries])
-    new = tokens_lib.sample_tokens(logits, qkeys, temperature=temperature, top_p=top_p,
-                                   top_p_rule=top_p_rule,
-                                   greedy=greedy)
-    tokens = commit_tokens(tokens, lay["commit"][:, :queries], new)
-    return (cache, tokens), (logits if debug else None)
+    tokens, out = tokens_lib.draw_and_commit(tokens, logits, qkeys, lay["commit"][:, :queries],
+                                             **draw)
+    return (cache, tokens), out
 
   (_, tokens), logits = jax.lax.scan(step, (cache, tokens0), (layouts, keys))
   return tokens, logits
@@ -182,11 +176,10 @@ def sample_uncached(model: AOGPT, order, tokens0, prompt_len, tok_keys, xs, *, b
   def step(tokens, x):
     known, q0, k, _, _ = x
     logits, qpos, is_q = full_step_logits(model, order, tokens, known, q0, k, queries=queries)
-    new = tokens_lib.sample_tokens(logits, tokens_lib.token_keys(tok_keys, qpos),
-                                   temperature=temperature, top_p=top_p,
-                                   top_p_rule=top_p_rule, greedy=greedy)
-    tokens = commit_tokens(tokens, jnp.where(is_q, qpos, order.shape[1]), new)
-    return tokens, (logits if debug else None)
+    return tokens_lib.draw_and_commit(
+        tokens, logits, tokens_lib.token_keys(tok_keys, qpos),
+        jnp.where(is_q, qpos, order.shape[1]), temperature=temperature, top_p=top_p,
+        top_p_rule=top_p_rule, greedy=greedy, debug=debug)
 
   tokens, logits = jax.lax.scan(step, tokens0, xs)
   return tokens, logits
