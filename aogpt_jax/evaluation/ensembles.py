@@ -99,7 +99,8 @@ class Group:
   masked: bool
 
 
-def plan(ranks: Sequence[int], n: int, layout: str = "buckets", num_buckets: int = 16) -> list[Group]:
+def pack_prefixes(ranks: Sequence[int], n: int, layout: str = "buckets",
+                  num_buckets: int = 16) -> list[Group]:
   """Packs the prefixes (rank i -> i + 1 slots) of ``ranks`` into rows (see the module doc)."""
   rs = sorted(set(int(r) for r in ranks))
   if not rs:
@@ -216,7 +217,7 @@ def ensemble_logp(model: model_lib.AOGPT, tokens, ids, sigma, base_logp, *, max_
     return out
   graphdef, params = nnx.split(model)
   args = (jnp.asarray(tokens), jnp.asarray(sigma, jnp.int32), jnp.asarray(ids), jnp.uint32(seed))
-  for group in plan(ranks, n, layout, num_buckets):
+  for group in pack_prefixes(ranks, n, layout, num_buckets):
     rb, jj, rr = np.meshgrid(np.array(rows, np.int32), np.arange(1, max_m, dtype=np.int32),
                              np.arange(len(group.ranks), dtype=np.int32), indexing="ij")
     item_b, item_j, item_r = rb.ravel(), jj.ravel(), group.ranks[rr.ravel()]
