@@ -30,12 +30,12 @@ from typing import Any
 import jax
 from ml_collections import config_dict
 
-from aogpt_jax import evaluate as evaluate_lib
 from aogpt_jax import mdm as mdm_lib
 from aogpt_jax import model as model_lib
 from aogpt_jax import orders as orders_lib
 from aogpt_jax import sampler as sampler_lib
 from aogpt_jax.data import config as data_config
+from aogpt_jax.evaluation import settings as eval_settings
 
 MESH_AXES = ("data", "fsdp", "tensor")
 OBJECTIVES = ("ao", "mdm")
@@ -126,7 +126,7 @@ def evaluate_group() -> config_dict.ConfigDict:
       batch_size=0,         # global; 0 = batch_size
       max_blocks=0,         # > 0: only the first blocks of each dataset (smoke tests)
   ))
-  for f in dataclasses.fields(evaluate_lib.EvalSettings):
+  for f in dataclasses.fields(eval_settings.EvalSettings):
     if f.name != "order_kwargs":
       c[f.name] = f.default
   # JSON, e.g. '{"seed": 3}'; "" = the run's order.kwargs when evaluate.order is the run's

@@ -35,69 +35,14 @@ import numpy as np
 from aogpt_jax import mdm
 from aogpt_jax import metrics as metrics_lib
 from aogpt_jax import model as model_lib
-from aogpt_jax import orders as orders_lib
 from aogpt_jax.evaluation import encoder_nll as enc_lib
 from aogpt_jax.evaluation import ensembles as ens_lib
 from aogpt_jax.evaluation import perplexity as ppl_lib
+from aogpt_jax.evaluation.settings import EvalSettings
 
 Batches = Iterable[Mapping[str, Any]]
-MODEL_KINDS = ("aogpt", "encoder")
-
-
-@dataclasses.dataclass(frozen=True)
-class EvalSettings:
-  """What `evaluate` computes. Orders and ensemble orderings are pure functions of ``seed`` and
-  each block's id (see evaluation/perplexity.py and evaluation/ensembles.py)."""
-  l2r: bool = True                 # left-to-right perplexity
-  any_order: bool = True           # any-order perplexity over ``num_orders`` order draws
-  num_orders: int = 1
-  order: str = "uniform"           # order distribution of the any-order rows
-  order_kwargs: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # its options
-  seed: int = 0
-  ensemble_max_m: int = 0          # > 0: ensembles for M = 1, 2, 4, ..., ensemble_max_m
-  ensemble_layout: str = "buckets"  # buckets | pairs (see evaluation/ensembles.py)
-  ensemble_num_buckets: int = 16
-  slots_per_call: int = 16384      # ensemble slots per compiled call (memory knob)
-  max_batches: int = 0             # > 0: only the first batches (smoke tests)
-  model_kind: str = "aogpt"        # aogpt | encoder (the encoder-only MDM model, aogpt_jax.mdm)
-  elbo_samples: int = 16           # encoder only: t samples per block of the ELBO row (0: off)
-  elbo_stratified: bool = False    # encoder only: stratified t per block (see encoder_nll.py)
-
-  def __post_init__(self):
-    if self.model_kind not in MODEL_KINDS:
-      raise ValueError(f"eval.model_kind must be one of {MODEL_KINDS}, got {self.model_kind!r}")
-    if self.elbo_samples < 0:
-      raise ValueError(f"eval.elbo_samples must be >= 0, got {self.elbo_samples}")
-    if self.model_kind == "encoder" and self.ensemble_max_m:
-      raise ValueError("eval.ensemble_max_m: context-order ensembles do not apply to the encoder "
-                       "(its prediction does not depend on the order of the context); set it "
-                       "to 0 with model_kind='encoder'")
-    if self.num_orders < 1:
-      raise ValueError(f"eval.num_orders must be >= 1, got {self.num_orders}")
-    try:
-      orders_lib.check_kwargs(self.order, dict(self.order_kwargs))
-    except ValueError as e:
-      raise ValueError(f"eval.order / eval.order_kwargs: {e}") from None
-    if self.ensemble_max_m < 0:
-      raise ValueError(f"eval.ensemble_max_m must be >= 0, got {self.ensemble_max_m}")
-    if self.ensemble_layout not in ens_lib.LAYOUTS:
-      raise ValueError(f"eval.ensemble_layout must be one of {ens_lib.LAYOUTS}, "
-                       f"got {self.ensemble_layout!r}")
-    if not (self.l2r or self.any_order or self.ensemble_max_m or self.elbo):
-      raise ValueError("eval: nothing to compute (l2r, any_order and ensemble_max_m all off, and "
-                       "no ELBO for an encoder)")
-
-  @property
-  def elbo(self) -> bool:
-    return self.model_kind == "encoder" and self.elbo_samples > 0
-
-  @classmethod
-  def from_dict(cls, d: Mapping[str, Any]) -> "EvalSettings":
-    known = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(d) - known)
-    if unknown:
-      raise ValueError(f"unknown eval setting(s) {unknown}; known: {sorted(known)}")
-    return cls(**dict(d))
+# EvalSettings lives in evaluation/settings.py so that config.py can read its fields without
+# importing this module (which would close the cycle config -> evaluate -> checkpoint -> config).
 
 
 def check_model(m: model_lib.AOGPT, s: EvalSettings) -> None:

@@ -21,7 +21,7 @@ from flax import nnx
 
 from aogpt_jax.layers import FULL
 from aogpt_jax.orders import ranks
-from aogpt_jax.model import AOGPT, NO_TARGET, ModelConfig, token_nll
+from aogpt_jax.model import AOGPT, NO_TARGET, ModelConfig, nll_from_logits
 
 
 def encoder_config(cfg: ModelConfig) -> ModelConfig:
@@ -50,81 +50,103 @@ def mask_id(cfg: ModelConfig) -> int:
   return cfg.valid_vocab_size
 
 
-def _inputs(m: AOGPT, tokens: jax.Array):
+def _inputs(model: AOGPT, tokens: jax.Array):
   b, n = tokens.shape
-  if n > m.cfg.block_size:
-    raise ValueError(f"sequence length {n} exceeds model.block_size {m.cfg.block_size}")
+  if n > model.cfg.block_size:
+    raise ValueError(f"sequence length {n} exceeds model.block_size {model.cfg.block_size}")
   pos = jnp.broadcast_to(jnp.arange(1, n + 1, dtype=jnp.int32), (b, n))
   return pos, jnp.full((b, n), NO_TARGET, jnp.int32)
 
 
-def encoder_hidden(m: AOGPT, tokens: jax.Array, *, dropout_key=None) -> jax.Array:
+def encoder_hidden(model: AOGPT, tokens: jax.Array, *, dropout_key=None) -> jax.Array:
   """Final hidden states [B, n, d] of the bidirectional encoder (tokens may hold [MASK])."""
-  pos, tgt = _inputs(m, tokens)
-  h, _ = m.encode(tokens.astype(jnp.int32), pos, tgt, mask=FULL, dropout_key=dropout_key)
+  pos, tgt = _inputs(model, tokens)
+  h, _ = model.encode(tokens.astype(jnp.int32), pos, tgt, mask=FULL, dropout_key=dropout_key)
   return h
 
 
-def encoder_logits(m: AOGPT, tokens: jax.Array, *, dropout_key=None) -> jax.Array:
+def encoder_logits(model: AOGPT, tokens: jax.Array, *, dropout_key=None) -> jax.Array:
   """Logits [B, n, V] at every position (padding ids and [MASK] at -inf)."""
-  h = encoder_hidden(m, tokens, dropout_key=dropout_key)
-  return m.head(h, jnp.full(tokens.shape, NO_TARGET, jnp.int32))
+  h = encoder_hidden(model, tokens, dropout_key=dropout_key)
+  return model.head(h, jnp.full(tokens.shape, NO_TARGET, jnp.int32))
+
+
+def masked_tokens(cfg: ModelConfig, tokens: jax.Array, masked: jax.Array) -> jax.Array:
+  """The encoder's input: [MASK] where ``masked``, else the token (int32, shaped like
+  ``tokens``)."""
+  return jnp.where(masked, mask_id(cfg), tokens).astype(jnp.int32)
+
+
+def masked_logits(model: AOGPT, tokens: jax.Array, masked: jax.Array,
+                  positions: jax.Array) -> jax.Array:
+  """The encoder's masked forward: logits [B, Q, V] at ``positions`` [B, Q] from ONE
+  bidirectional forward of ``tokens`` [B, n] with [MASK] where ``masked`` [B, n] (the head runs
+  at those Q positions only). Used by `exact_order_nll` and the encoder sampler."""
+  h = encoder_hidden(model, masked_tokens(model.cfg, tokens, masked))
+  hq = jnp.take_along_axis(h, positions[..., None], axis=1)
+  return model.head(hq, jnp.full(positions.shape, NO_TARGET, jnp.int32))
+
+
+def stratified_times(u: jax.Array, index: jax.Array, count: int) -> jax.Array:
+  """The antithetic (stratified) time draw: ``t_i = 1 - ((u + i/count) mod 1)`` in (0, 1], so
+  ``count`` times from one uniform ``u`` are evenly spread (a lower-variance ELBO estimate).
+  Used over a batch (`draw_masks`) and over a block's ELBO samples (`encoder_nll.elbo_masks`)."""
+  return 1.0 - (u + index / count) % 1.0
+
+
+def masks_at(key: jax.Array, t: jax.Array, length: int) -> jax.Array:
+  """bool [..., length]: each position masked independently with probability ``t`` [...]."""
+  return jax.random.uniform(key, t.shape + (length,)) < t[..., None]
 
 
 def draw_masks(key: jax.Array, batch: int, length: int, *, antithetic: bool = True):
-  """(t float32[B] in (0, 1], masked bool[B, n]). Antithetic: t_b = 1 - ((u + b/B) mod 1), one
-  uniform u shared by the batch, so the t's are evenly spread (lower-variance estimate)."""
+  """(t float32[B] in (0, 1], masked bool[B, n]). Antithetic: `stratified_times` over the batch
+  (one uniform u shared by the batch); otherwise t_b = 1 - u_b, one uniform per row."""
   k_t, k_m = jax.random.split(key)
   if antithetic:
-    u = (jax.random.uniform(k_t, ()) + jnp.arange(batch) / batch) % 1.0
+    t = stratified_times(jax.random.uniform(k_t, ()), jnp.arange(batch), batch)
   else:
-    u = jax.random.uniform(k_t, (batch,))
-  t = 1.0 - u
-  masked = jax.random.uniform(k_m, (batch, length)) < t[:, None]
-  return t, masked
+    t = 1.0 - jax.random.uniform(k_t, (batch,))
+  return t, masks_at(k_m, t, length)
 
 
-def weighted_nll(m: AOGPT, tokens: jax.Array, masked: jax.Array, t: jax.Array, *,
+def weighted_nll(model: AOGPT, tokens: jax.Array, masked: jax.Array, t: jax.Array, *,
                  dropout_key=None) -> jax.Array:
   """Per-sequence ELBO terms [B]: (1/t) * sum of -log p(x_i | unmasked) over masked i."""
-  inp = jnp.where(masked, mask_id(m.cfg), tokens)
-  nll = token_nll(encoder_logits(m, inp, dropout_key=dropout_key), tokens)
+  inp = masked_tokens(model.cfg, tokens, masked)
+  nll = nll_from_logits(encoder_logits(model, inp, dropout_key=dropout_key), tokens)
   return jnp.sum(jnp.where(masked, nll, 0.0), axis=-1) / t
 
 
-def mdm_loss(m: AOGPT, tokens: jax.Array, key: jax.Array, *, antithetic: bool = True,
+def mdm_loss(model: AOGPT, tokens: jax.Array, key: jax.Array, *, antithetic: bool = True,
              dropout_key=None) -> tuple[jax.Array, jax.Array]:
   """Training loss per token (mean over the batch of the ELBO terms / n) and the terms [B]."""
   t, masked = draw_masks(key, *tokens.shape, antithetic=antithetic)
-  terms = weighted_nll(m, tokens, masked, t, dropout_key=dropout_key)
+  terms = weighted_nll(model, tokens, masked, t, dropout_key=dropout_key)
   return jnp.mean(terms) / tokens.shape[1], terms
 
 
-def elbo_samples(m: AOGPT, tokens: jax.Array, key: jax.Array, num_samples: int, *,
+def elbo_samples(model: AOGPT, tokens: jax.Array, key: jax.Array, num_samples: int, *,
                  antithetic: bool = True) -> jax.Array:
   """[num_samples, B] Monte Carlo estimates of each sequence's negative ELBO (nats); their mean
   is the NLL upper bound and their spread gives a confidence interval."""
   def one(k):
     t, masked = draw_masks(k, *tokens.shape, antithetic=antithetic)
-    return weighted_nll(m, tokens, masked, t)
+    return weighted_nll(model, tokens, masked, t)
 
   return jax.lax.map(one, jax.random.split(key, num_samples))
 
 
-def exact_order_nll(m: AOGPT, tokens: jax.Array, order: jax.Array) -> jax.Array:
+def exact_order_nll(model: AOGPT, tokens: jax.Array, order: jax.Array) -> jax.Array:
   """Any-order NLL of the encoder for given orders: per-token NLL [B, n] in order space,
   ``out[b, r] = -log p(x_{order[b, r]} | x_{order[b, :r]})``, one bidirectional forward per rank
   (n forwards: the encoder cannot share work between ranks, unlike the decoder)."""
-  b, n = tokens.shape
+  n = tokens.shape[1]
   rank = ranks(order)
-  mid = mask_id(m.cfg)
-  rows = jnp.arange(b)
 
   def one_rank(r):
-    inp = jnp.where(rank >= r, mid, tokens)        # positions at rank >= r are still masked
-    h = encoder_hidden(m, inp)
-    pos = order[:, r]
-    logits = m.head(h[rows, pos][:, None], jnp.full((b, 1), NO_TARGET, jnp.int32))[:, 0]
-    return token_nll(logits, tokens[rows, pos])
+    pos = order[:, r][:, None]                     # positions at rank >= r are still masked
+    logits = masked_logits(model, tokens, rank >= r, pos)[:, 0]
+    return nll_from_logits(logits, jnp.take_along_axis(tokens, pos, axis=1)[:, 0])
 
   return jax.lax.map(one_rank, jnp.arange(n)).T

@@ -1,6 +1,7 @@
 """AO-GPT: a decoder-only transformer conditioned on the position of the token it predicts next.
 
-Sequence layout (DESIGN.md section 1), one slot per token in sigma order:
+Sequence layout (docs/method.md, "Slot layout"; the rules live in orders.py), one slot per token
+in sigma order:
   slot 0 = START (learned vector, position-embedding row 0); slot r = token x_{order[r-1]} plus the
   embedding of its original position order[r-1] + 1; slot r is conditioned on the target position
   order[r] and its output predicts x_{order[r]}. Attention is causal over slots.
@@ -38,8 +39,8 @@ from aogpt_jax.layers import (ATTENTION_IMPLS, BATCH, HEADS, MLP_ACT, Dense, Emb
                               attention, constrain, matmul, resolve_attention_impl, trunc_normal)
 
 TARGETS = ("adaln", "sigma_gpt", "repeat", "per_block", "none")
-START = -1      # slot token id meaning "the START vector"
-NO_TARGET = -1  # slot target meaning "no conditioning" (zero vector)
+START = orders_lib.START          # slot token id meaning "the START vector"
+NO_TARGET = orders_lib.NO_TARGET  # slot target meaning "no conditioning" (zero vector)
 RESIDUAL_DTYPE = jnp.float32  # residual stream (embeddings, adds, norms) under any compute dtype
 
 # KV cache: one (k, v) pair per layer, each [batch, cache_len, n_head, head_dim].
@@ -309,6 +310,12 @@ class AOGPT(nnx.Module):
     elif cfg.head_bias:
       self.lm_head_bias = nnx.Param(jnp.zeros((cfg.vocab_size,), pdt), logical_axes=("vocab",))
 
+  @property
+  def start_vector(self) -> nnx.Param:
+    """The learned START vector [d], rank-slot 0's input. Stored as ``wnone`` (the published
+    ``wnonee``) so that checkpoints and converted weights keep loading."""
+    return self.wnone
+
   # ------------------------------------------------------------------ general slot interface
 
   def encode(self, slot_tokens: jax.Array, slot_pos: jax.Array, slot_tgt: jax.Array, *,
@@ -331,7 +338,8 @@ class AOGPT(nnx.Module):
       raise ValueError("encode: a cache needs an explicit mask")
     dtype = jnp.dtype(cfg.dtype)
     tok = self.wte(jnp.maximum(slot_tokens, 0))
-    x = jnp.where((slot_tokens == START)[..., None], self.wnone[...].astype(RESIDUAL_DTYPE), tok)
+    x = jnp.where((slot_tokens == START)[..., None], self.start_vector[...].astype(RESIDUAL_DTYPE),
+                  tok)
     x = x + self.wpe(slot_pos)
     cond_table = None
     if cfg.target == "adaln":
@@ -414,9 +422,8 @@ class AOGPT(nnx.Module):
       return h
     slot_tokens, slot_pos, slot_tgt, mask = mask_slots(tokens, order)
     h, _ = self.encode(slot_tokens, slot_pos, slot_tgt, mask=mask, dropout_key=dropout_key)
-    # The slot of rank r is START (r = 0) or the token at position order[r - 1].
-    b = tokens.shape[0]
-    idx = jnp.concatenate([jnp.zeros((b, 1), jnp.int32), order[:, :-1] + 1], axis=1)
+    # Back to order space: in the original-order layout, rank-slot r sits at its position row.
+    _, idx = orders_lib.rank_slot_source(order, orders_lib.all_ranks(order))
     return jnp.take_along_axis(h, idx[..., None], axis=1)
 
   def _check_shapes(self, tokens, order):
@@ -433,32 +440,32 @@ def _run_block(block, x, slot_tgt, cond_table, mask, cache, write_index, dropout
 
 
 def gather_slots(tokens: jax.Array, order: jax.Array):
-  """Slots in order space for the gather path: n slots (the last token is never an input)."""
-  b = tokens.shape[0]
-  start = jnp.full((b, 1), START, jnp.int32)
-  slot_tokens = jnp.concatenate([start, orders_lib.permute(tokens, order)[:, :-1]], axis=1)
-  slot_pos = jnp.concatenate([jnp.zeros((b, 1), jnp.int32), order[:, :-1] + 1], axis=1)
-  return slot_tokens.astype(jnp.int32), slot_pos.astype(jnp.int32), order.astype(jnp.int32)
+  """Slots in order space for the gather path: rank-slots 0..n-1 (the last token is never an
+  input), rank-slot r targeting ``order[r]``."""
+  rank = orders_lib.all_ranks(order)
+  slot_tokens, slot_pos = orders_lib.rank_slots(order, tokens, rank)
+  return slot_tokens, slot_pos, orders_lib.slot_target(order, rank)
 
 
 def mask_slots(tokens: jax.Array, order: jax.Array):
-  """Slots in original order ``[START, x_0, ..., x_{n-1}]`` with the rank mask (mask path)."""
+  """Slots in original order ``[START, x_0, ..., x_{n-1}]`` with the rank mask (mask path): the
+  slot of position p is rank-slot ``ranks(order)[p] + 1`` (START is rank-slot 0), so it targets
+  `slot_target` of that rank (none for the last token)."""
   b, n = tokens.shape
-  r = orders_lib.ranks(order)
-  nxt = jnp.concatenate([order, jnp.full((b, 1), NO_TARGET, order.dtype)], axis=1)
-  tgt_tokens = jnp.take_along_axis(nxt, r + 1, axis=1)   # target of the token at position p
+  rank = orders_lib.slot_ranks(order)                       # [B, n+1]
   slot_tokens = jnp.concatenate([jnp.full((b, 1), START, jnp.int32), tokens], axis=1)
   slot_pos = jnp.broadcast_to(jnp.arange(n + 1, dtype=jnp.int32), (b, n + 1))
-  slot_tgt = jnp.concatenate([order[:, :1], tgt_tokens], axis=1)
+  slot_tgt = jnp.where(rank < n, orders_lib.slot_target(order, rank), NO_TARGET)
   return (slot_tokens.astype(jnp.int32), slot_pos, slot_tgt.astype(jnp.int32),
-          orders_lib.rank_mask(order))
+          orders_lib.mask_from_ranks(rank, rank))
 
 
 # ----------------------------------------------------------------------------- loss
 
 
-def token_nll(logits: jax.Array, targets: jax.Array) -> jax.Array:
-  """-log softmax(logits)[target], in fp32."""
+def nll_from_logits(logits: jax.Array, targets: jax.Array) -> jax.Array:
+  """Cross-entropy per token: -log softmax(logits)[target], in fp32 (not to be confused with
+  `evaluation.perplexity.token_nll`, which runs a model over evaluation blocks)."""
   logits = logits.astype(jnp.float32)
   lse = jax.nn.logsumexp(logits, axis=-1)
   return lse - jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
@@ -476,7 +483,7 @@ def loss(m: AOGPT, tokens: jax.Array, order: jax.Array, *,
     w, b = m.output_layer()
     return cross_entropy.fused_mean_nll(x, w, b, targets, valid_vocab=cfg.vocab_size,
                                         chunk=cfg.loss_chunk, dtype=cfg.dtype)
-  per_token = token_nll(m(tokens, order, dropout_key=dropout_key), targets)
+  per_token = nll_from_logits(m(tokens, order, dropout_key=dropout_key), targets)
   return jnp.mean(per_token), per_token
 
 

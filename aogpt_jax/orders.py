@@ -172,3 +172,55 @@ def mask_from_ranks(query_ranks: jax.Array, key_ranks: jax.Array) -> jax.Array:
   """``allowed[b, a, c] = key_ranks[b, c] <= query_ranks[b, a]``: the general "who may see whom"
   mask of any partial order given by ranks (ties see each other)."""
   return key_ranks[:, None, :] <= query_ranks[:, :, None]
+
+
+# ----------------------------------------------------------------------------- slot layout
+# The index rules of the slot layout (docs/method.md, "Slot layout"), each written once. In the
+# paper's 1-indexed notation sigma_i = order[i - 1]. All take ``order`` [..., n] and ranks shaped
+# [..., S] with the same leading dims, and return int32 arrays shaped like the ranks.
+
+START = -1      # slot token id meaning "the START vector"
+NO_TARGET = -1  # slot target meaning "no conditioning" (zero vector)
+
+
+def all_ranks(order: jax.Array) -> jax.Array:
+  """int32 ``[..., n]``: ranks 0..n-1 in every row (every rank-slot of a full sequence)."""
+  return jnp.broadcast_to(jnp.arange(order.shape[-1], dtype=jnp.int32), order.shape)
+
+
+def rank_slot_source(order: jax.Array, rank: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """The rank-slot rule, order part: rank-slot r holds START (r = 0) or the token x_{sigma_r} at
+  position ``order[r - 1]``, with position-embedding row 0 (START) or ``order[r - 1] + 1``.
+  Returns (source position, position row); the source is meaningless where ``rank == 0``."""
+  n = order.shape[-1]
+  src = jnp.take_along_axis(order, jnp.clip(rank - 1, 0, n - 1), axis=-1)
+  return src.astype(jnp.int32), jnp.where(rank == 0, 0, src + 1).astype(jnp.int32)
+
+
+def rank_slot_tokens(tokens: jax.Array, src: jax.Array, is_start: jax.Array) -> jax.Array:
+  """The rank-slot rule, token part: START where ``is_start`` (rank 0), else ``tokens[src]``
+  (``tokens`` in ORIGINAL order, ``src`` from `rank_slot_source`)."""
+  return jnp.where(is_start, START, jnp.take_along_axis(tokens, src, axis=-1)).astype(jnp.int32)
+
+
+def rank_slots(order: jax.Array, tokens: jax.Array, rank: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """(token id, position row) of rank-slots ``rank``: `rank_slot_source` + `rank_slot_tokens`."""
+  src, pos = rank_slot_source(order, rank)
+  return rank_slot_tokens(tokens, src, rank == 0), pos
+
+
+def slot_target(order: jax.Array, rank: jax.Array) -> jax.Array:
+  """The target rule: the slot that predicts the token of rank r (rank-slot r, or a query for
+  rank r) is conditioned on its position ``order[r]`` = sigma_{r+1}. Ranks are clipped to
+  0..n-1; callers set NO_TARGET where a slot predicts nothing."""
+  n = order.shape[-1]
+  return jnp.take_along_axis(order, jnp.clip(rank, 0, n - 1), axis=-1).astype(jnp.int32)
+
+
+def query_ranks(known: jax.Array, first_query: jax.Array, width: int) -> jax.Array:
+  """The query-target rule of parallel generation (Figure 10): in a pass over a step with
+  ``known`` [B] committed tokens, query j (j < ``width``) predicts the token of rank
+  ``known + first_query + j`` (``first_query`` [B] > 0 when a step's queries are split over
+  passes); its target is ``slot_target(order, query_ranks(...))``. int32 [B, width]."""
+  j = jnp.arange(width, dtype=jnp.int32)[None, :]
+  return (known[:, None].astype(jnp.int32) + first_query[:, None].astype(jnp.int32) + j)

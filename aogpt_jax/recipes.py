@@ -1,6 +1,7 @@
 """Training recipes: the shared base of every file in configs/.
 
-* `paper(size, ...)`: the published AO-GPT recipe (DESIGN section 1 and the released configs):
+* `paper(size, ...)`: the published AO-GPT recipe (docs/method.md, "Training recipe", and the
+  released configs):
   AdamW(0.9, 0.95), weight decay 0.05, lr 6e-4 (Small) / 3e-4 (Medium), 2000 warmup steps,
   cosine to min_lr 6e-5 (both sizes, as released) over 500k steps, clip 1.0, 1024 x 1024 = 1M
   tokens per step, bf16 compute, EMA 0.9999, OpenWebText with the GPT-2 tokenizer.

@@ -49,7 +49,7 @@ def head_flops(cfg: model_lib.ModelConfig) -> float:
 
 def fast_flops(cfg, n, ranks, max_m, blocks, layout, num_buckets) -> float:
   total = 0.0
-  for g in ens.plan(ranks, n, layout, num_buckets):
+  for g in ens.pack_prefixes(ranks, n, layout, num_buckets):
     rows = len(g.ranks) * (max_m - 1) * blocks
     total += rows * (g.row_len * slot_flops(cfg, g.row_len) + g.ranks.shape[1] * head_flops(cfg))
   return total
@@ -127,7 +127,7 @@ def main() -> None:
   nll_naive = ens.ensemble_nll(naive[:, sel], ms).mean(axis=(1, 2))
 
   graphdef, params = nnx.split(m)
-  g0 = ens.plan(ranks, a.n, a.layout, a.num_buckets)
+  g0 = ens.pack_prefixes(ranks, a.n, a.layout, a.num_buckets)
   xla_fast = 0.0
   for g in g0:
     items = len(g.ranks) * (a.max_m - 1) * a.blocks

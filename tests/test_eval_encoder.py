@@ -5,6 +5,7 @@ rows next to an AO-GPT's."""
 
 import json
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -74,6 +75,26 @@ def test_elbo_masks_rates_and_stratified_times():
   ts = np.array([np.asarray(enc.elbo_masks(1, ids[:3], 8, k, num_samples=8, stratified=True)[0])
                  for k in range(8)])                              # [K, B]
   np.testing.assert_allclose(np.diff(np.sort(ts, axis=0), axis=0), 1 / 8, atol=1e-6)
+
+
+def test_elbo_masks_are_the_documented_draw():
+  """Sample k of block id: t and mask from the halves of fold_in(fold_in(fold_in(key(seed),
+  ELBO_STREAM), id), k); stratified t_k = 1 - ((u_b + k/K) mod 1), u_b from the SHIFT stream."""
+  seed, ids, n, k, num = 5, jnp.array([7, 2], jnp.uint32), 6, 3, 4
+  for stratified in (False, True):
+    t, masked = map(np.asarray, enc.elbo_masks(seed, ids, n, k, num_samples=num,
+                                               stratified=stratified))
+    for row, bid in enumerate(np.asarray(ids)):
+      base = jax.random.fold_in(jax.random.key(seed), enc.ELBO_STREAM)
+      k_t, k_m = jax.random.split(jax.random.fold_in(jax.random.fold_in(base, bid), k))
+      if stratified:
+        shift = jax.random.fold_in(jax.random.key(seed), enc.SHIFT_STREAM)
+        u_b = float(jax.random.uniform(jax.random.fold_in(shift, bid), ()))
+        want = 1.0 - (u_b + k / num) % 1.0
+      else:
+        want = 1.0 - float(jax.random.uniform(k_t, ()))
+      np.testing.assert_allclose(t[row], want, atol=1e-6)
+      np.testing.assert_array_equal(masked[row], np.asarray(jax.random.uniform(k_m, (n,))) < t[row])
 
 
 def test_elbo_row_converges_to_the_exact_elbo_inside_its_interval():

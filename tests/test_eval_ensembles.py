@@ -54,7 +54,7 @@ def test_rank_subset_and_nesting(setup, naive):
 def test_identity_ordering_of_the_prefix_kernel_is_the_base(setup, layout):
   """j = 0 through the prefix kernel reproduces the full base forward at every rank."""
   m, x, ids, sigma, base = setup
-  g = ens.plan(range(N), N, layout, num_buckets=1)[0]
+  g = ens.pack_prefixes(range(N), N, layout, num_buckets=1)[0]
   items = len(g.ranks) * 2
   graphdef, params = nnx.split(m)
   logp = ens._packed_logp(graphdef, params, jnp.asarray(x), jnp.asarray(sigma), jnp.asarray(ids),
@@ -95,18 +95,18 @@ def test_context_permutations():
 def test_plans_cover_every_rank_once():
   for n in (1, 2, 7, 10, 256):
     for layout in ("pairs", "buckets"):
-      groups = ens.plan(range(n), n, layout, num_buckets=4)
+      groups = ens.pack_prefixes(range(n), n, layout, num_buckets=4)
       ranks = np.concatenate([g.ranks.ravel() for g in groups])
       assert sorted(ranks[ranks >= 0]) == list(range(n))
       for g in groups:
         lens = np.where(g.ranks >= 0, g.ranks + 1, 0).sum(1)
         assert lens.max() <= g.row_len
-    pairs = ens.plan(range(n), n, "pairs")[0]
+    pairs = ens.pack_prefixes(range(n), n, "pairs")[0]
     assert pairs.row_len == n + 1 and len(pairs.ranks) == (n + 1) // 2
   with pytest.raises(ValueError, match="ensemble_layout"):
-    ens.plan([1], 4, "nope")
+    ens.pack_prefixes([1], 4, "nope")
   with pytest.raises(ValueError, match=r"\[0, 4\)"):
-    ens.plan([4], 4)
+    ens.pack_prefixes([4], 4)
 
 
 def test_m_values():

@@ -81,6 +81,21 @@ def test_draw_masks_rates_and_antithetic_spread():
   assert np.diff(np.sort(np.asarray(t2))).std() > 1e-4
 
 
+def test_draw_masks_is_the_stratified_rule_with_its_keys():
+  """The draw pinned value by value: t_b = 1 - ((u + b/B) mod 1) (float64 here), u and the mask
+  uniforms from the two halves of the key."""
+  key, b, n = jax.random.key(3), 6, 5
+  k_t, k_m = jax.random.split(key)
+  for antithetic in (True, False):
+    t, masked = map(np.asarray, mdm.draw_masks(key, b, n, antithetic=antithetic))
+    if antithetic:
+      want = 1.0 - np.mod(float(jax.random.uniform(k_t, ())) + np.arange(b) / b, 1.0)
+    else:
+      want = 1.0 - np.asarray(jax.random.uniform(k_t, (b,)), np.float64)
+    np.testing.assert_allclose(t, want, atol=1e-6)
+    np.testing.assert_array_equal(masked, np.asarray(jax.random.uniform(k_m, (b, n))) < t[:, None])
+
+
 def test_elbo_equals_order_averaged_any_order_nll_and_mc_estimate_converges():
   m = tiny_encoder(n=4, seed=3)
   tokens = jnp.array([[1, 3, 0, 2], [2, 2, 1, 0]], jnp.int32)

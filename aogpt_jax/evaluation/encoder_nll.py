@@ -56,11 +56,10 @@ def elbo_masks(seed, ids: jax.Array, n: int, sample_index, *, num_samples: int,
     k_t, k_m = jax.random.split(jax.random.fold_in(jax.random.fold_in(base, bid), sample_index))
     if stratified:
       u_b = jax.random.uniform(jax.random.fold_in(shift, bid), ())
-      u = (u_b + sample_index / num_samples) % 1.0
+      t = mdm.stratified_times(u_b, sample_index, num_samples)
     else:
-      u = jax.random.uniform(k_t, ())
-    t = 1.0 - u
-    return t, jax.random.uniform(k_m, (n,)) < t
+      t = 1.0 - jax.random.uniform(k_t, ())
+    return t, mdm.masks_at(k_m, t, n)
 
   return jax.vmap(one)(ids)
 

@@ -24,6 +24,9 @@ head of the last slot only. Prefixes are packed into fixed-size rows: ``layout="
 attention, flash-capable on GPU; at most one bucket width of padding); ``layout="pairs"`` puts
 the prefixes of ranks i and n-1-i in one row of n + 1 slots under a block-diagonal causal mask
 (no padding, one compiled shape, but explicit-mask attention: slower on CPU).
+
+`eq4_reference` (below) is Eq. 4 for one target in a few plain lines; `naive_logp` is the
+batched version of the same full-forward computation. See docs/method.md, "Estimators".
 """
 
 from __future__ import annotations
@@ -39,9 +42,27 @@ import numpy as np
 from flax import nnx
 
 from aogpt_jax import model as model_lib
+from aogpt_jax import orders as orders_lib
 from aogpt_jax.evaluation import perplexity as ppl_lib
 
 LAYOUTS = ("pairs", "buckets")
+
+
+def eq4_reference(model: model_lib.AOGPT, tokens: jax.Array, sigma: jax.Array, i: int,
+                  context_orders: jax.Array) -> jax.Array:
+  """Reference for the paper's Eq. 4 at one target, written plainly (one full forward per
+  ordering): ``-log (1/M) sum_j p(x_{sigma[i]} | x at sigma[:i] fed in ordering j)``.
+
+  tokens int [n] (original order); sigma int [n]: the base order, target at rank ``i``;
+  context_orders int [M, i]: M orderings of the context positions ``sigma[:i]`` (each token
+  keeps its own position). Ordering j is run as the full order ``(context_orders[j],
+  sigma[i:])``, whose rank-slot i predicts the target. The fast path (`ensemble_logp` +
+  `ensemble_nll`) is tested equal to this (tests/test_ensembles_eq4.py)."""
+  M, n = context_orders.shape[0], tokens.shape[0]
+  orders = jnp.concatenate([context_orders, jnp.broadcast_to(sigma[i:], (M, n - i))], axis=1)
+  logits = model(jnp.broadcast_to(tokens, (M, n)), orders.astype(jnp.int32))[:, i]
+  logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)[:, tokens[sigma[i]]]
+  return -(jax.nn.logsumexp(logp) - math.log(M))
 
 
 def ensemble_key(seed, block_id) -> jax.Array:
@@ -78,7 +99,8 @@ class Group:
   masked: bool
 
 
-def plan(ranks: Sequence[int], n: int, layout: str = "buckets", num_buckets: int = 16) -> list[Group]:
+def pack_prefixes(ranks: Sequence[int], n: int, layout: str = "buckets",
+                  num_buckets: int = 16) -> list[Group]:
   """Packs the prefixes (rank i -> i + 1 slots) of ``ranks`` into rows (see the module doc)."""
   rs = sorted(set(int(r) for r in ranks))
   if not rs:
@@ -115,11 +137,14 @@ def _segment_slots(tokens, sigma, ekey, j, ranks, row_len):
   seqs = jax.vmap(lambda i: sigma[context_permutation(ekey, i, j, n)])(jnp.maximum(ranks, 0))
   k = s - starts[g]
   valid = (seg < ranks.shape[0]) & (k >= 0) & (k <= ranks[g])
-  prev = seqs[g, jnp.clip(k - 1, 0, n - 1)]                             # context token held
-  cur = seqs[g, jnp.clip(k, 0, n - 1)]                                   # its target position
-  first = k == 0
-  tok = jnp.where(valid & ~first, tokens[prev], model_lib.START)
-  pos = jnp.where(valid & ~first, prev + 1, 0)
+  # Slot s of segment g is rank-slot k = s - starts[g] of that segment's ordering seqs[g]; the
+  # rules are evaluated for every segment (G <= 2) and the slot's own segment picked.
+  k_all = s[None, :] - starts[:, None]                                   # [G, S]
+  pick = lambda a: jnp.take_along_axis(a, g[None, :], axis=0)[0]
+  src, pos = (pick(a) for a in orders_lib.rank_slot_source(seqs, k_all))
+  cur = pick(orders_lib.slot_target(seqs, k_all))                        # its target position
+  tok = jnp.where(valid, orders_lib.rank_slot_tokens(tokens, src, k == 0), model_lib.START)
+  pos = jnp.where(valid, pos, 0)
   tgt = jnp.where(valid, cur, model_lib.NO_TARGET)
   seg = jnp.where(valid, seg, ranks.shape[0] + s)                        # padding: own segment
   query = starts + jnp.maximum(ranks, 0)
@@ -130,7 +155,7 @@ def _segment_slots(tokens, sigma, ekey, j, ranks, row_len):
 @functools.partial(jax.jit, static_argnames=("graphdef", "row_len", "masked"))
 def _packed_logp(graphdef, params, tokens, sigma, ids, seed, item_b, item_j, item_ranks, *,
                  row_len, masked):
-  m = nnx.merge(graphdef, params)
+  model = nnx.merge(graphdef, params)
   ekeys = jax.vmap(lambda b: ensemble_key(seed, b))(ids)
   tok, pos, tgt, seg, query, label = jax.vmap(
       lambda b, j, r: _segment_slots(tokens[b], sigma[b], ekeys[b], j, r, row_len))(
@@ -139,31 +164,30 @@ def _packed_logp(graphdef, params, tokens, sigma, ids, seed, item_b, item_j, ite
   if masked:
     s = jnp.arange(row_len)
     mask = (seg[:, :, None] == seg[:, None, :]) & (s[None, None, :] <= s[None, :, None])
-  h, _ = m.encode(tok, pos, tgt, mask=mask)
+  h, _ = model.encode(tok, pos, tgt, mask=mask)
   hq = jnp.take_along_axis(h, query[..., None], axis=1)                 # [I, G, d]
   tq = jnp.take_along_axis(tgt, query, axis=1)
-  return -model_lib.token_nll(m.head(hq, tq), label)                   # log p, [I, G]
+  return -model_lib.nll_from_logits(model.head(hq, tq), label)       # log p, [I, G]
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "path"))
 def _naive_logp(graphdef, params, tokens, sigma, ids, seed, item_b, item_i, item_j, *, path):
   """Reference: one full-length forward per (block, i, j); keeps logit row i."""
-  m = nnx.merge(graphdef, params)
+  model = nnx.merge(graphdef, params)
   n = tokens.shape[1]
   x = tokens[item_b]
   order = jax.vmap(lambda b, i, j: sigma[b][context_permutation(ensemble_key(seed, ids[b]), i, j,
                                                                  n)])(item_b, item_i, item_j)
   if path == "gather":
-    logits, _ = m.forward_slots(*model_lib.gather_slots(x, order))
+    logits, _ = model.forward_slots(*model_lib.gather_slots(x, order))
     row = item_i
   else:
     tok, pos, tgt, mask = model_lib.mask_slots(x, order)
-    logits, _ = m.forward_slots(tok, pos, tgt, mask=mask)
-    row = jnp.where(item_i == 0, 0, jnp.take_along_axis(order, jnp.maximum(item_i - 1, 0)[:, None],
-                                                        axis=1)[:, 0] + 1)
+    logits, _ = model.forward_slots(tok, pos, tgt, mask=mask)
+    row = orders_lib.rank_slot_source(order, item_i[:, None])[1][:, 0]   # rank-slot i's row
   lg = jnp.take_along_axis(logits, row[:, None, None], axis=1)[:, 0]
   label = jnp.take_along_axis(x, jnp.take_along_axis(order, item_i[:, None], axis=1), axis=1)[:, 0]
-  return -model_lib.token_nll(lg, label)
+  return -model_lib.nll_from_logits(lg, label)
 
 
 def _chunks(arrays: Sequence[np.ndarray], size: int):
@@ -176,9 +200,9 @@ def _chunks(arrays: Sequence[np.ndarray], size: int):
     yield a, min(size, total - a), part
 
 
-def ensemble_logp(m: model_lib.AOGPT, tokens, ids, sigma, base_logp, *, max_m: int, seed: int = 0,
-                  ranks: Sequence[int] | None = None, rows: Sequence[int] | None = None,
-                  layout: str = "buckets", num_buckets: int = 16,
+def ensemble_logp(model: model_lib.AOGPT, tokens, ids, sigma, base_logp, *, max_m: int,
+                  seed: int = 0, ranks: Sequence[int] | None = None,
+                  rows: Sequence[int] | None = None, layout: str = "buckets", num_buckets: int = 16,
                   slots_per_call: int = 16384) -> np.ndarray:
   """float32 [B, n, max_m] log-probabilities: column 0 is ``base_logp`` [B, n] (order space),
   column j >= 1 the prefix forward of ordering j. Only ``ranks`` (default all) of ``rows``
@@ -191,9 +215,9 @@ def ensemble_logp(m: model_lib.AOGPT, tokens, ids, sigma, base_logp, *, max_m: i
   rows = list(range(b)) if rows is None else list(rows)
   if max_m == 1 or not rows:
     return out
-  graphdef, params = nnx.split(m)
+  graphdef, params = nnx.split(model)
   args = (jnp.asarray(tokens), jnp.asarray(sigma, jnp.int32), jnp.asarray(ids), jnp.uint32(seed))
-  for group in plan(ranks, n, layout, num_buckets):
+  for group in pack_prefixes(ranks, n, layout, num_buckets):
     rb, jj, rr = np.meshgrid(np.array(rows, np.int32), np.arange(1, max_m, dtype=np.int32),
                              np.arange(len(group.ranks), dtype=np.int32), indexing="ij")
     item_b, item_j, item_r = rb.ravel(), jj.ravel(), group.ranks[rr.ravel()]
@@ -209,7 +233,7 @@ def ensemble_logp(m: model_lib.AOGPT, tokens, ids, sigma, base_logp, *, max_m: i
   return out
 
 
-def naive_logp(m: model_lib.AOGPT, tokens, ids, sigma, *, max_m: int, seed: int = 0,
+def naive_logp(model: model_lib.AOGPT, tokens, ids, sigma, *, max_m: int, seed: int = 0,
                ranks: Sequence[int] | None = None, js: Sequence[int] | None = None,
                path: str = "mask", items_per_call: int = 16) -> np.ndarray:
   """The reference estimator: [B, n, max_m] log p from one full forward per (block, i, j)
@@ -218,7 +242,7 @@ def naive_logp(m: model_lib.AOGPT, tokens, ids, sigma, *, max_m: int, seed: int 
   b, n = tokens.shape
   ranks = list(range(n)) if ranks is None else list(ranks)
   out = np.full((b, n, max_m), np.nan, np.float32)
-  graphdef, params = nnx.split(m)
+  graphdef, params = nnx.split(model)
   args = (jnp.asarray(tokens), jnp.asarray(sigma, jnp.int32), jnp.asarray(ids), jnp.uint32(seed))
   gb, gi, gj = (x.ravel().astype(np.int32) for x in np.meshgrid(
       np.arange(b), np.array(ranks), np.array(list(range(max_m)) if js is None else js),
@@ -234,14 +258,14 @@ def ensemble_nll(logp: np.ndarray, ms: Sequence[int]) -> np.ndarray:
   """float64 [len(ms), B, n]: -log of the mean probability over the first M orderings."""
   lp = np.asarray(logp, np.float64)
   res = []
-  for mm in ms:
-    top = np.max(lp[..., :mm], axis=-1, keepdims=True)
-    lse = top[..., 0] + np.log(np.sum(np.exp(lp[..., :mm] - top), axis=-1))
-    res.append(-(lse - math.log(mm)))
+  for size in ms:                      # M of Eq. 4: average over the first M orderings
+    top = np.max(lp[..., :size], axis=-1, keepdims=True)
+    lse = top[..., 0] + np.log(np.sum(np.exp(lp[..., :size] - top), axis=-1))
+    res.append(-(lse - math.log(size)))
   return np.stack(res)
 
 
-def ensemble_perplexity(m: model_lib.AOGPT, batches: Iterable[Mapping[str, Any]], *,
+def ensemble_perplexity(model: model_lib.AOGPT, batches: Iterable[Mapping[str, Any]], *,
                         max_m: int = 64, seed: int = 0, layout: str = "buckets",
                         num_buckets: int = 16, slots_per_call: int = 16384,
                         max_batches: int = 0) -> dict:
@@ -252,21 +276,21 @@ def ensemble_perplexity(m: model_lib.AOGPT, batches: Iterable[Mapping[str, Any]]
   for bi, batch in enumerate(batches):
     if max_batches and bi >= max_batches:
       break
-    tokens, weight = ppl_lib.check_batch(batch, m.cfg)
+    tokens, weight = ppl_lib.check_batch(batch, model.cfg)
     ids = ppl_lib.block_ids(batch)
     acc.count(weight)
-    per_token, sigma = ppl_lib.token_nll(m, tokens, ids, order="uniform", seed=seed)
-    add_batch(acc, m, tokens, ids, weight, np.asarray(sigma), -np.asarray(per_token), ms=ms,
+    per_token, sigma = ppl_lib.token_nll(model, tokens, ids, order="uniform", seed=seed)
+    add_batch(acc, model, tokens, ids, weight, np.asarray(sigma), -np.asarray(per_token), ms=ms,
               seed=seed, layout=layout, num_buckets=num_buckets, slots_per_call=slots_per_call)
   acc.reduce()
   return summarize(acc, ms, seed=seed, layout=layout)
 
 
-def add_batch(acc: ppl_lib.NLLSum, m, tokens, ids, weight, sigma, base_logp, *, ms, seed,
+def add_batch(acc: ppl_lib.NLLSum, model, tokens, ids, weight, sigma, base_logp, *, ms, seed,
               layout, num_buckets, slots_per_call) -> None:
   """Adds one batch's ensemble NLLs for every M in ``ms`` to ``acc`` (slot = index in ms)."""
   rows = [r for r in range(tokens.shape[0]) if np.any(weight[r] > 0)]
-  logp = ensemble_logp(m, tokens, ids, sigma, base_logp, max_m=ms[-1], seed=seed, rows=rows,
+  logp = ensemble_logp(model, tokens, ids, sigma, base_logp, max_m=ms[-1], seed=seed, rows=rows,
                        layout=layout, num_buckets=num_buckets, slots_per_call=slots_per_call)
   logp[[r for r in range(tokens.shape[0]) if r not in rows]] = 0.0   # weight-0 rows: unused
   for k, nll in enumerate(ensemble_nll(logp, ms)):

@@ -13,14 +13,16 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from aogpt_jax.model import AOGPT, START
+from aogpt_jax import orders as orders_lib
+from aogpt_jax.model import AOGPT
 from aogpt_jax.sampling import tokens as tokens_lib
 
 
 def _slot(tokens: jax.Array, r: jax.Array):
   """Token, position row and target of rank-slot(s) r [B, S] under sigma = identity."""
-  tok = jnp.where(r == 0, START, jnp.take_along_axis(tokens, jnp.maximum(r - 1, 0), axis=1))
-  return tok.astype(jnp.int32), r.astype(jnp.int32), r.astype(jnp.int32)
+  identity = jnp.broadcast_to(jnp.arange(tokens.shape[1], dtype=jnp.int32), tokens.shape)
+  tok, pos = orders_lib.rank_slots(identity, tokens, r)
+  return tok, pos, orders_lib.slot_target(identity, r)
 
 
 def sample_ar(model: AOGPT, tokens0, prefix_len, tok_keys, *, prefill: int, temperature: float,
@@ -43,13 +45,12 @@ def sample_ar(model: AOGPT, tokens0, prefix_len, tok_keys, *, prefill: int, temp
     tok, pos, tgt = _slot(tokens, rr)
     mask = kk[None, None, :] <= rr[:, :, None]
     hidden, cache = model.encode(tok, pos, tgt, mask=mask, cache=cache, write_index=rr)
-    logits = model.head(hidden, tgt)[:, 0]
-    new = tokens_lib.sample_tokens(logits, keys, temperature=temperature, top_p=top_p,
-                                   top_p_rule=top_p_rule,
-                                   greedy=greedy)
-    keep = r < prefix_len
-    tokens = tokens.at[:, r].set(jnp.where(keep, tokens[:, r], new))
-    return (cache, tokens), (logits if debug else None)
+    logits = model.head(hidden, tgt)                          # [B, 1, V]
+    commit = jnp.where(r < prefix_len, n, r)[:, None]         # prompt positions keep their token
+    tokens, out = tokens_lib.draw_and_commit(tokens, logits, keys[:, None], commit,
+                                             temperature=temperature, top_p=top_p,
+                                             top_p_rule=top_p_rule, greedy=greedy, debug=debug)
+    return (cache, tokens), (out[:, 0] if debug else None)
 
   steps = jnp.arange(prefill, n, dtype=jnp.int32)
   keys = tokens_lib.token_keys(tok_keys, jnp.broadcast_to(steps, (batch, n - prefill))).T

@@ -1,9 +1,10 @@
 """The KV-cached masked-diffusion sampler: one `jax.lax.scan` over steps, and its uncached twin.
 
-Slots (DESIGN.md section 1). With the generation order sigma (``order[b, r]`` = sigma_{r+1}),
-rank-slot r holds START (r = 0) or the token x_{sigma_r} at position sigma_r, and is conditioned
-on the target sigma_{r+1}. Because adaLN conditions every block on the target, a slot's keys and
-values depend on that target: rank-slot r is only reusable with target sigma_{r+1}.
+Slots (docs/method.md, "Slot layout"; the rules live in orders.py). With the generation order
+sigma (``order[b, r]`` = sigma_{r+1}), rank-slot r holds START (r = 0) or the token x_{sigma_r}
+at position sigma_r, and is conditioned on the target sigma_{r+1}. Because adaLN conditions every
+block on the target, a slot's keys and values depend on that target: rank-slot r is only
+reusable with target sigma_{r+1}.
 
 One step (Figure 10's parallel-generation mask). With m tokens known (the frontier) and k
 positions to reveal, the k *queries* are copies of rank-slot m (token x_{sigma_m}) with targets
@@ -42,37 +43,50 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from aogpt_jax.model import AOGPT, NO_TARGET, START
+from aogpt_jax import orders as orders_lib
+from aogpt_jax.model import AOGPT, NO_TARGET
 from aogpt_jax.sampling import tokens as tokens_lib
 
 
-def rank_slots(order: jax.Array, tokens: jax.Array, rank: jax.Array):
-  """(token, position row) of rank-slots ``rank`` [B, S]: START at rank 0, else the token at
-  ``order[rank - 1]`` with position-embedding row ``order[rank - 1] + 1``."""
-  prev = jnp.take_along_axis(order, jnp.maximum(rank - 1, 0), axis=1)
-  tok = jnp.where(rank == 0, START, jnp.take_along_axis(tokens, prev, axis=1))
-  return tok.astype(jnp.int32), jnp.where(rank == 0, 0, prev + 1).astype(jnp.int32)
+def parallel_generation_mask(known: jax.Array, n: int, queries: int) -> jax.Array:
+  """Reference for the paper's Figure 10: the mask of one step of parallel generation over the
+  full (uncached) layout of n rank-slots followed by ``queries`` query slots. Rank-slot r sees
+  rank-slots 0..r (causal); query j (a copy of rank-slot ``known``, with its own target) sees
+  the committed rank-slots 0..known-1 and itself, never another query. ``known`` int32 [B];
+  returns bool [B, n + queries, n + queries] (``mask[b, a, c]``: slot a may see slot c).
+
+  The cached sampler's mask (`pass_layout` + `block_inputs`) is this mask re-indexed into the
+  cache (tests/test_sampler_figure10.py): query 0 of a step IS rank-slot ``known`` and is
+  written at cache index ``known``; queries j >= 1 live in scratch indices n + j."""
+  a = jnp.arange(n + queries, dtype=jnp.int32)
+  row, col = a[None, :, None], a[None, None, :]
+  rank_rows = (row < n) & (col <= row)
+  query_rows = (row >= n) & ((col < known[:, None, None]) | (col == row))
+  return rank_rows | query_rows
 
 
-def pass_layout(order, m, q0, k, cstart, ccount, *, block: int, cache_len: int) -> dict:
-  """The token-independent part of one pass's block (all [B, S] int32): queries q0..q0+k-1 of
-  the step at block positions 0..k-1, catch-up rank-slots cstart..cstart+ccount-1 after them,
+def pass_layout(order, known, q0, k, cstart, ccount, *, block: int, cache_len: int) -> dict:
+  """The token-independent part of one pass's block (all [B, S] int32), for a step with
+  ``known`` committed tokens (the frontier, `StepPlan.m`): queries q0..q0+k-1 of the step at
+  block positions 0..k-1, catch-up rank-slots cstart..cstart+ccount-1 after them,
   padding after that. ``prev``: where each slot's token is read from (START where ``rank0``);
   ``pos``/``tgt``: position rows and targets; ``write``: cache index (padding: K, dropped);
   ``lim``: the slot sees cache indices < lim and its own ``write`` (padding: nothing);
   ``commit``: where a query's sampled token goes (n: nowhere)."""
   n = order.shape[1]
+  qrank = orders_lib.query_ranks(known, q0, block)        # rank each query predicts
   j = jnp.arange(block, dtype=jnp.int32)[None, :]
-  m, q0, k, cstart, ccount = (a[:, None].astype(jnp.int32) for a in (m, q0, k, cstart, ccount))
+  known, q0, k, cstart, ccount = (a[:, None].astype(jnp.int32)
+                                  for a in (known, q0, k, cstart, ccount))
   is_q = j < k
   is_c = ~is_q & (j < k + ccount)
   valid = is_q | is_c
-  rank = jnp.where(is_q, m, jnp.where(is_c, cstart + j - k, 0))
-  tgt = jnp.take_along_axis(order, jnp.clip(jnp.where(is_q, m + q0 + j, rank), 0, n - 1), axis=1)
-  prev = jnp.take_along_axis(order, jnp.maximum(rank - 1, 0), axis=1)
+  rank = jnp.where(is_q, known, jnp.where(is_c, cstart + j - k, 0))
+  tgt = orders_lib.slot_target(order, jnp.where(is_q, qrank, rank))
+  prev, pos = orders_lib.rank_slot_source(order, rank)
   write = jnp.where(is_q & (q0 + j > 0), n + j, rank)    # only query 0 of a step commits
   i32 = lambda x: x.astype(jnp.int32)
-  return dict(prev=i32(prev), rank0=rank == 0, pos=i32(jnp.where(rank == 0, 0, prev + 1)),
+  return dict(prev=prev, rank0=rank == 0, pos=pos,
               tgt=i32(jnp.where(valid, tgt, NO_TARGET)),
               write=i32(jnp.where(valid, write, cache_len)), lim=i32(jnp.where(valid, rank, 0)),
               commit=i32(jnp.where(is_q, tgt, n)))
@@ -80,16 +94,10 @@ def pass_layout(order, m, q0, k, cstart, ccount, *, block: int, cache_len: int) 
 
 def block_inputs(lay: dict, tokens: jax.Array, cache_len: int):
   """Slot tokens [B, S] (read from the current tokens) and the mask [B, S, K] of a pass."""
-  tok = jnp.where(lay["rank0"], START, jnp.take_along_axis(tokens, lay["prev"], axis=1))
+  tok = orders_lib.rank_slot_tokens(tokens, lay["prev"], lay["rank0"])
   kk = jnp.arange(cache_len, dtype=jnp.int32)[None, None, :]
   mask = (kk < lay["lim"][:, :, None]) | (kk == lay["write"][:, :, None])
-  return tok.astype(jnp.int32), mask
-
-
-def commit_tokens(tokens, commit, new):
-  """Writes sampled tokens at their positions (index n: dropped)."""
-  rows = jnp.arange(tokens.shape[0], dtype=jnp.int32)[:, None]
-  return tokens.at[rows, commit].set(new, mode="drop")
+  return tok, mask
 
 
 def sample_cached(model: AOGPT, order, tokens0, prompt_len, tok_keys, xs, *, block: int,
@@ -102,6 +110,8 @@ def sample_cached(model: AOGPT, order, tokens0, prompt_len, tok_keys, xs, *, blo
   mask limits, the keys of every query) is computed for all passes before the scan; a scan
   iteration only gathers the slot tokens, runs the model and draws the queries' tokens."""
   batch, n = order.shape
+  draw = dict(temperature=temperature, top_p=top_p, top_p_rule=top_p_rule, greedy=greedy,
+              debug=debug)
   cache_len = n + block
   cache = model.init_cache(batch, cache_len)
   if prefill:
@@ -121,44 +131,38 @@ def sample_cached(model: AOGPT, order, tokens0, prompt_len, tok_keys, xs, *, blo
     hidden, cache = model.encode(tok, lay["pos"], lay["tgt"], mask=mask, cache=cache,
                                  write_index=lay["write"])
     logits = model.head(hidden[:, :queries], lay["tgt"][:, :queries])
-    new = tokens_lib.sample_tokens(logits, qkeys, temperature=temperature, top_p=top_p,
-                                   top_p_rule=top_p_rule,
-                                   greedy=greedy)
-    tokens = commit_tokens(tokens, lay["commit"][:, :queries], new)
-    return (cache, tokens), (logits if debug else None)
+    tokens, out = tokens_lib.draw_and_commit(tokens, logits, qkeys, lay["commit"][:, :queries],
+                                             **draw)
+    return (cache, tokens), out
 
   (_, tokens), logits = jax.lax.scan(step, (cache, tokens0), (layouts, keys))
   return tokens, logits
 
 
-def full_step_slots(order, tokens, m, q0, k, *, queries: int):
+def full_step_slots(order, tokens, known, q0, k, *, queries: int):
   """Slots and mask of a full, uncached forward for one pass: rank-slots 0..n-1 (causal) then
-  ``queries`` query slots (copies of rank-slot m, targets sigma_{m+q0+1..m+q0+k}; each sees
-  rank-slots < m and itself). Returns tokens, positions, targets [B, n+Q], mask [B, n+Q, n+Q]
+  ``queries`` query slots (copies of rank-slot ``known``, targets order[known+q0+j]), under
+  `parallel_generation_mask`. Returns tokens, positions, targets [B, n+Q], mask [B, n+Q, n+Q]
   and the queries' target positions and validity [B, Q]."""
   batch, n = order.shape
-  rank = jnp.broadcast_to(jnp.arange(n, dtype=jnp.int32), (batch, n))
-  tok, pos = rank_slots(order, tokens, rank)
-  m = m[:, None].astype(jnp.int32)
-  j = jnp.arange(queries, dtype=jnp.int32)[None, :]
-  is_q = j < k[:, None]
-  qtok, qpos_row = rank_slots(order, tokens, jnp.broadcast_to(m, (batch, queries)))
-  qtgt = jnp.take_along_axis(order, jnp.clip(m + q0[:, None] + j, 0, n - 1), axis=1)
+  rank = orders_lib.all_ranks(order)
+  tok, pos = orders_lib.rank_slots(order, tokens, rank)
+  is_q = jnp.arange(queries, dtype=jnp.int32)[None, :] < k[:, None]
+  qtok, qpos_row = orders_lib.rank_slots(
+      order, tokens, jnp.broadcast_to(known[:, None].astype(jnp.int32), (batch, queries)))
+  qtgt = orders_lib.slot_target(order, orders_lib.query_ranks(known, q0, queries))
   slot_tok = jnp.concatenate([tok, qtok], axis=1)
   slot_pos = jnp.concatenate([pos, qpos_row], axis=1)
   slot_tgt = jnp.concatenate([order, jnp.where(is_q, qtgt, NO_TARGET)], axis=1)
-  a = jnp.arange(n + queries, dtype=jnp.int32)
-  causal = (a[None, :] <= a[:, None]) & (a[:, None] < n) & (a[None, :] < n)    # rank-slots
-  q_rows = (a[None, None, :] < m[:, :, None]) | (a[None, None, :] == n + j[:, :, None])
-  mask = jnp.concatenate([jnp.broadcast_to(causal[:n], (batch, n, n + queries)), q_rows], axis=1)
-  return (slot_tok, slot_pos, slot_tgt.astype(jnp.int32), mask, qtgt.astype(jnp.int32), is_q)
+  mask = parallel_generation_mask(known.astype(jnp.int32), n, queries)
+  return (slot_tok, slot_pos, slot_tgt.astype(jnp.int32), mask, qtgt, is_q)
 
 
-def full_step_logits(model: AOGPT, order, tokens, m, q0, k, *, queries: int):
+def full_step_logits(model: AOGPT, order, tokens, known, q0, k, *, queries: int):
   """One pass from a full, uncached forward with the explicit mask: query logits [B, Q, V],
   the queries' target positions and validity [B, Q]."""
   n = order.shape[1]
-  tok, pos, tgt, mask, qpos, is_q = full_step_slots(order, tokens, m, q0, k, queries=queries)
+  tok, pos, tgt, mask, qpos, is_q = full_step_slots(order, tokens, known, q0, k, queries=queries)
   hidden, _ = model.encode(tok, pos, tgt, mask=mask)
   return model.head(hidden[:, n:], tgt[:, n:]), qpos, is_q
 
@@ -170,13 +174,12 @@ def sample_uncached(model: AOGPT, order, tokens0, prompt_len, tok_keys, xs, *, b
   del prompt_len, block, prefill
 
   def step(tokens, x):
-    m, q0, k, _, _ = x
-    logits, qpos, is_q = full_step_logits(model, order, tokens, m, q0, k, queries=queries)
-    new = tokens_lib.sample_tokens(logits, tokens_lib.token_keys(tok_keys, qpos),
-                                   temperature=temperature, top_p=top_p,
-                                   top_p_rule=top_p_rule, greedy=greedy)
-    tokens = commit_tokens(tokens, jnp.where(is_q, qpos, order.shape[1]), new)
-    return tokens, (logits if debug else None)
+    known, q0, k, _, _ = x
+    logits, qpos, is_q = full_step_logits(model, order, tokens, known, q0, k, queries=queries)
+    return tokens_lib.draw_and_commit(
+        tokens, logits, tokens_lib.token_keys(tok_keys, qpos),
+        jnp.where(is_q, qpos, order.shape[1]), temperature=temperature, top_p=top_p,
+        top_p_rule=top_p_rule, greedy=greedy, debug=debug)
 
   tokens, logits = jax.lax.scan(step, tokens0, xs)
   return tokens, logits

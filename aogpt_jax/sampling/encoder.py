@@ -28,33 +28,23 @@ import jax.numpy as jnp
 
 from aogpt_jax import mdm
 from aogpt_jax import orders as orders_lib
-from aogpt_jax.model import AOGPT, NO_TARGET
+from aogpt_jax.model import AOGPT
 from aogpt_jax.sampling import tokens as tokens_lib
-from aogpt_jax.sampling.diffusion import commit_tokens
 
 
-def query_positions(order: jax.Array, m: jax.Array, q0: jax.Array, k: jax.Array, *,
+def query_positions(order: jax.Array, known: jax.Array, q0: jax.Array, k: jax.Array, *,
                     queries: int) -> tuple[jax.Array, jax.Array]:
-  """Positions ``order[m + q0 + j]`` revealed by a pass (j < ``queries``) and their validity
+  """Positions ``order[known + q0 + j]`` revealed by a pass (j < ``queries``) and their validity
   ``j < k``, both [B, Q]."""
-  n = order.shape[1]
-  j = jnp.arange(queries, dtype=jnp.int32)[None, :]
-  idx = jnp.clip(m[:, None] + q0[:, None] + j, 0, n - 1)
-  return jnp.take_along_axis(order, idx, axis=1).astype(jnp.int32), j < k[:, None]
+  qpos = orders_lib.slot_target(order, orders_lib.query_ranks(known, q0, queries))
+  return qpos, jnp.arange(queries, dtype=jnp.int32)[None, :] < k[:, None]
 
 
-def masked_input(model: AOGPT, tokens: jax.Array, rank: jax.Array, m: jax.Array) -> jax.Array:
-  """The encoder's input: tokens at ranks < m (known), [MASK] at the rest."""
-  return jnp.where(rank < m[:, None], tokens, mdm.mask_id(model.cfg)).astype(jnp.int32)
-
-
-def step_logits(model: AOGPT, tokens: jax.Array, rank: jax.Array, m: jax.Array,
+def step_logits(model: AOGPT, tokens: jax.Array, rank: jax.Array, known: jax.Array,
                 qpos: jax.Array) -> jax.Array:
-  """Logits [B, Q, V] at positions ``qpos`` [B, Q] from one full bidirectional forward of the
-  sequence with ranks >= m masked (the head runs at those Q positions only)."""
-  h = mdm.encoder_hidden(model, masked_input(model, tokens, rank, m))
-  hq = jnp.take_along_axis(h, qpos[..., None], axis=1)
-  return model.head(hq, jnp.full(qpos.shape, NO_TARGET, jnp.int32))
+  """Logits [B, Q, V] at positions ``qpos`` [B, Q]: the encoder's masked forward
+  (`mdm.masked_logits`) with the tokens of rank >= ``known`` [B] masked."""
+  return mdm.masked_logits(model, tokens, rank >= known[:, None], qpos)
 
 
 def sample_encoder(model: AOGPT, order, tokens0, prompt_len, tok_keys, xs, *, block: int,
@@ -65,19 +55,18 @@ def sample_encoder(model: AOGPT, order, tokens0, prompt_len, tok_keys, xs, *, bl
   del prompt_len, block, prefill            # the prompt is in tokens0 at ranks < m
   n = order.shape[1]
   rank = orders_lib.ranks(order)
-  m, q0, k = xs[0], xs[1], xs[2]
+  known, q0, k = xs[0], xs[1], xs[2]
   qpos, is_q = jax.vmap(lambda a, b, c: query_positions(order, a, b, c, queries=queries))(
-      m, q0, k)                                                    # [P, B, Q]
+      known, q0, k)                                                    # [P, B, Q]
   keys = jax.vmap(lambda p: tokens_lib.token_keys(tok_keys, p))(qpos)
   commit = jnp.where(is_q, qpos, n)
 
   def step(tokens, x):
-    mi, qp, ci, ki = x
-    logits = step_logits(model, tokens, rank, mi, qp)
-    new = tokens_lib.sample_tokens(logits, ki, temperature=temperature, top_p=top_p,
-                                   top_p_rule=top_p_rule,
-                                   greedy=greedy)
-    return commit_tokens(tokens, ci, new), (logits if debug else None)
+    known_p, qp, ci, ki = x
+    logits = step_logits(model, tokens, rank, known_p, qp)
+    return tokens_lib.draw_and_commit(tokens, logits, ki, ci, temperature=temperature,
+                                      top_p=top_p, top_p_rule=top_p_rule, greedy=greedy,
+                                      debug=debug)
 
-  tokens, logits = jax.lax.scan(step, tokens0, (m, qpos, commit, keys))
+  tokens, logits = jax.lax.scan(step, tokens0, (known, qpos, commit, keys))
   return tokens, logits

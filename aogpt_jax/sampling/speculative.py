@@ -36,7 +36,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from aogpt_jax.model import AOGPT, NO_TARGET, START
+from aogpt_jax import orders as orders_lib
+from aogpt_jax.model import AOGPT, NO_TARGET
 from aogpt_jax.sampling import tokens as tokens_lib
 
 SPEC_STREAM = 7
@@ -60,13 +61,6 @@ def _keys(tok_keys, c, pos, which):
   return jax.vmap(row)(tok_keys, c.astype(jnp.int32), pos.astype(jnp.int32))
 
 
-def _slot_inputs(order, tokens, rank, n):
-  """Token and position row of rank-slots ``rank`` [B, S] (START at rank 0)."""
-  prev = jnp.take_along_axis(order, jnp.clip(rank - 1, 0, n - 1), axis=1)
-  tok = jnp.where(rank == 0, START, jnp.take_along_axis(tokens, prev, axis=1))
-  return tok.astype(jnp.int32), jnp.where(rank == 0, 0, prev + 1).astype(jnp.int32)
-
-
 def sample_speculative(model: AOGPT, order, tokens0, prompt_len, tok_keys, *, draft: int,
                        temperature: float = 1.0, top_p: float = 1.0,
                        top_p_rule: str = "published"):
@@ -87,7 +81,7 @@ def sample_speculative(model: AOGPT, order, tokens0, prompt_len, tok_keys, *, dr
   plen = prompt_len.astype(jnp.int32)
   r = jnp.broadcast_to(jnp.arange(n, dtype=jnp.int32), (batch, n))
   ok = r < plen[:, None]
-  tok, pos = _slot_inputs(order, tokens0, r, n)
+  tok, pos = orders_lib.rank_slots(order, tokens0, r)
   tgt = jnp.where(ok, order, NO_TARGET).astype(jnp.int32)
   write = jnp.where(ok, r, cache_len)
   mask = ((kk < r[:, :, None]) | (kk == write[:, :, None])) & ok[:, :, None]
@@ -103,8 +97,8 @@ def sample_speculative(model: AOGPT, order, tokens0, prompt_len, tok_keys, *, dr
     # 1. draft pass: queries = copies of rank-slot c, targets sigma_{c+j}.
     valid = live[:, None] & (c2 + j < n)
     rank = jnp.broadcast_to(c2, (batch, K))
-    tok, pos = _slot_inputs(order, tokens, rank, n)
-    qtgt_pos = jnp.take_along_axis(order, jnp.clip(c2 + j, 0, n - 1), axis=1)
+    tok, pos = orders_lib.rank_slots(order, tokens, rank)
+    qtgt_pos = orders_lib.slot_target(order, orders_lib.query_ranks(c, jnp.zeros_like(c), K))
     write = jnp.where(valid, jnp.where(j == 0, c2, n + j), cache_len)
     mask = ((kk < rank[:, :, None]) | (kk == write[:, :, None])) & valid[:, :, None]
     hidden, cache = model.encode(tok, pos, jnp.where(valid, qtgt_pos, NO_TARGET).astype(jnp.int32),
@@ -116,8 +110,8 @@ def sample_speculative(model: AOGPT, order, tokens0, prompt_len, tok_keys, *, dr
     # 2. verify pass: rank-slots c+1..c+K holding d_0..d_{K-1}.
     vrank = c2 + 1 + j
     vvalid = live[:, None] & (vrank < n)
-    tok, pos = _slot_inputs(order, tokens, vrank, n)
-    vtgt_pos = jnp.take_along_axis(order, jnp.clip(vrank, 0, n - 1), axis=1)
+    tok, pos = orders_lib.rank_slots(order, tokens, vrank)
+    vtgt_pos = orders_lib.slot_target(order, vrank)
     write = jnp.where(vvalid, vrank, cache_len)
     mask = ((kk < vrank[:, :, None]) | (kk == write[:, :, None])) & vvalid[:, :, None]
     hidden, cache = model.encode(tok, pos, jnp.where(vvalid, vtgt_pos, NO_TARGET).astype(jnp.int32),
@@ -140,7 +134,7 @@ def sample_speculative(model: AOGPT, order, tokens0, prompt_len, tok_keys, *, dr
     resid = jnp.log(jnp.maximum(jnp.exp(p_r) - jnp.exp(q_r), 0.0))
     bonus = logp[:, K - 1]
     nlog = jnp.where(rej[:, None], resid, bonus)
-    npos = jnp.take_along_axis(order, jnp.clip(c + a, 0, n - 1)[:, None], axis=1)
+    npos = orders_lib.slot_target(order, (c + a)[:, None])
     new = _gumbel_argmax(nlog[:, None], _keys(tok_keys, c, npos, 2))[:, 0]
     has_new = live & (c + a < n)
     tokens = tokens.at[jnp.arange(batch), jnp.where(has_new, npos[:, 0], n)].set(new, mode="drop")

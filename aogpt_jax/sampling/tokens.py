@@ -145,6 +145,25 @@ def sample_tokens(logits: jax.Array, keys: jax.Array, *, temperature: float = 1.
   return inverse_cdf(x, u.reshape(x.shape[:-1]))
 
 
+def commit_tokens(tokens: jax.Array, commit: jax.Array, new: jax.Array) -> jax.Array:
+  """Writes drawn tokens ``new`` [B, Q] at original positions ``commit`` [B, Q] of ``tokens``
+  [B, n] (index n: dropped)."""
+  rows = jnp.arange(tokens.shape[0], dtype=jnp.int32)[:, None]
+  return tokens.at[rows, commit].set(new, mode="drop")
+
+
+def draw_and_commit(tokens: jax.Array, logits: jax.Array, keys: jax.Array, commit: jax.Array, *,
+                    temperature: float, top_p: float, top_p_rule: str, greedy: bool,
+                    debug: bool):
+  """The end of a sampler pass, shared by the diffusion (cached and uncached) and encoder
+  samplers: draw one token per query from ``logits`` [B, Q, V] with ``keys`` [B, Q]
+  (`sample_tokens`), write them at ``commit`` [B, Q] (`commit_tokens`; n: nowhere), and return
+  (tokens, the logits if ``debug`` else None) for `jax.lax.scan`."""
+  new = sample_tokens(logits, keys, temperature=temperature, top_p=top_p, top_p_rule=top_p_rule,
+                      greedy=greedy)
+  return commit_tokens(tokens, commit, new), (logits if debug else None)
+
+
 def inverse_cdf(x: jax.Array, u: jax.Array) -> jax.Array:
   """The token whose CDF interval holds ``u`` (float64 [...], in [0, 1)) under ``softmax(x)``
   (float64 logits [..., V]): the count of CDF entries ``<= u * total``, so zero-probability
