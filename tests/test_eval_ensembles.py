@@ -1,6 +1,5 @@
 """Context-order ensembles: the prefix estimator against one full forward per (i, ordering)."""
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest

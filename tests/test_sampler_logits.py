@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from aogpt_jax import sampler
-from aogpt_jax.sampling import diffusion, prompts, schedules
+from aogpt_jax.sampling import diffusion, prompts
 from sampler_testlib import tiny_model
 
 N = 10
