@@ -59,6 +59,21 @@ def test_sample_mode_writes_jsonl(trained):
   assert json.loads(second.read_text().splitlines()[0])["tokens"][:2] == [120, 121]
 
 
+def test_sample_mode_speculative(trained):
+  cache, workdir = trained
+  cfg = tu.tiny_config(cache)
+  cfg.sample.update(dict(method="speculative", draft="3", num_samples=2, batch_size=2,
+                         length=16, prompt="ab", order="l2r"))
+  path = pathlib.Path(modes.sample_mode(cfg, str(workdir)))
+  rows = [json.loads(line) for line in path.read_text().splitlines()]
+  assert len(rows) == 2 and all(r["tokens"][:2] == [97, 98] for r in rows)
+  meta = json.loads(path.with_suffix(".json").read_text())
+  assert "speculative_K3" in path.name and 0 < meta["passes_per_token"] <= 1
+  cfg.sample.draft = "many"
+  with pytest.raises(ValueError, match="sample.draft"):
+    modes.sample_mode(cfg, str(workdir))
+
+
 def test_modes_refuse_bad_input_before_running(trained):
   cache, workdir = trained
   cfg = tu.tiny_config(cache)
