@@ -11,21 +11,12 @@ import pytest
 
 from aogpt_jax import model as model_lib, sampler
 from aogpt_jax.sampling import diffusion, prompts, speculative, tokens as tokens_lib
-from sampler_testlib import (all_sequences, chisquare_p, histogram, mixture_over_orders,
-                             parallel_logprob, tiny_model)
+import exact_tiny
+from sampler_testlib import (chisquare_p, histogram, mixture_over_orders, parallel_logprob,
+                             tiny_model)
 
-N_SAMPLES = 20000
-V, LEN = 3, 4
-
-
-@pytest.fixture(scope="module")
-def model():
-  return tiny_model(vocab=4, valid=V, block=LEN, std=0.5)
-
-
-@pytest.fixture(scope="module")
-def seqs():
-  return all_sequences(V, LEN)
+N_SAMPLES, V, LEN = exact_tiny.N_SAMPLES, exact_tiny.V, exact_tiny.LEN
+model, seqs = exact_tiny.model, exact_tiny.seqs     # the shared fixtures
 
 
 def _run(model, key, order, *, prompt=None, draft=2, **kw):
@@ -115,7 +106,8 @@ def _explicit_mask_logits(m, tokens, order):
 def test_verify_and_draft_logits_equal_uncached_forward(draft):
   """Every round's draft-query logits equal the explicit-mask parallel forward (context: the c
   known tokens) and its verify logits equal the explicit-mask causal forward over the known
-  tokens plus the drafts; a prompt at positions 2 and 5 (infilling)."""
+  tokens plus the drafts; a prompt at positions 2 and 5 (infilling). All rounds of all rows are
+  checked in one batched uncached call each."""
   m = tiny_model()
   n, batch = 10, 3
   s = sampler.SampleSettings(length=n, method="speculative", draft=draft, temperature=0.9)
@@ -123,41 +115,43 @@ def test_verify_and_draft_logits_equal_uncached_forward(draft):
   out = sampler.generate(m, jax.random.key(3), s, prompt=prompt, debug=True)
   tr, order, final = out.logits, out.order, out.tokens
   assert (final[:, 2] == 4).all() and (final[:, 5] == 7).all()
-  checked = 0
-  for i in range(n):
-    for b in range(batch):
-      c, k = int(tr["c"][i, b]), int(tr["k"][i, b])
-      if c < 0:
-        continue
-      kv = min(k, n - c)
-      # The tokens the round saw: committed ranks < c (final values), drafts after.
-      toks = final[b].copy()
-      toks[order[b, c:c + kv]] = tr["d"][i, b, :kv]
-      q, _, _ = diffusion.full_step_logits(m, jnp.asarray(order[b:b + 1]), jnp.asarray(toks[None]),
-                                           jnp.array([c]), jnp.array([0]), jnp.array([kv]),
-                                           queries=kv)
-      np.testing.assert_allclose(tr["q"][i, b, :kv], np.asarray(q[0]), atol=2e-5, rtol=1e-5)
-      full = np.asarray(_explicit_mask_logits(m, jnp.asarray(toks[None]),
-                                              jnp.asarray(order[b:b + 1])))[0]
-      nv = min(k, n - c - 1)       # verify slots c+1..c+nv hold d_0..d_{nv-1}
-      slots = order[b, c:c + nv] + 1
-      np.testing.assert_allclose(tr["p"][i, b, :nv], full[slots], atol=2e-5, rtol=1e-5)
-      checked += 1
-  assert checked >= batch
+  rounds = [(i, b) for i in range(n) for b in range(batch) if tr["c"][i, b] >= 0]
+  assert len(rounds) >= batch
+  orders, toks, cs, kvs = [], [], [], []
+  for i, b in rounds:
+    c, k = int(tr["c"][i, b]), int(tr["k"][i, b])
+    kv = min(k, n - c)
+    t = final[b].copy()          # the tokens the round saw: committed ranks < c, drafts after
+    t[order[b, c:c + kv]] = tr["d"][i, b, :kv]
+    orders.append(order[b]), toks.append(t), cs.append(c), kvs.append(kv)
+  orders, toks = jnp.asarray(np.stack(orders)), jnp.asarray(np.stack(toks))
+  cs, kvs = jnp.asarray(cs, jnp.int32), jnp.asarray(kvs, jnp.int32)
+  kmax = tr["d"].shape[2]
+  q, _, _ = jax.jit(lambda o, t, c, k: diffusion.full_step_logits(
+      m, o, t, c, jnp.zeros_like(c), k, queries=kmax))(orders, toks, cs, kvs)
+  full = jax.jit(lambda t, o: _explicit_mask_logits(m, t, o))(toks, orders)
+  q, full = np.asarray(q), np.asarray(full)
+  for r, (i, b) in enumerate(rounds):
+    c, kv = int(cs[r]), int(kvs[r])
+    np.testing.assert_allclose(tr["q"][i, b, :kv], q[r, :kv], atol=2e-5, rtol=1e-5)
+    nv = min(int(tr["k"][i, b]), n - c - 1)     # verify slots c+1..c+nv hold d_0..d_{nv-1}
+    slots = order[b, c:c + nv] + 1
+    np.testing.assert_allclose(tr["p"][i, b, :nv], full[r, slots], atol=2e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("draft", [2, "auto"])
 def test_sample_independent_of_batch_composition(draft):
-  """A row's tokens depend only on its key (and K): run alone or beside other rows (with other
-  orders, finishing at other times), the same tokens."""
+  """A row's tokens depend only on its key (and K): rows 2, 3 of one batch equal rows 0, 1 of
+  the batch that starts two samples later (other companions, other orders and finishing times;
+  one compiled sampler for both)."""
   m = tiny_model()
   s = sampler.SampleSettings(length=12, method="speculative", draft=draft, top_p=0.9,
                              top_p_rule="nucleus")
-  big = sampler.generate(m, jax.random.key(5), s, batch=4)
-  for b in (0, 2):
-    alone = sampler.generate(m, jax.random.key(5), s, batch=1, sample_offset=b)
-    np.testing.assert_array_equal(alone.tokens[0], big.tokens[b])
-    assert alone.passes[0] == big.passes[b]
+  first = sampler.generate(m, jax.random.key(5), s, batch=4)
+  later = sampler.generate(m, jax.random.key(5), s, batch=4, sample_offset=2)
+  np.testing.assert_array_equal(first.tokens[2:], later.tokens[:2])
+  np.testing.assert_array_equal(first.passes[2:], later.passes[:2])
+  assert not (first.tokens[:2] == later.tokens[2:]).all()
 
 
 def test_settings_and_config_checks():
