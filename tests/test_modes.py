@@ -69,6 +69,12 @@ def test_sample_mode_speculative(trained):
   assert len(rows) == 2 and all(r["tokens"][:2] == [97, 98] for r in rows)
   meta = json.loads(path.with_suffix(".json").read_text())
   assert "speculative_K3" in path.name and 0 < meta["passes_per_token"] <= 1
+  # Random order with an infill prompt (same shapes: the compiled sampler is reused).
+  cfg.sample.update(dict(order="random", suffix="yz"))
+  path = pathlib.Path(modes.sample_mode(cfg, str(workdir)))
+  rows = [json.loads(line) for line in path.read_text().splitlines()]
+  assert all(r["tokens"][:2] == [97, 98] and r["tokens"][-2:] == [121, 122] for r in rows)
+  assert "speculative_K3_random" in path.name
   cfg.sample.draft = "many"
   with pytest.raises(ValueError, match="sample.draft"):
     modes.sample_mode(cfg, str(workdir))
