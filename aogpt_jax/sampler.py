@@ -9,6 +9,10 @@ scheme (`sampling.tokens`):
 * ``ar``: plain left-to-right decoding of an AO-GPT with a KV cache (`sampling.ar`).
 * ``uncached``: the same plan and model as ``diffusion`` but a full uncached forward over the
   whole sequence at every step (the test oracle; an AO-GPT with an encoder's cost profile).
+* ``speculative``: exact any-order speculative decoding (`sampling.speculative`): drafts K
+  positions with the parallel queries, verifies them with the causal chain; distributed exactly
+  as T = n (one token per step) in the same order, in fewer passes than tokens. ``draft`` = K
+  or "auto"; ``steps`` / ``schedule`` / ``count_mode`` are unused.
 * ``encoder``: the encoder-only masked-diffusion model of `aogpt_jax.mdm` (bidirectional,
   [MASK] tokens; `sampling.encoder`): the standard MDM reverse process, one full forward per
   step. Needs a model built with `mdm.make_encoder`.
@@ -50,9 +54,12 @@ from aogpt_jax.model import AOGPT, ModelConfig
 from aogpt_jax.sampling import ar as ar_lib
 from aogpt_jax.sampling import encoder as encoder_lib
 from aogpt_jax.sampling import diffusion, prompts, schedules
+from aogpt_jax.sampling import speculative as spec_lib
 from aogpt_jax.sampling import tokens as tokens_lib
 
-METHODS = ("diffusion", "ar", "uncached", "encoder")
+METHODS = ("diffusion", "ar", "uncached", "encoder", "speculative")
+# Methods without a step plan (one compiled loop over positions / rounds).
+PLANLESS_METHODS = ("ar", "speculative")
 # Below this, logits / temperature overflow float64 for ordinary logits (and the draw is argmax
 # anyway); infinity would give every token the same probability. greedy=True is the argmax.
 MIN_TEMPERATURE = 1e-6
@@ -71,7 +78,8 @@ class SampleSettings:
   top_p: float = 1.0
   top_p_rule: str = "published"        # published (released code) | nucleus (Holtzman)
   greedy: bool = False                  # argmax instead of sampling (temperature/top_p unused)
-  method: str = "diffusion"             # diffusion | ar | uncached | encoder (encoder model)
+  method: str = "diffusion"             # diffusion | ar | uncached | encoder | speculative
+  draft: Any = "auto"                   # speculative: drafts per round, int >= 1 or "auto"
 
   def validate(self, cfg: ModelConfig) -> None:
     """Raises ValueError naming the bad setting."""
@@ -90,7 +98,16 @@ class SampleSettings:
     if not 1 <= self.length <= cfg.block_size:
       raise ValueError(f"sample.length: must be in [1, model.block_size={cfg.block_size}], "
                        f"got {self.length}")
-    if self.method != "ar" and not 1 <= self.steps <= self.length:
+    if self.method == "speculative":
+      d = self.draft
+      if not (d == "auto" or (isinstance(d, numbers.Integral) and not isinstance(d, bool)
+                              and 1 <= d <= self.length)):
+        raise ValueError(f"sample.draft: must be 'auto' or an integer in [1, length="
+                         f"{self.length}], got {d!r}")
+      if self.greedy:
+        raise ValueError("sample.greedy: not supported with sample.method='speculative' "
+                         "(greedy decoding is deterministic; use method='ar' or 'diffusion')")
+    if self.method not in PLANLESS_METHODS and not 1 <= self.steps <= self.length:
       raise ValueError(f"sample.steps: must be in [1, length={self.length}], got {self.steps}")
     if self.schedule not in schedules.SCHEDULES:
       raise ValueError(f"sample.schedule: must be one of {schedules.SCHEDULES}, "
@@ -139,7 +156,8 @@ class Samples:
   order: np.ndarray          # int32 [B, n]
   plan: schedules.StepPlan | None
   logits: np.ndarray | None  # debug: [passes, B, Q, V] (diffusion, uncached, encoder) or
-                             # [steps, B, V] (ar)
+                             # [steps, B, V] (ar); speculative: its trace dict
+  passes: np.ndarray | None = None   # speculative: model passes each row needed (no prefill)
 
 
 def as_key(key) -> jax.Array:
@@ -178,6 +196,11 @@ def prepare(cfg: ModelConfig, key: jax.Array, s: SampleSettings, *, prompt=None,
       raise ValueError(f"sample.method='ar' takes prefix prompts only; prompt row {row} is not "
                        f"a prefix")
   spec = "l2r" if s.method == "ar" else prompts.check_order(s.order, b, n)
+  if s.method == "speculative":
+    tok_keys, base, _ = _draw(key, jnp.int32(sample_offset), batch=b, length=n,
+                              order=spec if isinstance(spec, str) else None)
+    order = prompts.build_orders(pmask, np.asarray(base) if base is not None else spec)
+    return Prepared(ptok, pmask, plen, order, np.ones((b, 1), np.int32), tok_keys)
   tok_keys, base, count_keys = _draw(key, jnp.int32(sample_offset), batch=b, length=n,
                                      order=spec if isinstance(spec, str) else None)
   if s.method == "ar":
@@ -216,6 +239,10 @@ def _run_jit(graphdef, params, order, tokens0, prompt_len, tok_keys, xs, *, kind
   kw = dict(static)
   if kind == "ar":
     return ar_lib.sample_ar(model, tokens0, prompt_len, tok_keys, **kw)
+  if kind == "speculative":
+    toks, passes, trace = spec_lib.sample_speculative(model, order, tokens0, prompt_len,
+                                                       tok_keys, **kw)
+    return toks, (passes, trace)
   fn = {"diffusion": diffusion.sample_cached, "uncached": diffusion.sample_uncached,
         "encoder": encoder_lib.sample_encoder}[kind]
   return fn(model, order, tokens0, prompt_len, tok_keys, xs, **kw)
@@ -229,6 +256,10 @@ def _jit_args(model: AOGPT, p: Prepared, pl: schedules.StepPlan | None, s: Sampl
                 debug=bool(debug))
   if s.method == "ar":
     static = dict(prefill=int(p.prompt_len.min()), **common)
+    xs = None
+  elif s.method == "speculative":
+    common.pop("greedy")
+    static = dict(draft=s.draft if s.draft == "auto" else int(s.draft), **common)
     xs = None
   else:
     static = dict(block=pl.block, queries=pl.queries, prefill=pl.prefill, **common)
@@ -254,6 +285,10 @@ def run(model: AOGPT, p: Prepared, pl: schedules.StepPlan | None, s: SampleSetti
   args, kw = _jit_args(model, p, pl, s, debug)
   with tokens_lib.exact_sampling():
     toks, logits = _run_jit(*args, **kw)
+  if s.method == "speculative":
+    passes, trace = logits
+    trace = None if trace is None else {k: np.asarray(v) for k, v in trace.items()}
+    return Samples(np.asarray(toks), p.order, pl, trace, np.asarray(passes))
   return Samples(np.asarray(toks), p.order, pl, None if logits is None else np.asarray(logits))
 
 
@@ -265,7 +300,7 @@ def generate(model: AOGPT, key: jax.Array, s: SampleSettings, *, prompt=None,
   per forward pass (None: chosen by a cost model; the samples do not depend on it). ``debug``
   returns every pass's query logits."""
   p = prepare(model.cfg, key, s, prompt=prompt, batch=batch, sample_offset=sample_offset)
-  pl = None if s.method == "ar" else plan([p], block=block, method=s.method)[0]
+  pl = None if s.method in PLANLESS_METHODS else plan([p], block=block, method=s.method)[0]
   return run(model, p, pl, s, debug=debug)
 
 
@@ -275,7 +310,8 @@ def generate(model: AOGPT, key: jax.Array, s: SampleSettings, *, prompt=None,
 def sample_config() -> ml_collections.ConfigDict:
   """Defaults of the ``sample`` config group (``--config.sample.steps=128`` etc.)."""
   return ml_collections.ConfigDict(dict(
-      method="diffusion",          # diffusion | ar | uncached | encoder (encoder-only model)
+      method="diffusion",          # diffusion | ar | uncached | speculative | encoder (MDM model)
+      draft="auto",                # speculative: drafts per round, "auto" or an integer ("4")
       num_samples=8,
       batch_size=8,
       length=0,                    # 0: model.block_size
@@ -301,7 +337,19 @@ def settings_from_config(c: ml_collections.ConfigDict, cfg: ModelConfig) -> Samp
                         schedule=c.schedule, count_mode=c.count_mode, order=c.order,
                         temperature=float(c.temperature), top_p=float(c.top_p),
                         top_p_rule=str(c.get("top_p_rule", "published")),
-                        greedy=bool(c.greedy), method=c.method)
+                        greedy=bool(c.greedy), method=c.method,
+                        draft=parse_draft(c.get("draft", "auto")))
+
+
+def parse_draft(value) -> Any:
+  """``sample.draft`` from a config: "auto" or an integer (given as int or string)."""
+  v = str(value).strip()
+  if v == "auto":
+    return v
+  try:
+    return int(v)
+  except ValueError:
+    raise ValueError(f"sample.draft: must be 'auto' or an integer, got {value!r}") from None
 
 
 def config_prompt(c: ml_collections.ConfigDict, tokenizer, length: int, vocab: int):
@@ -350,7 +398,8 @@ def write_samples(model: AOGPT, config: ml_collections.ConfigDict, workdir: str,
   # one compiled sampler serves the whole run.
   batches = [prepare(cfg, key, s, prompt=prompt, batch=bs, sample_offset=off)
              for off in range(0, num, bs)]
-  plans = [None] * len(batches) if s.method == "ar" else plan(batches, method=s.method)
+  plans = ([None] * len(batches) if s.method in PLANLESS_METHODS
+           else plan(batches, method=s.method))
   out_dir = os.path.join(workdir, "samples")
   os.makedirs(out_dir, exist_ok=True)      # an unwritable workdir fails before sampling
   t0 = time.perf_counter()
@@ -360,7 +409,8 @@ def write_samples(model: AOGPT, config: ml_collections.ConfigDict, workdir: str,
     outs.append(jax.block_until_ready(run(model, p, pl, s)))
     progress.update(i + 1)
   seconds = time.perf_counter() - t0
-  steps = "" if s.method == "ar" else f"_T{s.steps}_{s.schedule}_{s.count_mode}"
+  steps = ("" if s.method == "ar" else f"_K{s.draft}_{s.order}" if s.method == "speculative"
+           else f"_T{s.steps}_{s.schedule}_{s.count_mode}")
   rule = "" if s.top_p_rule == "published" or s.top_p == 1 else s.top_p_rule
   name = c.name or (f"{s.method}{steps}_p{s.top_p:g}{rule}_t{s.temperature:g}_seed{int(c.seed)}")
   stem, k = name, 1
@@ -381,6 +431,10 @@ def write_samples(model: AOGPT, config: ml_collections.ConfigDict, workdir: str,
           "num_samples": num, "seconds_incl_compile": round(seconds, 3),
           "tokens_per_s_incl_compile": round(num * s.length / seconds, 1),
           "plan": None if plans[0] is None else plans[0].stats()}
+  if s.method == "speculative":
+    passes = np.concatenate([o.passes[:num - off] for off, o in zip(range(0, num, bs), outs)])
+    meta["passes_per_token"] = round(float(passes.sum() / max(1, sum(
+        int((~b.prompt_mask[:num - off]).sum()) for off, b in zip(range(0, num, bs), batches)))), 4)
   with open(os.path.join(out_dir, stem + ".json"), "x") as f:
     json.dump(meta, f, indent=1)
   return path

@@ -100,6 +100,27 @@ def test_export_hub_dir_has_a_model_card_and_loads_back_as_hf(trained, tmp_path)
     assert f"### {md.stem}" in card and md.read_text().strip() in card
 
 
+def test_sample_mode_speculative(trained):
+  cache, workdir = trained
+  cfg = tu.tiny_config(cache)
+  cfg.sample.update(dict(method="speculative", draft="3", num_samples=2, batch_size=2,
+                         length=16, prompt="ab", order="l2r"))
+  path = pathlib.Path(modes.sample_mode(cfg, str(workdir)))
+  rows = [json.loads(line) for line in path.read_text().splitlines()]
+  assert len(rows) == 2 and all(r["tokens"][:2] == [97, 98] for r in rows)
+  meta = json.loads(path.with_suffix(".json").read_text())
+  assert "speculative_K3" in path.name and 0 < meta["passes_per_token"] <= 1
+  # Random order with an infill prompt (same shapes: the compiled sampler is reused).
+  cfg.sample.update(dict(order="random", suffix="yz"))
+  path = pathlib.Path(modes.sample_mode(cfg, str(workdir)))
+  rows = [json.loads(line) for line in path.read_text().splitlines()]
+  assert all(r["tokens"][:2] == [97, 98] and r["tokens"][-2:] == [121, 122] for r in rows)
+  assert "speculative_K3_random" in path.name
+  cfg.sample.draft = "many"
+  with pytest.raises(ValueError, match="sample.draft"):
+    modes.sample_mode(cfg, str(workdir))
+
+
 def test_modes_refuse_bad_input_before_running(trained):
   cache, workdir = trained
   cfg = tu.tiny_config(cache)

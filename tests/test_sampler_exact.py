@@ -1,7 +1,6 @@
 """Exactness: sample frequencies match the model's distribution computed by enumeration.
 
-Tiny model: 3 valid tokens (+1 padding id), length 4 (81 sequences), init std 0.5 so the
-conditionals are far from uniform. Expected distributions are built from ordinary causal
+Tiny model and enumeration: `exact_tiny`. Expected distributions are built from ordinary causal
 (gather-path) forwards only: a parallel step's query for target sigma_{m+j} is the causal forward
 of the order with ranks m and m+j swapped, at rank m. Chi-square with fixed seeds; every test
 also checks that the wrong alternative (e.g. one-token-at-a-time when steps < n) is rejected, so
@@ -16,21 +15,11 @@ import pytest
 
 from aogpt_jax import sampler
 from aogpt_jax.sampling import prompts
-from sampler_testlib import (all_sequences, chisquare_p, histogram, mixture_over_orders,
-                             parallel_logprob, tiny_model)
+import exact_tiny
+from sampler_testlib import chisquare_p, histogram, mixture_over_orders, parallel_logprob
 
-N_SAMPLES = 20000
-V, LEN = 3, 4
-
-
-@pytest.fixture(scope="module")
-def model():
-  return tiny_model(vocab=4, valid=V, block=LEN, std=0.5)
-
-
-@pytest.fixture(scope="module")
-def seqs():
-  return all_sequences(V, LEN)
+N_SAMPLES, V, LEN = exact_tiny.N_SAMPLES, exact_tiny.V, exact_tiny.LEN
+model, seqs = exact_tiny.model, exact_tiny.seqs     # the shared fixtures
 
 
 def _draw(model, key, **settings):

@@ -9,22 +9,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from aogpt_jax.sampling import speculative, tokens as tokens_lib
-from sampler_testlib import (all_sequences, chisquare_p, histogram, mixture_over_orders,
-                             parallel_logprob, tiny_model)
+from aogpt_jax import model as model_lib, sampler
+from aogpt_jax.sampling import diffusion, prompts, speculative, tokens as tokens_lib
+import exact_tiny
+from sampler_testlib import (chisquare_p, histogram, mixture_over_orders, parallel_logprob,
+                             tiny_model)
 
-N_SAMPLES = 20000
-V, LEN = 3, 4
-
-
-@pytest.fixture(scope="module")
-def model():
-  return tiny_model(vocab=4, valid=V, block=LEN, std=0.5)
-
-
-@pytest.fixture(scope="module")
-def seqs():
-  return all_sequences(V, LEN)
+N_SAMPLES, V, LEN = exact_tiny.N_SAMPLES, exact_tiny.V, exact_tiny.LEN
+model, seqs = exact_tiny.model, exact_tiny.seqs     # the shared fixtures
 
 
 def _run(model, key, order, *, prompt=None, draft=2, **kw):
@@ -35,7 +27,7 @@ def _run(model, key, order, *, prompt=None, draft=2, **kw):
   with tokens_lib.exact_sampling():
     keys = tokens_lib.stream(tokens_lib.sample_keys(jax.random.key(key), batch),
                              tokens_lib.TOKEN_STREAM)
-    toks, passes = fn(order, tokens0, plen, keys)
+    toks, passes, _ = fn(order, tokens0, plen, keys)
   toks = np.asarray(toks)
   assert (toks < V).all() and (toks >= 0).all()
   return toks, np.asarray(passes)
@@ -88,3 +80,91 @@ def test_infill_prompt(model, seqs):
   assert chisquare_p(hist, exact, N_SAMPLES) > 1e-3
   wrong = mixture_over_orders(model, seqs, [0, 2, 3], [3], prefix=(1,))[keep]
   assert chisquare_p(hist, wrong, N_SAMPLES) < 1e-6
+
+
+def test_auto_draft_is_ancestral(model, seqs):
+  """draft="auto" picks K from past outcomes only: still the T = n distribution."""
+  toks, passes = _run(model, 21, _random_orders(2, N_SAMPLES, range(LEN)), draft="auto",
+                      temperature=0.8)
+  hist = histogram(toks, V)
+  exact = mixture_over_orders(model, seqs, range(LEN), [1] * LEN, temperature=0.8)
+  assert chisquare_p(hist, exact, N_SAMPLES) > 1e-3
+  wrong = mixture_over_orders(model, seqs, range(LEN), [2, 2], temperature=0.8)
+  assert chisquare_p(hist, wrong, N_SAMPLES) < 1e-6
+  assert passes.mean() < 2 * LEN
+
+
+def _explicit_mask_logits(m, tokens, order):
+  """Uncached forward with the explicit rank mask: logits [B, n + 1, V] in slot space
+  (slot 0 = START, slot p + 1 = the token at position p)."""
+  tok, pos, tgt, mask = model_lib.mask_slots(tokens, order)
+  h, _ = m.encode(tok, pos, tgt, mask=mask)
+  return m.head(h, tgt)
+
+
+@pytest.mark.parametrize("draft", [3, "auto"])
+def test_verify_and_draft_logits_equal_uncached_forward(draft):
+  """Every round's draft-query logits equal the explicit-mask parallel forward (context: the c
+  known tokens) and its verify logits equal the explicit-mask causal forward over the known
+  tokens plus the drafts; a prompt at positions 2 and 5 (infilling). All rounds of all rows are
+  checked in one batched uncached call each."""
+  m = tiny_model()
+  n, batch = 10, 3
+  s = sampler.SampleSettings(length=n, method="speculative", draft=draft, temperature=0.9)
+  prompt = prompts.pairs_prompt([[(2, 4), (5, 7)]] * batch, n, m.cfg.valid_vocab_size)
+  out = sampler.generate(m, jax.random.key(3), s, prompt=prompt, debug=True)
+  tr, order, final = out.logits, out.order, out.tokens
+  assert (final[:, 2] == 4).all() and (final[:, 5] == 7).all()
+  rounds = [(i, b) for i in range(n) for b in range(batch) if tr["c"][i, b] >= 0]
+  assert len(rounds) >= batch
+  orders, toks, cs, kvs = [], [], [], []
+  for i, b in rounds:
+    c, k = int(tr["c"][i, b]), int(tr["k"][i, b])
+    kv = min(k, n - c)
+    t = final[b].copy()          # the tokens the round saw: committed ranks < c, drafts after
+    t[order[b, c:c + kv]] = tr["d"][i, b, :kv]
+    orders.append(order[b]), toks.append(t), cs.append(c), kvs.append(kv)
+  orders, toks = jnp.asarray(np.stack(orders)), jnp.asarray(np.stack(toks))
+  cs, kvs = jnp.asarray(cs, jnp.int32), jnp.asarray(kvs, jnp.int32)
+  kmax = tr["d"].shape[2]
+  q, _, _ = jax.jit(lambda o, t, c, k: diffusion.full_step_logits(
+      m, o, t, c, jnp.zeros_like(c), k, queries=kmax))(orders, toks, cs, kvs)
+  full = jax.jit(lambda t, o: _explicit_mask_logits(m, t, o))(toks, orders)
+  q, full = np.asarray(q), np.asarray(full)
+  for r, (i, b) in enumerate(rounds):
+    c, kv = int(cs[r]), int(kvs[r])
+    np.testing.assert_allclose(tr["q"][i, b, :kv], q[r, :kv], atol=2e-5, rtol=1e-5)
+    nv = min(int(tr["k"][i, b]), n - c - 1)     # verify slots c+1..c+nv hold d_0..d_{nv-1}
+    slots = order[b, c:c + nv] + 1
+    np.testing.assert_allclose(tr["p"][i, b, :nv], full[r, slots], atol=2e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("draft", [2, "auto"])
+def test_sample_independent_of_batch_composition(draft):
+  """A row's tokens depend only on its key (and K): rows 2, 3 of one batch equal rows 0, 1 of
+  the batch that starts two samples later (other companions, other orders and finishing times;
+  one compiled sampler for both)."""
+  m = tiny_model()
+  s = sampler.SampleSettings(length=12, method="speculative", draft=draft, top_p=0.9,
+                             top_p_rule="nucleus")
+  first = sampler.generate(m, jax.random.key(5), s, batch=4)
+  later = sampler.generate(m, jax.random.key(5), s, batch=4, sample_offset=2)
+  np.testing.assert_array_equal(first.tokens[2:], later.tokens[:2])
+  np.testing.assert_array_equal(first.passes[2:], later.passes[:2])
+  assert not (first.tokens[:2] == later.tokens[2:]).all()
+
+
+def test_settings_and_config_checks():
+  cfg = tiny_model().cfg
+  for bad, msg in [(dict(draft=0), "sample.draft"), (dict(draft="x"), "sample.draft"),
+                   (dict(draft=True), "sample.draft"), (dict(greedy=True), "sample.greedy")]:
+    with pytest.raises(ValueError, match=msg):
+      sampler.SampleSettings(length=8, method="speculative", **bad).validate(cfg)
+  c = sampler.sample_config()
+  c.method, c.draft, c.length = "speculative", "5", 8
+  assert sampler.settings_from_config(c, cfg).draft == 5
+  c.draft = "auto"
+  assert sampler.settings_from_config(c, cfg).draft == "auto"
+  c.draft = "four"
+  with pytest.raises(ValueError, match="sample.draft: must be 'auto' or an integer"):
+    sampler.settings_from_config(c, cfg)

@@ -1,0 +1,199 @@
+"""Speculative decoding (``method="speculative"``) against AR decoding and the T = n sampler.
+
+For a quickstart-size model, trained (``--workdir`` of a run; without one, configs/quickstart.py
+is trained here for ``--train_steps`` steps in a temporary workdir through the real command line)
+and with random weights, at batch ``--batch`` and length ``--length`` (unconditional, no prompt):
+
+* speed: forward passes per token and wall time of AR decoding (L2R), the T = n diffusion
+  sampler (one token per pass; L2R and random order) and the speculative sampler with
+  K in ``--drafts`` (L2R and random order). All of these are exact samplers of the same
+  distribution (per order). Wall time: best of ``--repeats`` runs after a warm-up, the runs of
+  all configurations interleaved round by round (fair on a shared machine); the first call
+  (compile + run) is reported apart. Compiles are shared between the two models (same shapes).
+* quality at equal passes (trained model only): for every speculative row, the parallel
+  diffusion sampler (deterministic counts, linear schedule) with T = the speculative row's mean
+  passes per sample, same order; the model's own L2R NLL of the samples (nats per token,
+  padding ids excluded) and their unigram entropy (per-sample mean). Exact samplers should all
+  land at the same NLL (up to noise); the parallel T < n sampler pays for its speed in NLL.
+
+    python benchmarks/speculative.py                       # trains ~300 steps, a few minutes
+    python benchmarks/speculative.py --workdir=/tmp/aogpt_quickstart --batch=16
+
+Prints a markdown table and writes JSON to ``--out`` (default
+benchmarks/results/speculative_cpu.json).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+from flax import nnx  # noqa: E402
+
+from aogpt_jax import checkpoint, sampler  # noqa: E402
+from aogpt_jax import model as model_lib  # noqa: E402
+from aogpt_jax.evaluation.genppl import unigram_entropy  # noqa: E402
+sys.path.insert(0, os.path.join(REPO, "benchmarks"))
+from sample_speed import machine  # noqa: E402
+
+
+def train(steps: int, workdir: str) -> float:
+  """Trains configs/quickstart.py for ``steps`` steps into ``workdir``; returns seconds."""
+  cmd = [sys.executable, "-m", "aogpt_jax.main", "--config=configs/quickstart.py",
+         f"--workdir={workdir}", f"--config.total_steps={steps}",
+         f"--config.eval_every={steps}", f"--config.checkpoint_every={steps}"]
+  t0 = time.perf_counter()
+  with open(os.path.join(workdir, "train.log"), "w") as log:
+    subprocess.run(cmd, cwd=REPO, check=True, stdout=log, stderr=subprocess.STDOUT,
+                   env=dict(os.environ, PYTHONPATH=REPO))
+  return time.perf_counter() - t0
+
+
+_FORWARD = {}
+
+
+def l2r_nll(m, tokens: np.ndarray) -> float:
+  """The model's own L2R NLL of the samples, nats per token (padding ids excluded)."""
+  order = jnp.broadcast_to(jnp.arange(tokens.shape[1], dtype=jnp.int32), tokens.shape)
+  fwd = _FORWARD.setdefault(id(m), jax.jit(lambda t, o: m(t, o)))
+  logits = fwd(jnp.asarray(tokens), order).astype(jnp.float32)
+  logits = jnp.where(jnp.arange(logits.shape[-1]) < m.cfg.valid_vocab_size, logits, -jnp.inf)
+  logp = jax.nn.log_softmax(logits, axis=-1)
+  return float(-jnp.mean(jnp.take_along_axis(logp, jnp.asarray(tokens)[..., None], -1)))
+
+
+def build(m, args, *, method, order, steps=None, draft=None):
+  s = sampler.SampleSettings(length=args.length, steps=steps or args.length, method=method,
+                             order=order, draft=draft if draft is not None else "auto",
+                             temperature=args.temperature, top_p=args.top_p)
+  p = sampler.prepare(m.cfg, jax.random.key(args.seed), s, batch=args.batch)
+  pl = None if method in sampler.PLANLESS_METHODS else sampler.plan([p], method=method)[0]
+  run = lambda: sampler.run(m, p, pl, s)            # jit-cached: shared by models of one shape
+  t0 = time.perf_counter()
+  out = run()                                        # compile (first of its shape) + warm-up
+  row = {"method": method, "order": order,
+         "compile_and_first_run_s": round(time.perf_counter() - t0, 2)}
+  if method == "speculative":
+    row["draft"] = draft
+  if method == "diffusion":
+    row["steps"] = s.steps
+  toks, passes = out.tokens, out.passes
+  toks = np.asarray(toks)
+  n_tok = args.batch * args.length
+  if method == "speculative":
+    row["passes_per_token"] = round(float(passes.sum()) / n_tok, 4)
+  else:
+    row["passes_per_token"] = round((args.length if method == "ar" else s.steps) / args.length, 4)
+  return row, run, toks
+
+
+def time_all(built, args) -> None:
+  times = [[] for _ in built]
+  for _ in range(args.repeats):
+    for i, (_, run, _) in enumerate(built):
+      t0 = time.perf_counter()
+      run()
+      times[i].append(time.perf_counter() - t0)
+  for (row, _, _), t in zip(built, times):
+    row["run_s"] = round(min(t), 4)
+
+
+def bench_model(m, args, *, quality: bool) -> list[dict]:
+  drafts = [d if d == "auto" else int(d) for d in args.drafts.split(",")]
+  built = [build(m, args, method="ar", order="l2r")]
+  for order in args.orders.split(","):
+    built.append(build(m, args, method="diffusion", order=order))
+    for d in drafts:
+      built.append(build(m, args, method="speculative", order=order, draft=d))
+      print(json.dumps(built[-1][0]), flush=True)
+  time_all(built, args)
+  ar = built[0][0]["run_s"]
+  rows = []
+  for row, _, toks in built:
+    row["vs_ar_time"] = round(row["run_s"] / ar, 3)
+    if quality:
+      row["l2r_nll"] = round(l2r_nll(m, toks), 4)
+      row["entropy"] = round(unigram_entropy(toks)["per_sample_mean"], 4)
+    rows.append(row)
+  if quality:      # the parallel sampler at the speculative rows' passes
+    for row in [r for r in rows if r["method"] == "speculative"]:
+      steps = max(1, min(args.length, round(row["passes_per_token"] * args.length)))
+      prow, _, toks = build(m, args, method="diffusion", order=row["order"], steps=steps)
+      row["parallel_same_passes"] = {"steps": steps, "l2r_nll": round(l2r_nll(m, toks), 4),
+                                     "entropy": round(unigram_entropy(toks)["per_sample_mean"],
+                                                      4)}
+  return rows
+
+
+def table(result) -> str:
+  out = ["| weights | sampler | order | passes/token | run s | vs AR | L2R NLL | entropy | "
+         "parallel at same passes: T, L2R NLL, entropy |", "|" + "---|" * 9]
+  for name, rows in result["models"].items():
+    for r in rows:
+      label = {"ar": "AR", "diffusion": f"T={r.get('steps')}"}.get(r["method"],
+                                                                  f"spec K={r.get('draft')}")
+      par = r.get("parallel_same_passes")
+      par_s = f"T={par['steps']}, {par['l2r_nll']}, {par['entropy']}" if par else ""
+      out.append(f"| {name} | {label} | {r['order']} | {r['passes_per_token']} | {r['run_s']} | "
+                 f"{r['vs_ar_time']} | {r.get('l2r_nll', '')} | {r.get('entropy', '')} | "
+                 f"{par_s} |")
+  return "\n".join(out)
+
+
+def main(argv=None) -> dict:
+  ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  ap.add_argument("--workdir", default="", help="a trained run (else train one here)")
+  ap.add_argument("--train_steps", type=int, default=300)
+  ap.add_argument("--batch", type=int, default=8)
+  ap.add_argument("--length", type=int, default=128)
+  ap.add_argument("--drafts", default="2,4,8,auto")
+  ap.add_argument("--orders", default="l2r,random")
+  ap.add_argument("--temperature", type=float, default=1.0)
+  ap.add_argument("--top_p", type=float, default=1.0)
+  ap.add_argument("--repeats", type=int, default=3)
+  ap.add_argument("--seed", type=int, default=0)
+  ap.add_argument("--out", default=os.path.join(REPO, "benchmarks", "results",
+                                                "speculative_cpu.json"))
+  args = ap.parse_args(argv)
+  result = {"benchmark": "speculative", "machine": machine(),
+            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+            "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO,
+                                     capture_output=True, text=True).stdout.strip(),
+            "args": vars(args), "models": {}}
+  with tempfile.TemporaryDirectory() as tmp:
+    workdir = args.workdir
+    if not workdir:
+      workdir = tmp
+      result["train_s"] = round(train(args.train_steps, workdir), 1)
+    m, cfg = checkpoint.load_model(workdir, which="ema")
+    result["trained"] = {"workdir": args.workdir or f"(temporary, {args.train_steps} steps)",
+                         "step": cfg.loaded.step}
+  if args.length > m.cfg.block_size:
+    ap.error(f"--length {args.length} exceeds the model's block_size {m.cfg.block_size}")
+  result["params"] = model_lib.count_params(m)
+  result["models"]["trained"] = bench_model(m, args, quality=True)
+  rand = model_lib.AOGPT(m.cfg, rngs=nnx.Rngs(args.seed))
+  result["models"]["random"] = bench_model(rand, args, quality=False)
+  result["table"] = table(result)
+  print(result["table"])
+  os.makedirs(os.path.dirname(args.out), exist_ok=True)
+  with open(args.out, "w") as f:
+    json.dump(result, f, indent=1)
+  print(f"wrote {args.out}")
+  return result
+
+
+if __name__ == "__main__":
+  main()
