@@ -101,6 +101,7 @@ def tiny(cfg: config_dict.ConfigDict) -> config_dict.ConfigDict:
       "total_steps": 300, "log_every": 10, "eval_every": 100, "checkpoint_every": 100,
       "optimizer.lr": 2e-3, "optimizer.warmup_steps": 30, "optimizer.decay_steps": 0,
       "eval.batch_size": 32, "eval.max_blocks": 128,
+      "evaluate.max_blocks": 256,   # --mode=eval: minutes on 2 cores (0 = the whole split)
       "checkpoint.keep": 2, "checkpoint.keep_every": 0,
   })
 

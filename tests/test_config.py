@@ -250,3 +250,9 @@ def test_temperatures_that_cannot_be_sampled_are_refused(temperature):
   s = sampler.SampleSettings(length=8, steps=8, temperature=temperature)
   with pytest.raises(ValueError, match="sample.temperature: must be a finite number >= 1e-06"):
     s.validate(model_lib.preset("tiny"))
+
+
+def test_quickstart_eval_is_bounded_by_default():
+  """README's `--mode=eval` on the quickstart must finish in minutes (issue 16): not the whole
+  5,610-block held-out split."""
+  assert 0 < recipes.quickstart().evaluate.max_blocks <= 256
