@@ -180,7 +180,7 @@ def genppl_mode(cfg, workdir: str, checkpoint: str = "") -> dict:
   if checkpoint:
     m, prov = _from_spec(cfg, checkpoint, cfg.sample.which)
   else:
-    _check_run(cfg, workdir)
+    _check_run(cfg, workdir, "sample.method")
     m, run_cfg = checkpoint_lib.load_model(workdir, which=cfg.sample.which)
     prov = run_cfg.loaded.to_dict()
   try:                                                            # before any sampling
