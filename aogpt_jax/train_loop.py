@@ -42,13 +42,7 @@ def prepare_workdir(workdir: str) -> pathlib.Path:
   if not workdir:
     raise config_lib.ConfigError("--workdir: required")
   path = pathlib.Path(workdir).expanduser().absolute()
-  try:
-    path.mkdir(parents=True, exist_ok=True)
-    probe = path / f".write_probe.{jax.process_index()}"
-    probe.write_text("ok")
-    probe.unlink()
-  except OSError as e:
-    raise config_lib.ConfigError(f"--workdir: {path} is not writable ({e.strerror})") from None
+  checkpoint_lib.check_writable(path, "--workdir")
   return path
 
 
