@@ -81,41 +81,71 @@ def filter_logits(logits: jax.Array, *, temperature: float = 1.0, top_p: float =
   return jnp.where(x >= top_p_cutoff(x, top_p, top_p_rule), x, -jnp.inf)
 
 
+_SIGN = 0x7FFFFFFFFFFFFFFF
+
+
 def _ordered_key(x: jax.Array) -> jax.Array:
   """int64 keys with ``key(a) < key(b)`` iff ``a < b`` for float64 a, b (-0.0 and 0.0 equal)."""
   b = jax.lax.bitcast_convert_type(x, jnp.int64)
-  return jnp.where(b < 0, -(b & jnp.int64(0x7FFFFFFFFFFFFFFF)), b)
+  return jnp.where(b < 0, -(b & jnp.int64(_SIGN)), b)
+
+
+def _key_value(k: jax.Array) -> jax.Array:
+  """The float64 whose `_ordered_key` is ``k``."""
+  b = jnp.where(k < 0, (-k) | jnp.int64(~_SIGN), k)
+  return jax.lax.bitcast_convert_type(b, jnp.float64)
+
+
+TOP_P_ROWS = 4   # rows per top-p cut-off search: [4, 50304] float64 stays in cache
 
 
 def top_p_cutoff(x: jax.Array, top_p: float, rule: str) -> jax.Array:
+  """`_top_p_cutoff` over groups of `TOP_P_ROWS` rows (``lax.map``): memory-bound on the whole
+  batch, cache-resident on a few rows."""
+  lead = x.shape[:-1]
+  rows = x.reshape(-1, x.shape[-1])
+  out = jax.lax.map(lambda r: _top_p_cutoff(r, top_p, rule), rows,
+                    batch_size=min(TOP_P_ROWS, rows.shape[0]))
+  return out.reshape(*lead, 1)
+
+
+def _top_p_cutoff(x: jax.Array, top_p, rule: str) -> jax.Array:
   """The smallest kept value ``c`` [..., 1] of float64 logits ``x`` [..., V] (kept: ``x >= c``).
 
   Sort-free (a sort of V = 50k float64 per row costs more than the model's whole step on CPU):
-  with ``p = softmax(x)`` and ``S(u) = sum of p_i over key(x_i) > u``, a bisection over the int64
-  order keys finds the smallest u with ``S(u) <= top_p`` ("published") or ``S(u) < top_p``
-  ("nucleus"), one masked sum per halving (at most 64). Nucleus: c is the value whose key is u.
-  Published: c1 is the smallest value above u (the smallest value v whose tokens with x >= v
-  hold at most top_p); below c1 only the next value c0 can still qualify, when it is tied (its
-  first occurrence has cumulative mass S(c0 excluded) + p(c0) <= top_p), and the top value is
-  always kept. Equal to the sorted definition up to float64 summation order."""
+  with ``p = softmax(x)`` and ``S(u) = sum of p_i over key(x_i) > u`` (int64 order keys, S only
+  changes at the keys of actual values), a bracket ``lo < hi`` with S(lo) not ok and S(hi) ok
+  ("ok": ``S <= top_p`` for "published", ``S < top_p`` for "nucleus") is halved, in value space
+  first (a few tens of halvings separate V distinct values) and in key space after 48 (at most
+  64 more), until no actual value lies strictly inside; then u = hi is the smallest ok key. One
+  fused pass over the row per halving. Nucleus: c is the value whose key is u. Published: c1 is
+  the smallest value above u (the smallest v whose tokens with x >= v hold at most top_p); below
+  c1 only the next value c0 can still qualify, when it is tied (its first occurrence has
+  cumulative mass S(c0 excluded) + p(c0) <= top_p), and the top value is always kept. Equal to
+  the sorted definition up to float64 summation order."""
   mx = jnp.max(x, axis=-1, keepdims=True)
   w = jnp.exp(x - mx)
   z = jnp.sum(w, axis=-1, keepdims=True)
   p = w / z
   k = _ordered_key(x)
-  mass_above = lambda u: jnp.sum(jnp.where(k > u[..., None], p, 0.0), axis=-1)
   ok = (lambda s: s <= top_p) if rule == "published" else (lambda s: s < top_p)
   hi = jnp.max(k, axis=-1)                                           # S(hi) = 0: ok
   lo = jnp.min(jnp.where(jnp.isfinite(x), k, hi[..., None]), axis=-1) - 1   # S(lo) = 1: not ok
+  inside = lambda lo, hi: jnp.sum((k > lo[..., None]) & (k < hi[..., None]), axis=-1)
 
   def body(c):
-    lo, hi = c
-    mid = (lo >> 1) + (hi >> 1) + (lo & hi & 1)                      # floor((lo + hi) / 2)
-    good = ok(mass_above(mid))
-    go = lo < hi - 1
-    return jnp.where(go & ~good, mid, lo), jnp.where(go & good, mid, hi)
+    lo, hi, n_in, it = c
+    lv, hv = _key_value(lo), _key_value(hi)
+    mid_v = _ordered_key(lv + (hv - lv) / 2)
+    mid_k = (lo >> 1) + (hi >> 1) + (lo & hi & 1)                    # floor((lo + hi) / 2)
+    mid = jnp.where((it < 48) & (mid_v > lo) & (mid_v < hi), mid_v, mid_k)
+    good = ok(jnp.sum(jnp.where(k > mid[..., None], p, 0.0), axis=-1))
+    go = n_in > 0
+    lo, hi = jnp.where(go & ~good, mid, lo), jnp.where(go & good, mid, hi)
+    return lo, hi, inside(lo, hi), it + 1
 
-  _, u = jax.lax.while_loop(lambda c: jnp.any(c[0] < c[1] - 1), body, (lo, hi))
+  _, u, _, _ = jax.lax.while_loop(lambda c: jnp.any(c[2] > 0), body,
+                                  (lo, hi, inside(lo, hi), jnp.int32(0)))
   u = u[..., None]
   if rule == "nucleus":
     return jnp.min(jnp.where(k >= u, x, jnp.inf), axis=-1, keepdims=True)
