@@ -248,7 +248,9 @@ def test_degenerate_run_settings_are_refused(overrides, message, tmp_path):
 def test_temperatures_that_cannot_be_sampled_are_refused(temperature):
   from aogpt_jax import sampler
   s = sampler.SampleSettings(length=8, steps=8, temperature=temperature)
-  with pytest.raises(ValueError, match="sample.temperature: must be a finite number >= 1e-06"):
+  want = ("sample.temperature: must be a number, got str" if isinstance(temperature, str) else
+          "sample.temperature: must be a finite number >= 1e-06")
+  with pytest.raises(ValueError, match=want):
     s.validate(model_lib.preset("tiny"))
 
 
