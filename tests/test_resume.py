@@ -117,7 +117,7 @@ def test_bad_mode_and_config_errors_exit_with_a_message(cache_dir, tmp_path):
   args = cli_args(cache_dir, tmp_path / "w")
   kw = dict(capture_output=True, text=True, env=cpu_env(), cwd=REPO, timeout=120)
   p = subprocess.run(args + ["--mode=dance"], **kw)
-  assert p.returncode != 0 and "--mode=dance: unknown mode; known: eval, prepare, sample, train" in p.stderr
+  assert p.returncode != 0 and "--mode=dance: unknown mode; known: eval, genppl, prepare, sample, train" in p.stderr
   p = subprocess.run(args + ["--config.model.n_head=3"], **kw)
   assert p.returncode == 1
   assert "config error: model.n_head: 3 heads do not divide n_embd=32" in p.stderr
