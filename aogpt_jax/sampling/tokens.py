@@ -17,7 +17,8 @@ tests/test_sampler_logits.py).
 Padding ids have logits -inf (the model sets them) and stay -inf through temperature and top-p,
 so they are never drawn. Top-p (`filter_logits`) has two named rules: ``"published"`` (the
 released AO-GPT code's ``top_p_sampling_from_probs``, the default) and ``"nucleus"`` (Holtzman
-et al.); at ``top_p == 1`` nothing is sorted.
+et al.); the cut-off is found without sorting (`top_p_cutoff`); at ``top_p == 1`` nothing is
+filtered.
 
 Keys. A sample's stream is ``fold_in(key, sample_index)`` (`sample_keys`); the token at original
 position p is drawn with ``fold_in(fold_in(sample_key, TOKEN_STREAM), p)`` (`token_keys`), so a
