@@ -106,6 +106,9 @@ def verify_manifest(step_dir: str | os.PathLike) -> bool:
   step_dir = pathlib.Path(step_dir)
   path = step_dir / MANIFEST
   if not path.exists():
+    logging.warning("checkpoint %s has no checksum manifest (saved before checksums existed, or "
+                    "the run was killed between the save and its manifest): its bytes cannot be "
+                    "verified", step_dir)
     return False
   try:
     files = json.loads(path.read_text(encoding="utf-8"))["sha256"]

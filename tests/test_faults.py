@@ -13,10 +13,14 @@ import logging
 import os
 import pathlib
 import shutil
+import signal
 import subprocess
 import sys
 import time
 
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
 import pytest
 from absl import flags
 
@@ -28,6 +32,7 @@ from aogpt_jax import train as train_lib
 from aogpt_jax import train_loop
 
 from trainer_util import REPO, checkpoint_steps, cli_args, cpu_env, start, tiny_config, wait_for
+from trainer_util import run as run_cli
 
 LONG = dict(total_steps=100000, checkpoint_every=4, log_every=4, eval_every=0)
 
@@ -281,3 +286,68 @@ def test_cli_errors_are_one_line_and_verbose_shows_the_traceback(cache_dir, tmp_
   last = p.stderr.strip().splitlines()[-1]
   assert last.startswith("aogpt_jax: NonFiniteLoss: training step"), last
   assert last.endswith("no checkpoint of this run exists yet."), last
+
+
+# ------------------------------------------- kill -9 exactly between orbax's commit and the manifest
+
+_KILL_AT_MANIFEST = """
+import os, pathlib, signal, sys
+from absl import app
+from aogpt_jax import checkpoint, main
+real, die_at = checkpoint.write_manifest, sys.argv.pop()   # the step to die at
+def write_manifest(step_dir):
+  if pathlib.Path(step_dir).name.split(".")[0] == die_at:
+    os.kill(os.getpid(), signal.SIGKILL)
+  return real(step_dir)
+checkpoint.write_manifest = write_manifest
+app.run(main.main, flags_parser=main.parse_flags)
+"""
+
+KILLED = dict(total_steps=6, checkpoint_every=2, log_every=2, eval_every=0)
+
+
+def _saved_state(workdir, step):
+  mngr = ocp.CheckpointManager(pathlib.Path(workdir) / "checkpoints",
+                               options=ocp.CheckpointManagerOptions(read_only=True))
+  items = {k: ocp.args.StandardRestore() for k in ("params", "opt_state", "ema", "train")}
+  try:
+    r = mngr.restore(step, args=ocp.args.Composite(**items))
+    return {k: jax.device_get(r[k]) for k in items}
+  finally:
+    mngr.close()
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(cache_dir, tmp_path_factory):
+  work = tmp_path_factory.mktemp("uninterrupted")
+  run_cli(cli_args(cache_dir, work, **KILLED), work / "log")
+  return _saved_state(work, 6)
+
+
+@pytest.mark.parametrize("async_save", [True, False])
+def test_kill9_between_commit_and_manifest_resumes_exactly(cache_dir, uninterrupted, tmp_path,
+                                                           async_save):
+  """Async saves write the manifest into orbax's temporary folder before the commit rename, so a
+  kill there leaves step 4 uncommitted (resume from 2); sync saves write it right after the
+  commit, so the kill leaves a committed step 4 without a manifest, which must be used (not set
+  aside) and named as unverified. Either way the finished run equals the uninterrupted one."""
+  work = tmp_path / "work"
+  args = cli_args(cache_dir, work, **KILLED, checkpoint__async_save=async_save)
+  script = tmp_path / "kill_at_manifest.py"
+  script.write_text(_KILL_AT_MANIFEST)
+  killed = subprocess.run([sys.executable, str(script)] + args[3:] + ["4"], cwd=REPO,
+                          env=cpu_env(), capture_output=True, text=True, timeout=300)
+  assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+  assert _steps(work) == ([2] if async_save else [2, 4])
+  if not async_save:
+    assert not (work / "checkpoints/4" / checkpoint_lib.MANIFEST).exists()
+  resumed = subprocess.run(args, cwd=REPO, env=cpu_env(), capture_output=True, text=True,
+                           timeout=300)
+  assert resumed.returncode == 0, resumed.stderr[-3000:]
+  assert not (work / "checkpoints_corrupt").exists()
+  if not async_save:
+    assert "checkpoints/4 has no checksum manifest" in resumed.stderr, resumed.stderr[-3000:]
+  assert f"resumed from {work}/checkpoints/{2 if async_save else 4}\n" in resumed.stderr, \
+      resumed.stderr[-3000:]
+  jax.tree.map(np.testing.assert_array_equal, _saved_state(work, 6), uninterrupted)
+  assert checkpoint_lib.verify_manifest(work / "checkpoints/6")
