@@ -351,3 +351,22 @@ def test_kill9_between_commit_and_manifest_resumes_exactly(cache_dir, uninterrup
       resumed.stderr[-3000:]
   jax.tree.map(np.testing.assert_array_equal, _saved_state(work, 6), uninterrupted)
   assert checkpoint_lib.verify_manifest(work / "checkpoints/6")
+
+
+def test_sample_falls_back_past_an_unverifiable_corrupt_step_in_one_quiet_line(cache_dir, trained,
+                                                                               tmp_path):
+  """A step saved without a manifest (older runs) whose EMA files are garbage: the CLI names it,
+  samples from the previous step, and prints no "Exception ignored" reports of orbax."""
+  work = _copy(trained, tmp_path)
+  for step in (2, 4):
+    (work / "checkpoints" / str(step) / checkpoint_lib.MANIFEST).unlink()
+  for f in (work / "checkpoints/4/ema").rglob("*"):
+    if f.is_file():
+      f.write_bytes(b"\x00garbage")
+  args = cli_args(cache_dir, work, sample__num_samples=1, sample__length=8, sample__steps=4)
+  p = subprocess.run(args + ["--mode=sample"], cwd=REPO, env=cpu_env(), capture_output=True,
+                     text=True, timeout=300)
+  assert p.returncode == 0, p.stderr[-3000:]
+  assert "checkpoints/4 is unreadable" in p.stderr and "Exception ignored" not in p.stderr
+  written = pathlib.Path(p.stdout.strip().splitlines()[-1].split("samples written to ")[1])
+  assert json.loads(written.with_suffix(".json").read_text())["loaded"]["step"] == 2
