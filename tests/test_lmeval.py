@@ -77,9 +77,9 @@ def setup(tmp_path_factory):
   return d, pt
 
 
-def _evaluate(d, model_args, tasks):
+def _evaluate(d, model, tasks, model_args=None):
   return lm_eval.simple_evaluate(
-      model="aogpt", model_args=model_args, tasks=[f"aogpt_test_{t}" for t in tasks],
+      model=model, model_args=model_args, tasks=[f"aogpt_test_{t}" for t in tasks],
       task_manager=TaskManager(include_path=str(d / "tasks"), include_defaults=False),
       log_samples=True, bootstrap_iters=0)
 
@@ -89,41 +89,50 @@ def _resps(res, task):
                                            key=lambda s: s["doc_id"])]
 
 
+def _pad(rows, n):
+  return np.asarray([r + [0] * (n - len(r)) for r in rows], np.int32)
+
+
+def _pair(tok, row):
+  ctx = tok.encode(row["ctx"])
+  return ctx, tok.encode(row["ctx"] + row["cont"])[len(ctx):]
+
+
 def test_harness_answers_local_tasks_like_our_perplexity_code(setup):
   d, pt = setup
-  res = _evaluate(d, f"checkpoint={pt},batch_size=2", ["ll", "roll", "gen"])
+  res = _evaluate(d, "aogpt", ["ll", "roll", "gen"], f"checkpoint={pt},batch_size=4")
   m, cfg, _ = checkpoint_spec.load(pt)
+  n = cfg.block_size
   tok = tokenizers.get_tokenizer("gpt2")
 
-  def l2r_nll(ids):                    # the perplexity code on one block, no padding
-    nll, _ = ppl_lib.token_nll(m, np.asarray([ids], np.int32),
-                               np.zeros((1,), np.uint32), order="l2r")
-    return np.asarray(nll[0], np.float64)
-
-  # loglikelihood: the continuation's L2R log-likelihood (context cut on the left to 32).
-  for row, (ll, greedy) in zip(ROWS, _resps(res, "ll")):
-    ctx, cont = tok.encode(row["ctx"]), tok.encode(row["ctx"] + row["cont"])[
-        len(tok.encode(row["ctx"])):]
-    ids = (ctx + cont)[-cfg.block_size:]
-    assert ll == pytest.approx(-l2r_nll(ids)[-len(cont):].sum(), rel=1e-5, abs=1e-4)
+  # loglikelihood: the continuation's L2R log-likelihood (context cut on the left to 32), as
+  # the perplexity code scores the same tokens (one batch, right-padded: causal, so exact).
+  seqs = [(c + k)[-n:] for c, k in (_pair(tok, r) for r in ROWS)]
+  nll, _ = ppl_lib.token_nll(m, _pad(seqs, n), np.zeros((len(seqs),), np.uint32), order="l2r")
+  for row, seq, (ll, greedy), per_token in zip(ROWS, seqs, _resps(res, "ll"), np.asarray(nll)):
+    k = len(_pair(tok, row)[1])
+    assert ll == pytest.approx(-per_token[len(seq) - k:len(seq)].sum(), rel=1e-5, abs=1e-4)
     assert isinstance(greedy, bool)
   # loglikelihood_rolling: blocks of block_size as --mode=eval cuts them, every token once.
-  for row, total in zip(ROWS, _resps(res, "roll")):
-    ids = tok.encode(row["text"])
-    blocks, weight = lmeval.text_blocks(ids, cfg.block_size)
-    assert weight.sum() == len(ids) and len(blocks) == -(-len(ids) // cfg.block_size)
-    out = ppl_lib.perplexity(m, [{"tokens": blocks, "weight": weight}], order="l2r")
+  assert len(tok.encode(ROWS[0]["text"])) > n
+  cut = [lmeval.text_blocks(tok.encode(r["text"]), n) for r in ROWS]
+  rows = max(len(b) for b, _ in cut)
+  for (blocks, weight), row, total in zip(cut, ROWS, _resps(res, "roll")):
+    assert weight.sum() == len(tok.encode(row["text"]))
+    pad = rows - len(blocks)                     # weight-0 rows: one compiled shape
+    out = ppl_lib.perplexity(m, [{"tokens": np.pad(blocks, ((0, pad), (0, 0))),
+                                  "weight": np.pad(weight, ((0, pad), (0, 0)))}], order="l2r")
     assert total == pytest.approx(-out["nll"] * out["tokens"], rel=1e-5)
-  assert len(ROWS[0]["text"]) and len(tok.encode(ROWS[0]["text"])) > cfg.block_size
-  # generate_until: greedy L2R continuation (uncached argmax oracle), cut at the stop strings.
-  for row, text in zip(ROWS, _resps(res, "gen")):
-    ids = tok.encode(row["ctx"])[-(cfg.block_size - 6):]
-    gen = []
-    for _ in range(6):
-      seq = jnp.asarray([ids + gen + [0]], jnp.int32)      # logits[r] predicts token r
-      logits = m(seq, jnp.arange(seq.shape[1], dtype=jnp.int32)[None])
-      gen.append(int(jnp.argmax(logits[0, -1])))
-    want = tok.decode(gen[:gen.index(tok.eot_id)] if tok.eot_id in gen else gen)
+  # generate_until: the greedy L2R continuation (uncached argmax oracle), cut at the stops.
+  forward = jax.jit(lambda t: m(t, jnp.broadcast_to(jnp.arange(n, dtype=jnp.int32), t.shape)))
+  ctxs = [tok.encode(r["ctx"])[-(n - 6):] for r in ROWS]
+  gens = [[] for _ in ROWS]
+  for _ in range(6):
+    logits = np.asarray(forward(jnp.asarray(_pad([c + g for c, g in zip(ctxs, gens)], n))))
+    for c, g, lg in zip(ctxs, gens, logits):
+      g.append(int(np.argmax(lg[len(c) + len(g)])))    # logits[r] predicts token r
+  for g, text in zip(gens, _resps(res, "gen")):
+    want = tok.decode(g[:g.index(tok.eot_id)] if tok.eot_id in g else g)
     for stop in (" the", "."):
       want = want.split(stop)[0]
     assert text == want
@@ -131,27 +140,31 @@ def test_harness_answers_local_tasks_like_our_perplexity_code(setup):
 
 def test_ensemble_option_is_eq4_over_the_context(setup):
   d, pt = setup
-  res = _evaluate(d, f"checkpoint={pt},batch_size=4,ensemble_m=3,seed=5", ["ll"])
-  m, cfg, _ = checkpoint_spec.load(pt)
-  tok = tokenizers.get_tokenizer("gpt2")
-  n = cfg.block_size
-  for row, (ll, _) in list(zip(ROWS, _resps(res, "ll")))[:2]:
-    ctx = tok.encode(row["ctx"])
-    ids = ctx + tok.encode(row["ctx"] + row["cont"])[len(ctx):]
-    k = len(ids) - len(ctx)
-    tokens = jnp.asarray(ids + [0] * (n - len(ids)), jnp.int32)
-    sigma = jnp.arange(n, dtype=jnp.int32)
-    ekey = ens_lib.ensemble_key(5, zlib.crc32(np.asarray(ids, np.int32).tobytes()))
-    want = 0.0
-    for i in range(len(ids) - k, len(ids)):
-      ctx_orders = jnp.stack([sigma[ens_lib.context_permutation(ekey, i, j, n)][:i]
-                              for j in range(3)])
-      want -= float(ens_lib.eq4_reference(m, tokens, sigma, i, ctx_orders))
-    assert ll == pytest.approx(want, rel=1e-5, abs=1e-4)
-  # M = 1 is the exact L2R log-likelihood.
-  one = _evaluate(d, f"checkpoint={pt},batch_size=4,ensemble_m=1", ["ll"])
-  l2r = _evaluate(d, f"checkpoint={pt},batch_size=4", ["ll"])
-  assert _resps(one, "ll") == _resps(l2r, "ll")
+  lm = lmeval.AOGPTLM(checkpoint=str(pt), batch_size=4, ensemble_m=3, seed=5)
+  got = _resps(_evaluate(d, lm, ["ll"]), "ll")
+  n = lm.cfg.block_size
+  tok = lm.tok
+  seqs = [(c + k)[-n:] for c, k in (_pair(tok, r) for r in ROWS)]
+  ids = np.array([zlib.crc32(np.asarray(s, np.int32).tobytes()) for s in seqs], np.uint32)
+  sigma = np.broadcast_to(np.arange(n, dtype=np.int32), (len(seqs), n))
+  ranks = sorted({i for r, s in zip(ROWS, seqs)
+                  for i in range(len(s) - len(_pair(tok, r)[1]), len(s))})
+  # The reference estimator: one full-length forward per (row, rank, ordering).
+  ref = ens_lib.naive_logp(lm.model, _pad(seqs, n), ids, sigma, max_m=3, seed=5, ranks=ranks)
+  nll = ens_lib.ensemble_nll(np.nan_to_num(ref), [3])[0]
+  for b, (row, seq, (ll, _)) in enumerate(zip(ROWS, seqs, got)):
+    k = len(_pair(tok, row)[1])
+    assert ll == pytest.approx(-nll[b, len(seq) - k:len(seq)].sum(), rel=1e-5, abs=1e-4)
+  # The ensemble is not the L2R number (ensemble_m=1, the default path).
+  lm.ensemble_m = 1
+  l2r = lm.loglikelihood(_instances(ROWS))
+  assert [a for a, _ in l2r] != pytest.approx([a for a, _ in got], rel=1e-3)
+
+
+def _instances(rows):
+  from lm_eval.api.instance import Instance  # pylint: disable=g-import-not-at-top
+  return [Instance(request_type="loglikelihood", doc={}, arguments=(r["ctx"], r["cont"]), idx=0)
+          for r in rows]
 
 
 def test_bad_model_args_are_one_clear_error(setup):
@@ -170,8 +183,8 @@ def test_command_line_entry_point_registers_the_model(setup):
   d, pt = setup
   out = subprocess.run(
       [sys.executable, "-m", "aogpt_jax.evaluation.lmeval", "--model", "aogpt", "--model_args",
-       f"checkpoint={pt},batch_size=4", "--tasks", "aogpt_test_ll", "--include_path",
-       str(d / "tasks"), "--output_path", str(d / "out")],
+       f"checkpoint={pt}", "--batch_size", "4", "--tasks", "aogpt_test_ll", "--include_path",
+       str(d / "tasks"), "--limit", "2"],
       env=tu.cpu_env() | {"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"},
       capture_output=True, text=True, timeout=300, cwd=tu.REPO)
   assert out.returncode == 0, out.stderr[-2000:]

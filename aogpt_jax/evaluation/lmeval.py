@@ -190,8 +190,11 @@ class AOGPTLM(TemplateLM):
                    + [0] * (b - len(rows)), np.uint32)
     ranks = sorted({i for r, k in zip(rows, cont_lens) for i in range(len(r) - k, len(r))})
     sigma = np.broadcast_to(np.arange(n, dtype=np.int32), (b, n))
+    # layout="pairs": one compiled shape whatever the continuation ranks (buckets would
+    # compile new row lengths for almost every batch of a harness task).
     lp = ens_lib.ensemble_logp(self.model, tokens, ids, sigma, base_logp, max_m=self.ensemble_m,
-                               seed=self.seed, ranks=ranks, rows=list(range(len(rows))))
+                               seed=self.seed, ranks=ranks, rows=list(range(len(rows))),
+                               layout="pairs")
     lp = np.where(np.isnan(lp), 0.0, lp)                 # ranks not asked for: unused
     return -ens_lib.ensemble_nll(lp, [self.ensemble_m])[0]
 
