@@ -1,7 +1,7 @@
 """lm-evaluation-harness adapter: the registered model ``aogpt`` (``pip install -e .[lmeval]``).
 
     python -m aogpt_jax.evaluation.lmeval --model aogpt \\
-        --model_args checkpoint=hf:Cauthyyy/AO-GPT-MDM/124M/.../ckpt_250000.pt --tasks lambada_openai
+        --model_args checkpoint=SPEC --tasks lambada_openai
     # or from Python, after `import aogpt_jax.evaluation.lmeval` (registers "aogpt"):
     lm_eval.simple_evaluate(model="aogpt", model_args="checkpoint=SPEC", tasks=[...])
 
@@ -56,7 +56,6 @@ from aogpt_jax.sampling import prompts
 
 # The harness's own model names first (its get_model loads them only into an empty registry).
 importlib.import_module("lm_eval.models")
-DEFAULT_TOKENIZERS = {tokenizers.GPT2_EOT + 1: "gpt2", tokenizers.ByteTokenizer.vocab_size: "byte"}
 
 
 def bucket(length: int, limit: int, smallest: int = 16) -> int:
@@ -108,10 +107,7 @@ class AOGPTLM(TemplateLM):
                        "converted folder or hf:OWNER/REPO/PATH)")
     self.model, self.cfg, self.provenance = checkpoint_spec.load(str(checkpoint), which,
                                                                  bool(trust_pickle))
-    name = tokenizer or DEFAULT_TOKENIZERS.get(self.cfg.valid_vocab_size)
-    if not name:
-      raise ValueError(f"aogpt model_args tokenizer: {checkpoint} has valid_vocab_size="
-                       f"{self.cfg.valid_vocab_size}; name its tokenizer (tokenizer=NAME)")
+    name = tokenizer or checkpoint_spec.default_tokenizer(self.cfg)
     self.tok = tokenizers.get_tokenizer(str(name))
     checkpoint_spec.check_vocab(self.cfg, str(name), self.tok.vocab_size)
     self.batch_size = 8 if str(batch_size).startswith("auto") else _int("batch_size", batch_size)
