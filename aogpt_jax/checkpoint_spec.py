@@ -71,7 +71,9 @@ def _from_pt(path: str, which: str, trust_pickle: bool):
   try:
     ck = convert.read_torch_checkpoint(path, trust_pickle)
     m, cfg = convert.convert_checkpoint(ck, which)
-  except (ValueError, KeyError, RuntimeError, EOFError) as err:
+  except ImportError as err:
+    raise CheckpointSpecError(f"--checkpoint={path}: {err}") from err
+  except Exception as err:  # pylint: disable=broad-except  (any unreadable file: one line)
     raise CheckpointSpecError(f"--checkpoint={path}: not a readable published AO-GPT/sigma-GPT "
                               f"checkpoint ({type(err).__name__}: {str(err).splitlines()[0][:300]})"
                               ) from err
