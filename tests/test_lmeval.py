@@ -3,7 +3,6 @@ harness's own API on small local task files (no downloads), on a random-weight c
 the published .pt format; its numbers are checked against our perplexity and ensemble code."""
 
 import json
-import os
 import subprocess
 import sys
 import zlib
@@ -18,8 +17,6 @@ import trainer_util as tu
 
 pytest.importorskip("lm_eval", reason="needs lm_eval (pip install -e .[lmeval])")
 pytest.importorskip("torch", reason="needs torch to write the published .pt")
-os.environ["HF_DATASETS_OFFLINE"] = "1"
-os.environ["HF_HUB_OFFLINE"] = "1"
 
 import lm_eval  # noqa: E402
 from lm_eval.tasks import TaskManager  # noqa: E402
@@ -60,6 +57,12 @@ metric_list:
   - metric: exact_match
 """,
 }
+
+
+@pytest.fixture(autouse=True)
+def offline(monkeypatch):
+  monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+  monkeypatch.setenv("HF_HUB_OFFLINE", "1")
 
 
 @pytest.fixture(scope="module")
