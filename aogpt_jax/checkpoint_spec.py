@@ -24,6 +24,18 @@ from aogpt_jax import hub
 from aogpt_jax.evaluation import convert
 
 
+_RUN = "AdaLN6_NoRep_cond_128_trunc_bs1M_wd_0.03_drop_0.0_CL_0.1_qknorm"
+# The released checkpoints (Hugging Face repository Cauthyyy/AO-GPT-MDM) as SPECs.
+PUBLISHED = {
+    "aogpt_small": f"hf:Cauthyyy/AO-GPT-MDM/124M/124M-{_RUN}/ckpt_250000.pt",
+    "aogpt_medium": f"hf:Cauthyyy/AO-GPT-MDM/350M/350M-{_RUN}/ckpt_460000.pt",
+    "sigma_gpt_small": "hf:Cauthyyy/AO-GPT-MDM/sigmaGPT/124M/ckpt_1000000.pt",
+    "sigma_gpt_medium": "hf:Cauthyyy/AO-GPT-MDM/sigmaGPT/350M/ckpt_740000.pt",
+}
+# valid_vocab_size -> the tokenizer such a checkpoint was trained with (data.get_tokenizer names).
+DEFAULT_TOKENIZERS = {50257: "gpt2", 257: "byte"}
+
+
 class CheckpointSpecError(ValueError):
   """A --checkpoint SPEC that cannot be loaded; the message names the SPEC and the fix."""
 
@@ -59,7 +71,9 @@ def _from_pt(path: str, which: str, trust_pickle: bool):
   try:
     ck = convert.read_torch_checkpoint(path, trust_pickle)
     m, cfg = convert.convert_checkpoint(ck, which)
-  except (ValueError, KeyError, RuntimeError, EOFError) as err:
+  except ImportError as err:
+    raise CheckpointSpecError(f"--checkpoint={path}: {err}") from err
+  except Exception as err:  # pylint: disable=broad-except  (any unreadable file: one line)
     raise CheckpointSpecError(f"--checkpoint={path}: not a readable published AO-GPT/sigma-GPT "
                               f"checkpoint ({type(err).__name__}: {str(err).splitlines()[0][:300]})"
                               ) from err
@@ -110,6 +124,14 @@ def load(spec: str, which: str = "ema", trust_pickle: bool = False):
     raise CheckpointSpecError(f"--checkpoint={spec}: no such file or folder ({path}); expected a "
                               f"published .pt, a converted folder, or hf:OWNER/REPO/PATH")
   return m, cfg, {"source": spec, "step": step, "weights": weights}
+
+
+def default_tokenizer(cfg) -> str:
+  """The tokenizer name of a checkpoint's vocabulary (GPT-2 for 50257 ids, bytes for 257)."""
+  if cfg.valid_vocab_size not in DEFAULT_TOKENIZERS:
+    raise CheckpointSpecError(f"valid_vocab_size={cfg.valid_vocab_size}: no default tokenizer; "
+                              f"name it (data.tokenizer / tokenizer=NAME)")
+  return DEFAULT_TOKENIZERS[cfg.valid_vocab_size]
 
 
 def check_vocab(cfg, tokenizer_name: str, vocab_size: int) -> None:

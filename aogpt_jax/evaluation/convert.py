@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import zipfile
 from typing import Any, Mapping
 
 import jax.numpy as jnp
@@ -254,7 +255,34 @@ def flat_to_state_dict(flat: Mapping[str, np.ndarray], variant: str,
   return sd
 
 
+def _not_a_torch_file(path: str) -> str | None:
+  """Why the bytes of ``path`` cannot be a ``torch.save`` file (None: they may be one)."""
+  with open(path, "rb") as f:
+    head = f.read(4)
+  if not head:
+    return "is empty"
+  if head.startswith(b"PK\x03\x04"):              # torch.save's zip archive
+    if not zipfile.is_zipfile(path):
+      return ("is truncated or corrupt: its zip archive has no central directory (an "
+              "incomplete download or copy?)")
+    return None
+  if head[:1] == b"\x80":                          # a legacy (pre-1.6) pickle
+    return None
+  return (f"is not a PyTorch checkpoint (torch.save writes a zip archive; this file starts with "
+          f"{head!r})")
+
+
+def _torch_reason(err: BaseException) -> str:
+  """The line of a torch.load error that says what is wrong (torch's are paragraphs)."""
+  lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()]
+  for ln in lines:
+    if "Unsupported global" in ln:
+      return ln.split("Unsupported global:", 1)[1].split(". Please", 1)[0].strip()
+  return (lines[0] if lines else type(err).__name__)[:200]
+
+
 def read_torch_checkpoint(path: str, trust_pickle: bool = False) -> dict:
+  """Reads a published ``.pt``; every bad file is a ValueError of one line naming ``path``."""
   if not os.path.exists(path):
     raise FileNotFoundError(f"checkpoint file {path} does not exist")
   try:
@@ -262,19 +290,26 @@ def read_torch_checkpoint(path: str, trust_pickle: bool = False) -> dict:
   except ImportError as e:
     raise ImportError("reading .pt checkpoints needs torch: pip install -r "
                       "requirements-extra.txt (torch==2.13.0, the CPU wheel)") from e
+  why = _not_a_torch_file(path)
+  if why:
+    raise ValueError(f"{path} {why}")
   try:
     ck = torch.load(path, map_location="cpu", weights_only=not trust_pickle)
   except Exception as e:  # pylint: disable=broad-except
-    if trust_pickle:
-      raise
-    raise ValueError(f"{path}: torch.load(weights_only=True) refused it ({e}); if you trust the "
-                     f"file, pass --trust_pickle") from e
+    reason = _torch_reason(e)
+    if not trust_pickle and "Unsupported global" in str(e):
+      raise ValueError(f"{path}: torch.load(weights_only=True) refused to unpickle {reason}; if "
+                       f"you trust the file, pass --trust_pickle") from e
+    raise ValueError(f"{path} is truncated or corrupt: torch.load failed ({type(e).__name__}: "
+                     f"{reason})") from e
 
   def to_np(t):
     return t.detach().float().cpu().numpy() if hasattr(t, "detach") else np.asarray(t)
 
-  if "model" not in ck:
-    raise ValueError(f"{path}: no 'model' state dict (keys: {sorted(ck)[:10]})")
+  if not isinstance(ck, Mapping) or not isinstance(ck.get("model"), Mapping):
+    what = f"keys: {sorted(map(str, ck))[:10]}" if isinstance(ck, Mapping) else type(ck).__name__
+    raise ValueError(f"{path}: no 'model' state dict ({what}); not a published AO-GPT/sigma-GPT "
+                     f"checkpoint")
   out = dict(ck)
   out["model"] = {k: to_np(v) for k, v in ck["model"].items()}
   ema = ck.get("ema_model", ck.get("ema"))
@@ -350,8 +385,12 @@ def main(argv=None) -> None:
   ap = argparse.ArgumentParser(prog="python -m aogpt_jax.evaluation.convert",
                                description="Import published AO-GPT/sigma-GPT checkpoints; "
                                            "export ours to safetensors.")
+  common = argparse.ArgumentParser(add_help=False)
+  common.add_argument("--verbose", action="store_true",
+                      help="on an error, the full traceback instead of one line")
   sub = ap.add_subparsers(dest="cmd", required=True)
-  imp = sub.add_parser("import", help="published .pt -> OUT/{ema,params}/ safetensors")
+  imp = sub.add_parser("import", parents=[common],
+                       help="published .pt -> OUT/{ema,params}/ safetensors")
   imp.add_argument("--ckpt", required=True)
   imp.add_argument("--out", required=True)
   imp.add_argument("--which", default="ema,params", help="ema and/or params (live weights)")
@@ -359,7 +398,7 @@ def main(argv=None) -> None:
   imp.add_argument("--n_head", type=int, default=0, help="sigma-GPT without model_args")
   imp.add_argument("--valid_vocab_size", type=int, default=0)
   imp.add_argument("--trust_pickle", action="store_true")
-  exp = sub.add_parser("export", help="our checkpoint -> safetensors")
+  exp = sub.add_parser("export", parents=[common], help="our checkpoint -> safetensors")
   exp.add_argument("--workdir", required=True)
   exp.add_argument("--which", default="ema", choices=("ema", "params"))
   exp.add_argument("--out", default="", help="the safetensors folder")
@@ -370,6 +409,18 @@ def main(argv=None) -> None:
   a = ap.parse_args(argv)
   if a.cmd == "export" and not (a.out or a.hub_dir):
     ap.error("export: pass --out DIR and/or --hub-dir DIR")
+  try:
+    _run(a)
+  except Exception as e:  # noqa: BLE001 - bad input: one line, the traceback only with --verbose
+    if a.verbose:
+      raise
+    msg = "; ".join(ln.strip() for ln in str(e).splitlines() if ln.strip()) or type(e).__name__
+    where = a.ckpt if a.cmd == "import" else a.workdir
+    raise SystemExit(f"convert {a.cmd}: {'' if where in msg else where + ': '}{msg} "
+                     f"(--verbose for the traceback)") from None
+
+
+def _run(a: argparse.Namespace) -> None:
   if a.cmd == "import":
     ck = read_torch_checkpoint(a.ckpt, a.trust_pickle)
     over = {k: v for k, v in (("n_head", a.n_head), ("valid_vocab_size", a.valid_vocab_size)) if v}
