@@ -8,7 +8,8 @@ Compares, at the same size (one preset), batch and length, in one run:
     reverse process, one full forward over the whole sequence per step (`sampling.encoder`);
 (d) ``uncached`` (optional, ``--methods=...,uncached``): the AO-GPT with a full uncached forward
     per step (the test oracle of (a); an AO-GPT with an encoder's cost profile).
-All share the plan (order, schedule, counts) and the token draw. Compile time is measured apart
+All share the plan (order, schedule, counts) and the token draw (timing: `sampling.timing`,
+also used by colabs/sampling.ipynb). Compile time is measured apart
 (ahead-of-time ``lower().compile()``); run time is the best of ``--repeats`` timed runs after
 one warm-up, the runs of all configurations interleaved round by round (fair on a shared
 machine). Random weights (speed does not depend on them). Runs on CPU or GPU (sizes by flag).
@@ -28,17 +29,16 @@ import json
 import os
 import platform
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import jax  # noqa: E402
-import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 
 from aogpt_jax import mdm  # noqa: E402
 from aogpt_jax import model as model_lib  # noqa: E402
 from aogpt_jax import sampler  # noqa: E402
+from aogpt_jax.sampling import timing  # noqa: E402
 
 
 def machine() -> dict:
@@ -52,40 +52,6 @@ def machine() -> dict:
   return {"backend": jax.default_backend(), "device": getattr(dev, "device_kind", str(dev)),
           "cpu": cpu, "cpu_count": os.cpu_count(), "load_avg_1m": os.getloadavg()[0],
           "python": platform.python_version(), "jax": jax.__version__}
-
-
-def build(m, method: str, steps: int, args):
-  """Compiles one configuration; returns (row, run)."""
-  s = sampler.SampleSettings(length=args.length, steps=steps, method=method,
-                             count_mode=args.count_mode, schedule=args.schedule,
-                             order=args.order)
-  p = sampler.prepare(m.cfg, jax.random.key(args.seed), s, batch=args.batch)
-  pl = None if method == "ar" else sampler.plan([p], method=method)[0]
-  t0 = time.perf_counter()
-  run = sampler.compile_sampler(m, p, pl, s)
-  row = {"method": method, "steps": steps if method != "ar" else args.length,
-         "compile_s": round(time.perf_counter() - t0, 3)}
-  if pl is not None:
-    st = pl.stats()
-    row.update(scan_steps=st["scan_steps"], query_slots=st["query_slots"])
-    if method not in sampler.FULL_FORWARD_METHODS:     # their forwards cover all n positions
-      row.update(block_slots=st["block_slots"], padding_waste=round(st["padding_waste"], 4))
-  jax.block_until_ready(run()[0])                   # warm-up
-  return row, run
-
-
-def time_all(built, args) -> None:
-  """Interleaved timing rounds (every configuration once per round), so load drift on a shared
-  machine hits all of them alike; keeps the best and the median per configuration."""
-  times = [[] for _ in built]
-  for _ in range(args.repeats):
-    for i, (_, run) in enumerate(built):
-      t0 = time.perf_counter()
-      jax.block_until_ready(run()[0])
-      times[i].append(time.perf_counter() - t0)
-  for (row, _), t in zip(built, times):
-    row.update(run_s=round(min(t), 5), run_s_median=round(float(np.median(t)), 5),
-               tokens_per_s=round(args.batch * args.length / min(t), 1))
 
 
 def main(argv=None) -> dict:
@@ -116,29 +82,12 @@ def main(argv=None) -> dict:
   if unknown:
     ap.error(f"--methods: unknown {unknown}; known: {sampler.METHODS}")
   enc = mdm.make_encoder(cfg, rngs=nnx.Rngs(0)) if "encoder" in methods else None
-  models = {meth: (enc if meth == "encoder" else m) for meth in methods}
-  steps_list = [int(x) for x in args.steps.split(",")]
-  built = []
-  if "ar" in methods:
-    built.append(build(m, "ar", args.length, args))
-  full_forward = sampler.FULL_FORWARD_METHODS
-  for steps in steps_list:
-    for method in methods:
-      if method == "ar" or (method in full_forward and steps > args.encoder_max_steps):
-        continue
-      built.append(build(models[method], method, steps, args))
-      print(json.dumps(built[-1][0]), flush=True)
-  time_all(built, args)
-  rows = [row for row, _ in built]
-  ar = next((r for r in rows if r["method"] == "ar"), None)
-  for r in rows:
-    if r["method"] == "diffusion":
-      if ar:
-        r["vs_ar_time_ratio"] = round(r["run_s"] / ar["run_s"], 3)
-      for other in full_forward:
-        o = next((e for e in rows if e["method"] == other and e["steps"] == r["steps"]), None)
-        if o:   # how many times faster the AO-GPT KV sampler is than the full-forward sampler
-          r[f"{other}_over_diffusion_speedup"] = round(o["run_s"] / r["run_s"], 2)
+  rows = timing.compare(
+      m, enc, length=args.length, batch=args.batch,
+      steps=[int(x) for x in args.steps.split(",")], methods=methods, repeats=args.repeats,
+      full_forward_max_steps=args.encoder_max_steps, seed=args.seed,
+      count_mode=args.count_mode, schedule=args.schedule, order=args.order,
+      log=lambda row: print(json.dumps(row), flush=True))
   params = {"aogpt": model_lib.count_params(m)}
   if enc is not None:
     params["encoder"] = model_lib.count_params(enc)

@@ -4,6 +4,7 @@ fallback (a random tiny model) when the published checkpoint is not in the Huggi
 
 import json
 import pathlib
+import re
 
 import pytest
 
@@ -51,7 +52,16 @@ def test_sampling_notebook_on_a_published_checkpoint(published, offline, monkeyp
   assert ns["TRAINED"] is True and ns["cfg"].valid_vocab_size == 50257
   assert ns["out"].tokens.shape == (2, 32)
   prefix = ns["tokenizer"].encode("import ")
-  assert (ns["out"].tokens[:, :len(prefix)] == prefix).all()    # the last cell's prompt
+  assert (ns["out"].tokens[:, :len(prefix)] == prefix).all()    # the prefix-prompting cell
+  # the speed cell: a line per decoder with its time and tokens/s, the speedups, the plot note
+  for method, steps in [("ar", 32), ("diffusion", 4), ("encoder", 4)]:
+    assert re.search(rf"^  {method} +T= +{steps}: [0-9.]+ s +[0-9.]+ tokens/s", out, re.M), method
+  assert re.search(r"T=4: KV-cached AO-GPT [0-9.]+x faster than the encoder; [0-9.]+x the AR", out)
+  assert "matplotlib is not installed" in out or "plt" in ns
+  rows = {r["method"]: r for r in ns["speed_rows"]}
+  assert sorted(rows) == ["ar", "diffusion", "encoder"]
+  assert all(r["run_s"] > 0 and r["tokens_per_s"] == pytest.approx(2 * 32 / r["run_s"], rel=1e-2)
+             for r in rows.values())
 
 
 def test_sampling_notebook_falls_back_offline(tmp_path, offline, monkeypatch, capsys):
