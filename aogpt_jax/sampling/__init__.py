@@ -6,4 +6,5 @@
   diffusion.py  the KV-cached scan sampler and its uncached twin
   encoder.py    the encoder-only MDM baseline's sampler (full bidirectional forward per step)
   ar.py         plain left-to-right decoding with a KV cache
+  timing.py     wall time of the samplers, interleaved runs (benchmarks/sample_speed.py, colabs)
 """
