@@ -16,6 +16,9 @@ def test_sampling_notebook_executes(tmp_path, monkeypatch, capsys):
     exec(compile("".join(cell["source"]), f"{NOTEBOOK.name}[code cell {i}]", "exec"), namespace)
   out = capsys.readouterr().out
   assert "unigram entropy" in out and "top_p=0.95 T=0.7" in out
+  assert "speculative K=4 order=l2r" in out and "speculative K=4 order=random" in out
+  assert (namespace["spec"].tokens[:, :len(namespace["tokenizer"].encode("import "))]
+          == namespace["tokenizer"].encode("import ")).all()
   assert namespace["out"].tokens.shape == (2, 32)
   assert namespace["TRAINED"] is False and namespace["LENGTH"] == 32   # offline fallback, fast
   prefix = namespace["tokenizer"].encode("import ")
