@@ -32,11 +32,11 @@ causal slot) before anything reads it, and a slot reads only indices below its r
 itself, so rejected drafts leave no trace.
 Batching: every row keeps its own frontier c and pending count m inside one `lax.while_loop` with
 static shapes (block K: K causal slots + K (K-1) draft queries per row); finished rows idle
-(their slots write past the cache end). Keys: the uniforms of the round of a row with frontier c
-for position p come from ``fold_in(fold_in(fold_in(token_key, SPEC_STREAM), c), p)`` split by
-`fold_in` into draft (0), accept (1) and residual/bonus (2) keys; c strictly increases, so no key
-is reused (the K alternative drafts for one position in one round share a uniform, only one of
-them is ever used). Samples are independent of the batch they ran in (all randomness is per
+(their slots write past the cache end). Keys: the round of a row with frontier c draws all its
+uniforms at once from ``fold_in(fold_in(token_key, SPEC_STREAM), c)`` (`_round_uniforms`: drafts,
+accepts, the drawn token); c strictly increases, so no uniform is reused (the K alternative
+drafts for one rank in one round share a uniform; only one of them is ever used, chosen
+independently of it). Samples are independent of the batch they ran in (all randomness is per
 row); they differ from the AR sampler's tokens under the same key (different streams).
 Draft length. ``draft=K``: K-1 drafts per round after the first, so at least 1 / K passes per
 token (one more pass for the first token). ``draft="auto"`` keeps a K per row (start 2, at most
@@ -63,23 +63,15 @@ SPEC_STREAM = 7
 AUTO_MAX = 8          # draft="auto": per-row K in 2..AUTO_MAX
 
 
-def _draw(logp, keys):
-  """Exact categorical draw from float64 log-weights [B, S, V] with keys [B, S] (one float64
-  uniform per draw, `tokens.inverse_cdf`)."""
-  return tokens_lib.inverse_cdf(logp, _uniforms(keys))
-
-
-def _uniforms(keys):
-  u = jax.vmap(lambda k: jax.random.uniform(k, (), jnp.float64))(keys.reshape(-1))
-  return u.reshape(keys.shape)
-
-
-def _keys(tok_keys, c, pos, which):
-  """Keys [B, S] for the round with frontier c [B] at positions pos [B, S]."""
-  def row(k, cc, pp):
+def _round_uniforms(tok_keys, c, kmax: int):
+  """The float64 uniforms of the round of every row with frontier c [B]: [B, 3, kmax] from ONE
+  random-bits call per row on ``fold_in(fold_in(token_key, SPEC_STREAM), c)``; [:, 0, t] draws
+  the draft of rank c+a+t, [:, 1, i] accepts the draft of rank c+i, [:, 2, 0] draws the token of
+  rank c+a. c strictly increases from round to round, so no uniform is used twice."""
+  def row(k, cc):
     k = jax.random.fold_in(jax.random.fold_in(k, SPEC_STREAM), cc)
-    return jax.vmap(lambda q: jax.random.fold_in(jax.random.fold_in(k, q), which))(pp)
-  return jax.vmap(row)(tok_keys, c.astype(jnp.int32), pos.astype(jnp.int32))
+    return jax.random.uniform(k, (3, kmax), jnp.float64)
+  return jax.vmap(row)(tok_keys, c.astype(jnp.int32))
 
 
 def auto_blocks(kmax: int) -> tuple[int, ...]:
@@ -110,6 +102,7 @@ def _round(model, order, tok_keys, filt, carry, *, K: int, kmax: int, cache_len:
   and K-1 draft queries per causal slot; every row drafts its own k - 1 <= K - 1 next."""
   cache, tokens, c, m, logq, passes, k_row, it, trace = carry
   batch, n = order.shape
+  uni = _round_uniforms(tok_keys, c, kmax)
   E = K - 1
   rows = jnp.arange(batch)[:, None]
   kk = jnp.arange(cache_len, dtype=jnp.int32)[None, None, :]
@@ -142,7 +135,7 @@ def _round(model, order, tok_keys, filt, carry, *, K: int, kmax: int, cache_len:
   lq = logq[:, :max(E, 1)]
   lp_d = jnp.take_along_axis(logp[:, :lq.shape[1]], d[:, :lq.shape[1], None], axis=-1)[..., 0]
   lq_d = jnp.take_along_axis(lq, d[:, :lq.shape[1], None], axis=-1)[..., 0]
-  u = _uniforms(_keys(tok_keys, c, dpos[:, :lq.shape[1]], 1))
+  u = uni[:, 1, :lq.shape[1]]
   acc = (u < jnp.exp(jnp.minimum(lp_d - lq_d, 0.0))) & (i[:, :lq.shape[1]] < m2)
   a = jnp.sum(jnp.cumprod(acc.astype(jnp.int32), axis=1), axis=1).astype(jnp.int32)
   # The token of rank c + a: the residual at the first rejection, else the bonus p_m.
@@ -152,7 +145,7 @@ def _round(model, order, tok_keys, filt, carry, *, K: int, kmax: int, cache_len:
   resid = jnp.log(jnp.maximum(jnp.exp(p_a) - jnp.exp(q_a), 0.0))
   nlog = jnp.where(rej[:, None], resid, p_a)
   npos = jnp.take_along_axis(order, jnp.clip(c + a, 0, n - 1)[:, None], axis=1)
-  new = _draw(nlog[:, None], _keys(tok_keys, c, npos, 2))[:, 0]
+  new = tokens_lib.inverse_cdf(nlog, uni[:, 2, 0])
   has_new = live & (c + a < n)
   tokens = tokens.at[jnp.arange(batch), jnp.where(has_new, npos[:, 0], n)].set(new, mode="drop")
   c_new = jnp.where(has_new, c + a + 1, jnp.where(live, n, c)).astype(jnp.int32)
@@ -165,7 +158,7 @@ def _round(model, order, tok_keys, filt, carry, *, K: int, kmax: int, cache_len:
     h_x = hidden[:, K:].reshape(batch, K, E, hidden.shape[-1])
     h_sel = jnp.take_along_axis(h_x, jnp.minimum(a, K - 1)[:, None, None, None], axis=1)[:, 0]
     sel = filt(model.head(h_sel, epos))
-    e = _draw(sel, _keys(tok_keys, c, epos, 0))
+    e = tokens_lib.inverse_cdf(sel, uni[:, 0, :E])
     tokens = tokens.at[rows, jnp.where(evalid, epos, n)].set(e, mode="drop")
     m_new = jnp.sum(evalid, axis=1).astype(jnp.int32)
     logq_new = jnp.pad(sel, [(0, 0), (0, logq.shape[1] - E), (0, 0)])
