@@ -9,10 +9,11 @@ scheme (`sampling.tokens`):
 * ``ar``: plain left-to-right decoding of an AO-GPT with a KV cache (`sampling.ar`).
 * ``uncached``: the same plan and model as ``diffusion`` but a full uncached forward over the
   whole sequence at every step (the test oracle; an AO-GPT with an encoder's cost profile).
-* ``speculative``: exact any-order speculative decoding (`sampling.speculative`): drafts K
-  positions with the parallel queries, verifies them with the causal chain; distributed exactly
-  as T = n (one token per step) in the same order, in fewer passes than tokens. ``draft`` = K
-  or "auto"; ``steps`` / ``schedule`` / ``count_mode`` are unused.
+* ``speculative``: exact any-order speculative decoding (`sampling.speculative`): one pass per
+  round verifies the K-1 tokens drafted by the previous pass with the causal chain and carries
+  the parallel (Figure 10) draft queries of the next round; distributed exactly as T = n (one
+  token per step) in the same order, in fewer passes than tokens. ``draft`` = K or "auto";
+  ``steps`` / ``schedule`` / ``count_mode`` are unused.
 * ``encoder``: the encoder-only masked-diffusion model of `aogpt_jax.mdm` (bidirectional,
   [MASK] tokens; `sampling.encoder`): the standard MDM reverse process, one full forward per
   step. Needs a model built with `mdm.make_encoder`.

@@ -4,12 +4,15 @@ For a quickstart-size model, trained (``--workdir`` of a run; without one, confi
 is trained here for ``--train_steps`` steps in a temporary workdir through the real command line)
 and with random weights, at batch ``--batch`` and length ``--length`` (unconditional, no prompt):
 
-* speed: forward passes per token and wall time of AR decoding (L2R), the T = n diffusion
-  sampler (one token per pass; L2R and random order) and the speculative sampler with
-  K in ``--drafts`` (L2R and random order). All of these are exact samplers of the same
-  distribution (per order). Wall time: best of ``--repeats`` runs after a warm-up, the runs of
-  all configurations interleaved round by round (fair on a shared machine); the first call
-  (compile + run) is reported apart. Compiles are shared between the two models (same shapes).
+* speed, at every temperature in ``--temperatures`` (top-p ``--top_p``): forward passes per
+  token and wall time of AR decoding (L2R), the T = n diffusion sampler (one token per pass; L2R
+  and random order) and the speculative sampler with K in ``--drafts`` (L2R and random order).
+  All of these are exact samplers of the same distribution (per order and temperature). Wall
+  time: best of ``--repeats`` runs after a warm-up, the runs of all configurations of one model
+  and temperature (AR included) interleaved round by round (fair on a shared machine), so "vs
+  AR" is a ratio measured in the same run; the first call (compile + run) is reported apart.
+  Compiles are shared between the two models (same shapes); the load average is recorded
+  around every timing.
 * quality at equal passes (trained model only): for every speculative row, the parallel
   diffusion sampler (deterministic counts, linear schedule) with T = the speculative row's mean
   passes per sample, same order; the model's own L2R NLL of the samples (nats per token,
@@ -27,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import json
 import os
 import subprocess
@@ -74,16 +78,16 @@ def l2r_nll(m, tokens: np.ndarray) -> float:
   return float(-jnp.mean(jnp.take_along_axis(logp, jnp.asarray(tokens)[..., None], -1)))
 
 
-def build(m, args, *, method, order, steps=None, draft=None):
+def build(m, args, *, method, order, temperature, steps=None, draft=None):
   s = sampler.SampleSettings(length=args.length, steps=steps or args.length, method=method,
                              order=order, draft=draft if draft is not None else "auto",
-                             temperature=args.temperature, top_p=args.top_p)
+                             temperature=temperature, top_p=args.top_p)
   p = sampler.prepare(m.cfg, jax.random.key(args.seed), s, batch=args.batch)
   pl = None if method in sampler.PLANLESS_METHODS else sampler.plan([p], method=method)[0]
   run = lambda: sampler.run(m, p, pl, s)            # jit-cached: shared by models of one shape
   t0 = time.perf_counter()
   out = run()                                        # compile (first of its shape) + warm-up
-  row = {"method": method, "order": order,
+  row = {"method": method, "order": order, "temperature": temperature,
          "compile_and_first_run_s": round(time.perf_counter() - t0, 2)}
   if method == "speculative":
     row["draft"] = draft
@@ -99,7 +103,10 @@ def build(m, args, *, method, order, steps=None, draft=None):
   return row, run, toks
 
 
-def time_all(built, args) -> None:
+def time_all(built, args) -> list[float]:
+  """Best-of-``repeats`` wall time of every configuration, interleaved; returns the 1-minute
+  load averages before and after."""
+  load = [os.getloadavg()[0]]
   times = [[] for _ in built]
   for _ in range(args.repeats):
     for i, (_, run, _) in enumerate(built):
@@ -108,21 +115,24 @@ def time_all(built, args) -> None:
       times[i].append(time.perf_counter() - t0)
   for (row, _, _), t in zip(built, times):
     row["run_s"] = round(min(t), 4)
+  return load + [os.getloadavg()[0]]
 
 
-def bench_model(m, args, *, quality: bool) -> list[dict]:
+def bench_model(m, args, *, quality: bool, temperature: float) -> list[dict]:
   drafts = [d if d == "auto" else int(d) for d in args.drafts.split(",")]
-  built = [build(m, args, method="ar", order="l2r")]
+  mk = functools.partial(build, m, args, temperature=temperature)
+  built = [mk(method="ar", order="l2r")]
   for order in args.orders.split(","):
-    built.append(build(m, args, method="diffusion", order=order))
+    built.append(mk(method="diffusion", order=order))
     for d in drafts:
-      built.append(build(m, args, method="speculative", order=order, draft=d))
+      built.append(mk(method="speculative", order=order, draft=d))
       print(json.dumps(built[-1][0]), flush=True)
-  time_all(built, args)
+  load = time_all(built, args)
   ar = built[0][0]["run_s"]
   rows = []
   for row, _, toks in built:
     row["vs_ar_time"] = round(row["run_s"] / ar, 3)
+    row["load_avg_1m"] = load
     if quality:
       row["l2r_nll"] = round(l2r_nll(m, toks), 4)
       row["entropy"] = round(unigram_entropy(toks)["per_sample_mean"], 4)
@@ -130,7 +140,7 @@ def bench_model(m, args, *, quality: bool) -> list[dict]:
   if quality:      # the parallel sampler at the speculative rows' passes
     for row in [r for r in rows if r["method"] == "speculative"]:
       steps = max(1, min(args.length, round(row["passes_per_token"] * args.length)))
-      prow, _, toks = build(m, args, method="diffusion", order=row["order"], steps=steps)
+      prow, _, toks = mk(method="diffusion", order=row["order"], steps=steps)
       row["parallel_same_passes"] = {"steps": steps, "l2r_nll": round(l2r_nll(m, toks), 4),
                                      "entropy": round(unigram_entropy(toks)["per_sample_mean"],
                                                       4)}
@@ -138,15 +148,16 @@ def bench_model(m, args, *, quality: bool) -> list[dict]:
 
 
 def table(result) -> str:
-  out = ["| weights | sampler | order | passes/token | run s | vs AR | L2R NLL | entropy | "
-         "parallel at same passes: T, L2R NLL, entropy |", "|" + "---|" * 9]
+  out = ["| weights | temp | sampler | order | passes/token | run s | vs AR | L2R NLL | entropy | "
+         "parallel at same passes: T, L2R NLL, entropy |", "|" + "---|" * 10]
   for name, rows in result["models"].items():
     for r in rows:
       label = {"ar": "AR", "diffusion": f"T={r.get('steps')}"}.get(r["method"],
                                                                   f"spec K={r.get('draft')}")
       par = r.get("parallel_same_passes")
       par_s = f"T={par['steps']}, {par['l2r_nll']}, {par['entropy']}" if par else ""
-      out.append(f"| {name} | {label} | {r['order']} | {r['passes_per_token']} | {r['run_s']} | "
+      out.append(f"| {name} | {r['temperature']} | {label} | {r['order']} | "
+                 f"{r['passes_per_token']} | {r['run_s']} | "
                  f"{r['vs_ar_time']} | {r.get('l2r_nll', '')} | {r.get('entropy', '')} | "
                  f"{par_s} |")
   return "\n".join(out)
@@ -160,10 +171,12 @@ def main(argv=None) -> dict:
   ap.add_argument("--length", type=int, default=128)
   ap.add_argument("--drafts", default="2,4,8,auto")
   ap.add_argument("--orders", default="l2r,random")
-  ap.add_argument("--temperature", type=float, default=1.0)
+  ap.add_argument("--temperatures", default="1.0,0.7", help="comma-separated")
   ap.add_argument("--top_p", type=float, default=1.0)
   ap.add_argument("--repeats", type=int, default=3)
   ap.add_argument("--seed", type=int, default=0)
+  ap.add_argument("--no_quality", action="store_true",
+                  help="skip the NLL / parallel-at-equal-passes columns (saves their compiles)")
   ap.add_argument("--out", default=os.path.join(REPO, "benchmarks", "results",
                                                 "speculative_cpu.json"))
   args = ap.parse_args(argv)
@@ -183,9 +196,11 @@ def main(argv=None) -> dict:
   if args.length > m.cfg.block_size:
     ap.error(f"--length {args.length} exceeds the model's block_size {m.cfg.block_size}")
   result["params"] = model_lib.count_params(m)
-  result["models"]["trained"] = bench_model(m, args, quality=True)
+  temps = [float(t) for t in args.temperatures.split(",")]
   rand = model_lib.AOGPT(m.cfg, rngs=nnx.Rngs(args.seed))
-  result["models"]["random"] = bench_model(rand, args, quality=False)
+  for name, mod, quality in [("trained", m, not args.no_quality), ("random", rand, False)]:
+    result["models"][name] = [r for t in temps
+                              for r in bench_model(mod, args, quality=quality, temperature=t)]
   result["table"] = table(result)
   print(result["table"])
   os.makedirs(os.path.dirname(args.out), exist_ok=True)

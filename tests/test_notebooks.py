@@ -53,6 +53,8 @@ def test_sampling_notebook_on_a_published_checkpoint(published, offline, monkeyp
   assert ns["out"].tokens.shape == (2, 32)
   prefix = ns["tokenizer"].encode("import ")
   assert (ns["out"].tokens[:, :len(prefix)] == prefix).all()    # the prefix-prompting cell
+  assert "speculative K=4 order=l2r" in out and "speculative K=4 order=random" in out
+  assert (ns["spec"].tokens[:, :len(prefix)] == prefix).all()   # the speculative cell
   # the speed cell: a line per decoder with its time and tokens/s, the speedups, the plot note
   for method, steps in [("ar", 32), ("diffusion", 8), ("encoder", 8)]:
     assert re.search(rf"^  {method} +T= +{steps}: [0-9.]+ s +[0-9.]+ tokens/s", out, re.M), method

@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 
 from aogpt_jax import model as model_lib, sampler
 from aogpt_jax.sampling import diffusion, prompts, speculative, tokens as tokens_lib
@@ -104,10 +105,10 @@ def _explicit_mask_logits(m, tokens, order):
 
 @pytest.mark.parametrize("draft", [3, "auto"])
 def test_verify_and_draft_logits_equal_uncached_forward(draft):
-  """Every round's draft-query logits equal the explicit-mask parallel forward (context: the c
-  known tokens) and its verify logits equal the explicit-mask causal forward over the known
-  tokens plus the drafts; a prompt at positions 2 and 5 (infilling). All rounds of all rows are
-  checked in one batched uncached call each."""
+  """Every round's causal-slot logits equal the explicit-mask causal forward over the known
+  tokens plus the pending drafts, and the draft queries of causal slot c+i equal the
+  explicit-mask parallel forward with context ranks < c+i; a prompt at positions 2 and 5
+  (infilling). All rounds of all rows are checked in one batched uncached call each."""
   m = tiny_model()
   n, batch = 10, 3
   s = sampler.SampleSettings(length=n, method="speculative", draft=draft, temperature=0.9)
@@ -116,27 +117,52 @@ def test_verify_and_draft_logits_equal_uncached_forward(draft):
   tr, order, final = out.logits, out.order, out.tokens
   assert (final[:, 2] == 4).all() and (final[:, 5] == 7).all()
   rounds = [(i, b) for i in range(n) for b in range(batch) if tr["c"][i, b] >= 0]
-  assert len(rounds) >= batch
-  orders, toks, cs, kvs = [], [], [], []
+  assert len(rounds) >= batch and max(tr["m"][i, b] for i, b in rounds) >= 2
+  orders, toks, known, ks, where = [], [], [], [], []
   for i, b in rounds:
-    c, k = int(tr["c"][i, b]), int(tr["k"][i, b])
-    kv = min(k, n - c)
-    t = final[b].copy()          # the tokens the round saw: committed ranks < c, drafts after
-    t[order[b, c:c + kv]] = tr["d"][i, b, :kv]
-    orders.append(order[b]), toks.append(t), cs.append(c), kvs.append(kv)
+    c, pend, k = int(tr["c"][i, b]), int(tr["m"][i, b]), int(tr["k"][i, b])
+    t = final[b].copy()          # the tokens the pass saw: known ranks < c, drafts after
+    t[order[b, c:c + pend]] = tr["d"][i, b, :pend]
+    for src in range(min(pend, n - 1 - c) + 1):  # causal slot c+src (rank < n), its queries
+      orders.append(order[b]), toks.append(t), known.append(c + src), ks.append(min(k, n - c - src))
+      where.append((i, b, src))
   orders, toks = jnp.asarray(np.stack(orders)), jnp.asarray(np.stack(toks))
-  cs, kvs = jnp.asarray(cs, jnp.int32), jnp.asarray(kvs, jnp.int32)
-  kmax = tr["d"].shape[2]
+  known, ks = jnp.asarray(known, jnp.int32), jnp.asarray(ks, jnp.int32)
+  kmax = tr["p"].shape[2]
   q, _, _ = jax.jit(lambda o, t, c, k: diffusion.full_step_logits(
-      m, o, t, c, jnp.zeros_like(c), k, queries=kmax))(orders, toks, cs, kvs)
-  full = jax.jit(lambda t, o: _explicit_mask_logits(m, t, o))(toks, orders)
-  q, full = np.asarray(q), np.asarray(full)
-  for r, (i, b) in enumerate(rounds):
-    c, kv = int(cs[r]), int(kvs[r])
-    np.testing.assert_allclose(tr["q"][i, b, :kv], q[r, :kv], atol=2e-5, rtol=1e-5)
-    nv = min(int(tr["k"][i, b]), n - c - 1)     # verify slots c+1..c+nv hold d_0..d_{nv-1}
-    slots = order[b, c:c + nv] + 1
-    np.testing.assert_allclose(tr["p"][i, b, :nv], full[r, slots], atol=2e-5, rtol=1e-5)
+      m, o, t, c, jnp.zeros_like(c), k, queries=kmax))(orders, toks, known, ks)
+  full = np.asarray(jax.jit(lambda t, o: _explicit_mask_logits(m, t, o))(toks, orders))
+  q = np.asarray(q)
+  for r, (i, b, src) in enumerate(where):
+    kv, c = int(ks[r]), int(known[r])
+    slot = 0 if c == 0 else order[b, c - 1] + 1        # the slot holding rank c-1's token
+    np.testing.assert_allclose(tr["p"][i, b, src], full[r, slot], atol=2e-5, rtol=1e-5)
+    np.testing.assert_allclose(tr["p"][i, b, src], q[r, 0], atol=2e-5, rtol=1e-5)
+    np.testing.assert_allclose(tr["q"][i, b, src, :kv - 1], q[r, 1:kv], atol=2e-5, rtol=1e-5)
+
+
+def test_one_pass_per_round_all_accepted(monkeypatch):
+  """A model whose logits ignore the context and the target (p == q) accepts every draft: one
+  pass for the first token, then K tokens per pass; the traced sampler calls the model twice
+  (the prefill and the one pass of the round body)."""
+  m = tiny_model()
+  nnx.update(m, jax.tree.map(jnp.zeros_like, nnx.state(m, nnx.Param)))
+  m.lm_head.bias[...] = jax.random.normal(jax.random.key(0), m.lm_head.bias.shape)
+  calls = []
+  encode = model_lib.AOGPT.encode
+  monkeypatch.setattr(model_lib.AOGPT, "encode",
+                      lambda *a, **kw: calls.append(1) or encode(*a, **kw))
+  n, batch = 12, 3
+  order = jnp.broadcast_to(jnp.arange(n, dtype=jnp.int32), (batch, n))
+  keys = tokens_lib.stream(tokens_lib.sample_keys(jax.random.key(1), batch), tokens_lib.TOKEN_STREAM)
+  for k in (1, 2, 4):
+    calls.clear()
+    fn = jax.jit(functools.partial(speculative.sample_speculative, m, draft=k))
+    with tokens_lib.exact_sampling():
+      _, passes, _ = fn(order, jnp.zeros((batch, n), jnp.int32), jnp.zeros((batch,), jnp.int32),
+                        keys)
+    assert (np.asarray(passes) == 1 + -(-(n - 1) // k)).all(), (k, passes)
+    assert len(calls) == 2
 
 
 @pytest.mark.parametrize("draft", [2, "auto"])

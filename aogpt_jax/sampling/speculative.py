@@ -1,44 +1,51 @@
-"""Exact any-order speculative decoding in the KV-cached sampler (``method="speculative"``).
+"""Exact any-order speculative decoding in the KV-cached sampler (``method="speculative"``), ONE
+model pass per round.
 
-Method. AO-GPT's parallel-generation queries (Figure 10, `sampling.diffusion`) give, in ONE pass,
-the drafts q_j = p(x_{sigma_{c+j}} | the c known tokens) for j = 0..K-1; the causal slots of the
-same model then give the exact ancestral conditionals p_j = p(x_{sigma_{c+j}} | known, d_0..d_{j-1})
-in a second pass. Each iteration (two passes) of a row with c known tokens:
-  1. draft pass: K queries, copies of rank-slot c with targets sigma_{c..c+K-1} (each sees the
-     committed rank-slots < c and itself; query 0 IS rank-slot c and is written at cache index c,
-     queries j >= 1 at scratch indices n + j). Draw d_j ~ q_j (after `tokens.filter_logits`).
-  2. verify pass: rank-slots c+1..c+K holding d_0..d_{K-1} (causal, written at indices c+1..c+K).
-     Slot c+j's output is p_{j+1}.
-  3. d_0 is exact (q_0 = p_0: same slot, same target). For j = 1..: accept d_j with probability
-     min(1, p_j(d_j) / q_j(d_j)); at the first rejection draw the token from the residual
-     norm(max(p_j - q_j, 0)) and stop; if every draft is accepted draw a bonus token from p_K.
+Method. Along the sampling order sigma, a row knows c tokens (ranks < c) and holds m pending
+drafts d_0..d_{m-1} for ranks c..c+m-1, each drawn from a stored draft distribution q_i. One
+pass runs
+  * the causal rank-slots c..c+m (slot c+i holds the token of rank c+i-1: known for i = 0, the
+    draft d_{i-1} after; written at cache index c+i; each sees the cache below its rank and the
+    slots of this pass before it): slot c+i gives the exact ancestral conditional
+    p_i = p(x_{sigma_{c+i}} | known, d_0..d_{i-1});
+  * for EVERY causal slot c+i, the Figure 10 draft queries of the next round: K-1 copies of that
+    slot with targets sigma_{c+i+1..c+i+K-1} (each sees what slot c+i sees and itself; written at
+    scratch indices >= n, which no other slot reads), giving q_{i,t} = p(x_{sigma_{c+i+t}} |
+    ranks < c+i).
+Accept d_i with probability min(1, p_i(d_i) / q_i(d_i)) for i = 0, 1, ..; let a be the number
+accepted. The token of rank c+a is drawn from the residual norm(max(p_a - q_a, 0)) if d_a was
+rejected, else (all m accepted) from p_m (the "bonus"). Both ways the known prefix grows to
+c' = c+a+1, and the next round's drafts are the queries of causal slot c+a, which condition on
+ranks < c+a: all of them known (accepted) tokens, never a rejected draft. So every round is one
+pass, whatever is rejected, and yields a+1 tokens: at least one, K when all K-1 drafts pass.
 Exactness: the standard speculative-sampling argument (Leviathan et al. 2023, Chen et al. 2023)
-applied token by token: P(accept d_j = x) + P(reject) * residual(x) = min(p,q)(x) + (p - min(p,q))(x)
-= p_j(x), and p_j conditions on exactly the tokens before it in sigma, so the sequence is drawn
+applied token by token: P(accept d = x) + P(reject) * residual(x) = min(p,q)(x) + (p - min(p,q))(x)
+= p(x), and p_i conditions on exactly the tokens before it in sigma, so the sequence is drawn
 from the ancestral (T = n) distribution of the order sigma, with any temperature / top-p rule
-applied to both p and q (both come from `filter_logits`, the shared contract).
-Cache: after an iteration that accepts a drafts (1 <= a <= K) and adds one drawn token, the row
-knows c' = c + a + 1 tokens and rank-slots 0..c+a are valid (slot c+a holds d_{a-1} with its true
-target). The slot written for a rejected draft (index c+a+1) is overwritten by the next draft pass
-(query 0 is rank-slot c') before anything can see it: a slot sees only indices < its rank and
+applied to both p and q (both come from `filter_logits`, the shared contract). A draft may
+come from any distribution fixed before it is drawn: q_{a,t} conditions on known tokens only,
+and which source slot a supplies the drafts is decided by uniforms and tokens independent of the
+drafts' own uniforms.
+Cache: after a round, rank-slots 0..c'-1 hold known tokens (slot c+i for i <= a holds a known
+token). Slot c' and above may hold a rejected draft; the next pass rewrites slot c' (its first
+causal slot) before anything reads it, and a slot reads only indices below its rank plus
 itself, so rejected drafts leave no trace.
-Batching: every row keeps its own frontier c inside one `lax.while_loop` with static shapes
-(block K); finished rows idle (their slots write past the cache end). Keys: the uniforms of the
-iteration of a row with frontier c for position p come from
-``fold_in(fold_in(fold_in(token_key, SPEC_STREAM), c), p)`` split by `fold_in` into draft (0),
-accept (1) and residual/bonus (2) keys; c strictly increases, so no key is reused. Samples are
-independent of the batch they ran in (all randomness is per row); they differ from the AR
-sampler's tokens under the same key (different streams).
-Draft length. ``draft=K`` drafts K tokens per round (at most K + 1 tokens per two passes, so at
-least 2 / (K + 1) passes per token). ``draft="auto"`` keeps a K per row (start 2, at most
-min(`AUTO_MAX`, n)): a row that accepted all its drafts doubles K, one that rejected after a accepted
-drafts uses a + 1 (`next_draft`); each round runs with the smallest static block in 2, 4, ..,
-AUTO_MAX that holds every live row's K (`lax.switch` between compiled bodies), so low-acceptance
-batches compute narrower passes. K depends only on the row's PAST accept / reject outcomes,
-never on the current drafts, so every round is still a valid speculative step and "auto" is
-exact too. What K changes: the samples' distribution is the same for every K and "auto"; the
-tokens drawn under one key differ between K (the rounds split differently); for a fixed K they
-do not depend on the batch they ran in.
+Batching: every row keeps its own frontier c and pending count m inside one `lax.while_loop` with
+static shapes (block K: K causal slots + K (K-1) draft queries per row); finished rows idle
+(their slots write past the cache end). Keys: the round of a row with frontier c draws all its
+uniforms at once from ``fold_in(fold_in(token_key, SPEC_STREAM), c)`` (`_round_uniforms`: drafts,
+accepts, the drawn token); c strictly increases, so no uniform is reused (the K alternative
+drafts for one rank in one round share a uniform; only one of them is ever used, chosen
+independently of it). Samples are independent of the batch they ran in (all randomness is per
+row); they differ from the AR sampler's tokens under the same key (different streams).
+Draft length. ``draft=K``: K-1 drafts per round after the first, so at least 1 / K passes per
+token (one more pass for the first token). ``draft="auto"`` keeps a K per row (start 2, at most
+min(`AUTO_MAX`, n)), set from the row's PAST outcomes only (`next_draft`); each round runs with
+the smallest static block in 2, 4, .., AUTO_MAX that holds every live row's K and pending drafts
+(`lax.switch` between compiled bodies), so low-acceptance batches compute narrower passes.
+What K changes: the samples' distribution is the same for every K and "auto"; the tokens drawn
+under one key differ between K (the rounds split differently); for a fixed K they do not depend
+on the batch they ran in.
 """
 
 from __future__ import annotations
@@ -56,19 +63,15 @@ SPEC_STREAM = 7
 AUTO_MAX = 8          # draft="auto": per-row K in 2..AUTO_MAX
 
 
-def _gumbel_argmax(logp, keys):
-  """Exact categorical draw from float64 log-weights [B, S, V] with keys [B, S] (one float64
-  uniform per draw, `tokens.inverse_cdf`)."""
-  u = jax.vmap(lambda k: jax.random.uniform(k, (), jnp.float64))(keys.reshape(-1))
-  return tokens_lib.inverse_cdf(logp, u.reshape(logp.shape[:-1]))
-
-
-def _keys(tok_keys, c, pos, which):
-  """Keys [B, S] for the iteration with frontier c [B] at positions pos [B, S]."""
-  def row(k, cc, pp):
+def _round_uniforms(tok_keys, c, kmax: int):
+  """The float64 uniforms of the round of every row with frontier c [B]: [B, 3, kmax] from ONE
+  random-bits call per row on ``fold_in(fold_in(token_key, SPEC_STREAM), c)``; [:, 0, t] draws
+  the draft of rank c+a+t, [:, 1, i] accepts the draft of rank c+i, [:, 2, 0] draws the token of
+  rank c+a. c strictly increases from round to round, so no uniform is used twice."""
+  def row(k, cc):
     k = jax.random.fold_in(jax.random.fold_in(k, SPEC_STREAM), cc)
-    return jax.vmap(lambda q: jax.random.fold_in(jax.random.fold_in(k, q), which))(pp)
-  return jax.vmap(row)(tok_keys, c.astype(jnp.int32), pos.astype(jnp.int32))
+    return jax.random.uniform(k, (3, kmax), jnp.float64)
+  return jax.vmap(row)(tok_keys, c.astype(jnp.int32))
 
 
 def auto_blocks(kmax: int) -> tuple[int, ...]:
@@ -80,74 +83,98 @@ def auto_blocks(kmax: int) -> tuple[int, ...]:
   return tuple(out) + (kmax,)
 
 
-def next_draft(k, a, kmax: int):
-  """The auto rule: a row that accepted all its k drafts doubles k (up to kmax); one that
-  rejected after a accepted drafts tries a + 1 next (at least 2). Depends only on past outcomes."""
-  return jnp.where(a >= k, jnp.minimum(2 * k, kmax), jnp.clip(a + 1, 2, kmax)).astype(jnp.int32)
+def next_draft(k, a, m, kmax: int):
+  """The auto rule, from the round's outcome only: a row that verified m >= 1 drafts and accepted
+  all doubles its K (up to kmax); one that rejected after a accepted drafts uses a + 2 (its
+  accepted drafts plus the drawn token, plus one; at least 2); m = 0 keeps K."""
+  k_all = jnp.minimum(2 * k, kmax)
+  return jnp.where(m == 0, k, jnp.where(a >= m, k_all, jnp.clip(a + 2, 2, kmax))).astype(jnp.int32)
 
 
-def _round(model, order, tok_keys, filt, carry, *, K: int, cache_len: int, debug: bool):
-  """One round (two passes) with static block K; every row drafts its own k <= K."""
-  cache, tokens, c, passes, k_row, it, trace = carry
+def _gather_v(x, idx):
+  """x [B, S, V], idx [B] -> x[b, idx[b]] [B, V]."""
+  return jnp.take_along_axis(x, idx[:, None, None], axis=1)[:, 0]
+
+
+def _round(model, order, tok_keys, filt, carry, *, K: int, kmax: int, cache_len: int,
+           debug: bool):
+  """One round (one pass) with static block K: causal slots c..c+m (m <= K-1 pending drafts)
+  and K-1 draft queries per causal slot; every row drafts its own k - 1 <= K - 1 next."""
+  cache, tokens, c, m, logq, passes, k_row, it, trace = carry
   batch, n = order.shape
-  kk = jnp.arange(cache_len, dtype=jnp.int32)[None, None, :]
-  j = jnp.arange(K, dtype=jnp.int32)[None, :]
-  live = c < n
-  c2, k2 = c[:, None], jnp.minimum(k_row, K)[:, None]
-  # 1. draft pass: queries = copies of rank-slot c, targets sigma_{c+j}, j < k.
-  valid = live[:, None] & (c2 + j < n) & (j < k2)
-  rank = jnp.broadcast_to(c2, (batch, K))
-  tok, pos = orders_lib.rank_slots(order, tokens, rank)
-  qtgt_pos = jnp.take_along_axis(order, jnp.clip(c2 + j, 0, n - 1), axis=1)
-  write = jnp.where(valid, jnp.where(j == 0, c2, n + j), cache_len)
-  mask = ((kk < rank[:, :, None]) | (kk == write[:, :, None])) & valid[:, :, None]
-  hidden, cache = model.encode(tok, pos, jnp.where(valid, qtgt_pos, NO_TARGET).astype(jnp.int32),
-                               mask=mask, cache=cache, write_index=write)
-  raw_q = model.head(hidden, qtgt_pos)
-  logq = filt(raw_q)
-  d = _gumbel_argmax(logq, _keys(tok_keys, c, qtgt_pos, 0))
+  uni = _round_uniforms(tok_keys, c, kmax)
+  E = K - 1
   rows = jnp.arange(batch)[:, None]
-  tokens = tokens.at[rows, jnp.where(valid, qtgt_pos, n)].set(d, mode="drop")
-  # 2. verify pass: rank-slots c+1..c+k holding d_0..d_{k-1}.
-  vrank = c2 + 1 + j
-  vvalid = live[:, None] & (vrank < n) & (j < k2)
-  tok, pos = orders_lib.rank_slots(order, tokens, vrank)
-  vtgt_pos = jnp.take_along_axis(order, jnp.clip(vrank, 0, n - 1), axis=1)
-  write = jnp.where(vvalid, vrank, cache_len)
-  mask = ((kk < vrank[:, :, None]) | (kk == write[:, :, None])) & vvalid[:, :, None]
-  hidden, cache = model.encode(tok, pos, jnp.where(vvalid, vtgt_pos, NO_TARGET).astype(jnp.int32),
+  kk = jnp.arange(cache_len, dtype=jnp.int32)[None, None, :]
+  i = jnp.arange(K, dtype=jnp.int32)[None, :]
+  t = jnp.arange(1, K, dtype=jnp.int32)[None, None, :]
+  live = c < n
+  c2, m2, k2 = c[:, None], m[:, None], jnp.minimum(k_row, K)[:, None]
+  crank = c2 + i                                                        # [B, K]
+  cvalid = live[:, None] & (i <= m2) & (crank < n)
+  xrank = crank[:, :, None] + t                                          # [B, K, E]
+  xvalid = cvalid[:, :, None] & (t < k2[:, :, None]) & (xrank < n)
+  src = jnp.concatenate([crank, jnp.broadcast_to(crank[:, :, None], xrank.shape).reshape(
+      batch, K * E)], axis=1)                                            # whose slot copy
+  valid = jnp.concatenate([cvalid, xvalid.reshape(batch, K * E)], axis=1)
+  tgt_rank = jnp.concatenate([crank, xrank.reshape(batch, K * E)], axis=1)
+  tok, pos = orders_lib.rank_slots(order, tokens, src)
+  tgt_pos = jnp.take_along_axis(order, jnp.clip(tgt_rank, 0, n - 1), axis=1)
+  scratch = n + jnp.arange(K * E, dtype=jnp.int32)[None, :]
+  write = jnp.where(valid, jnp.concatenate(
+      [crank, jnp.broadcast_to(scratch, (batch, K * E))], axis=1), cache_len)
+  mask = ((kk < src[:, :, None]) | (kk == write[:, :, None])) & valid[:, :, None]
+  hidden, cache = model.encode(tok, pos, jnp.where(valid, tgt_pos, NO_TARGET).astype(jnp.int32),
                                mask=mask, cache=cache, write_index=write)
-  raw_p = model.head(hidden, vtgt_pos)
-  logp = filt(raw_p)                                # logp[:, i] = p_{i+1} (target sigma_{c+i+1})
-  # 3. accept / reject. Drafts j = 1..k-1 are checked against p_j = logp[:, j-1].
-  p_j = jnp.concatenate([logq[:, :1], logp[:, :K - 1]], axis=1)           # [B, K, V]; p_0 = q_0
-  lp_d = jnp.take_along_axis(p_j, d[..., None], axis=-1)[..., 0]
-  lq_d = jnp.take_along_axis(logq, d[..., None], axis=-1)[..., 0]
-  u = jax.vmap(jax.vmap(lambda key: jax.random.uniform(key, (), jnp.float64)))(
-      _keys(tok_keys, c, qtgt_pos, 1))
-  acc = (j == 0) | (u < jnp.exp(jnp.minimum(lp_d - lq_d, 0.0)))
-  acc = acc & (c2 + j < n) & (j < k2)
+  raw_p = model.head(hidden[:, :K], tgt_pos[:, :K])
+  logp = filt(raw_p)                               # p_i: rank c+i given ranks < c+i
+  v = logp.shape[-1]
+  # Accept / reject the pending drafts d_i (rank c+i, i < m) against p_i.
+  dpos = tgt_pos[:, :K]                            # positions of ranks c..c+K-1
+  d = jnp.take_along_axis(tokens, dpos, axis=1)
+  lq = logq[:, :max(E, 1)]
+  lp_d = jnp.take_along_axis(logp[:, :lq.shape[1]], d[:, :lq.shape[1], None], axis=-1)[..., 0]
+  lq_d = jnp.take_along_axis(lq, d[:, :lq.shape[1], None], axis=-1)[..., 0]
+  u = uni[:, 1, :lq.shape[1]]
+  acc = (u < jnp.exp(jnp.minimum(lp_d - lq_d, 0.0))) & (i[:, :lq.shape[1]] < m2)
   a = jnp.sum(jnp.cumprod(acc.astype(jnp.int32), axis=1), axis=1).astype(jnp.int32)
-  # The next token (rank c + a): residual at the first rejection, else the bonus from p_k.
-  rej = a < k2[:, 0]
-  ai = jnp.minimum(a, K - 1)[:, None, None]
-  p_r = jnp.take_along_axis(p_j, ai, axis=1)[:, 0]
-  q_r = jnp.take_along_axis(logq, ai, axis=1)[:, 0]
-  resid = jnp.log(jnp.maximum(jnp.exp(p_r) - jnp.exp(q_r), 0.0))
-  bonus = jnp.take_along_axis(logp, (k2 - 1)[:, :, None], axis=1)[:, 0]
-  nlog = jnp.where(rej[:, None], resid, bonus)
+  # The token of rank c + a: the residual at the first rejection, else the bonus p_m.
+  rej = a < m
+  p_a = _gather_v(logp, jnp.minimum(a, K - 1))
+  q_a = _gather_v(lq, jnp.minimum(a, lq.shape[1] - 1))
+  resid = jnp.log(jnp.maximum(jnp.exp(p_a) - jnp.exp(q_a), 0.0))
+  nlog = jnp.where(rej[:, None], resid, p_a)
   npos = jnp.take_along_axis(order, jnp.clip(c + a, 0, n - 1)[:, None], axis=1)
-  new = _gumbel_argmax(nlog[:, None], _keys(tok_keys, c, npos, 2))[:, 0]
+  new = tokens_lib.inverse_cdf(nlog, uni[:, 2, 0])
   has_new = live & (c + a < n)
   tokens = tokens.at[jnp.arange(batch), jnp.where(has_new, npos[:, 0], n)].set(new, mode="drop")
+  c_new = jnp.where(has_new, c + a + 1, jnp.where(live, n, c)).astype(jnp.int32)
+  # The next drafts: the queries of causal slot c + a (ranks c+a+1 .., given ranks < c+a).
+  # Only that slot's queries go through the head and the filter.
+  if E > 0:
+    erank = (c + a)[:, None] + t[0]
+    evalid = has_new[:, None] & (t[0] < k2) & (erank < n)
+    epos = jnp.take_along_axis(order, jnp.clip(erank, 0, n - 1), axis=1)
+    h_x = hidden[:, K:].reshape(batch, K, E, hidden.shape[-1])
+    h_sel = jnp.take_along_axis(h_x, jnp.minimum(a, K - 1)[:, None, None, None], axis=1)[:, 0]
+    sel = filt(model.head(h_sel, epos))
+    e = tokens_lib.inverse_cdf(sel, uni[:, 0, :E])
+    tokens = tokens.at[rows, jnp.where(evalid, epos, n)].set(e, mode="drop")
+    m_new = jnp.sum(evalid, axis=1).astype(jnp.int32)
+    logq_new = jnp.pad(sel, [(0, 0), (0, logq.shape[1] - E), (0, 0)])
+    logq = jnp.where(live[:, None, None], logq_new, logq)
+  else:
+    m_new = jnp.zeros_like(m)
+  m = jnp.where(live, m_new, m)
   if debug:
-    pad = lambda x: jnp.pad(x, [(0, 0), (0, trace["d"].shape[2] - K)] + [(0, 0)] * (x.ndim - 2))
-    upd = dict(c=jnp.where(live, c, -1), k=k2[:, 0], d=pad(d), a=a,
-               q=pad(raw_q), p=pad(raw_p))
+    pad = lambda x, w: jnp.pad(x, [(0, 0), (0, w - x.shape[1])] + [(0, 0)] * (x.ndim - 2))
+    xs = model.head(hidden[:, K:], tgt_pos[:, K:]).reshape(batch, K, E, v)
+    xs = jnp.pad(xs, [(0, 0), (0, kmax - K), (0, kmax - 1 - E), (0, 0)])
+    upd = dict(c=jnp.where(live, c, -1), m=m2[:, 0], k=k2[:, 0], a=a,
+               d=pad(d, kmax), p=pad(raw_p, kmax), q=xs)
     trace = {name: trace[name].at[it].set(upd[name]) for name in trace}
-  c_new = jnp.where(live, jnp.minimum(c + a + 1, n), c).astype(jnp.int32)
-  passes = (passes + 2 * live.astype(jnp.int32)).astype(jnp.int32)
-  return (cache, tokens, c_new, passes, k_row, it + 1, trace), a, k2[:, 0], live
+  passes = (passes + live.astype(jnp.int32)).astype(jnp.int32)
+  return (cache, tokens, c_new, m, logq, passes, k_row, it + 1, trace), a, live
 
 
 def sample_speculative(model: AOGPT, order, tokens0, prompt_len, tok_keys, *, draft,
@@ -157,15 +184,17 @@ def sample_speculative(model: AOGPT, order, tokens0, prompt_len, tok_keys, *, dr
   tokens in place), prompt_len int32 [B], tok_keys [B]. ``draft``: K (int >= 1) or "auto"
   (per-row K from 2 up to `AUTO_MAX`). Returns (tokens [B, n], passes [B]: the model passes
   each row needed, prefill excluded, trace): ``trace`` is None unless ``debug``, else a dict of
-  per-round arrays [n, B, ...] (rounds a row did not run have c = -1): frontier ``c``, drafts
-  ``k``, draft tokens ``d``, accepted ``a``, raw draft logits ``q`` and verify logits ``p``
-  [n, B, K, V] (``p[:, :, i]`` is rank-slot c+1+i's output)."""
+  per-round arrays [n, B, ...] (rounds a row did not run have c = -1): frontier ``c``, pending
+  drafts ``m``, K ``k``, accepted ``a``, the tokens at ranks c.. when the pass ran ``d``
+  [n, B, K] (d[:m] are the drafts), raw causal-slot logits ``p`` [n, B, K, V] (``p[:, :, i]``
+  predicts rank c+i) and raw draft-query logits ``q`` [n, B, K, K-1, V] (``q[:, :, i, t-1]``:
+  rank c+i+t given ranks < c+i)."""
   batch, n = order.shape
   auto = draft == "auto"
   kmax = min(AUTO_MAX, n) if auto else int(draft)
   if kmax < 1:
     raise ValueError(f"draft: must be >= 1 or 'auto', got {draft!r}")
-  cache_len = n + kmax
+  cache_len = n + kmax * (kmax - 1)
   kk = jnp.arange(cache_len, dtype=jnp.int32)[None, None, :]
   filt = lambda lg: jax.nn.log_softmax(tokens_lib.filter_logits(
       lg, temperature=temperature, top_p=top_p, top_p_rule=top_p_rule), axis=-1)
@@ -179,32 +208,37 @@ def sample_speculative(model: AOGPT, order, tokens0, prompt_len, tok_keys, *, dr
   write = jnp.where(ok, r, cache_len)
   mask = ((kk < r[:, :, None]) | (kk == write[:, :, None])) & ok[:, :, None]
   _, cache = model.encode(tok, pos, tgt, mask=mask, cache=cache, write_index=write)
+  v = model.cfg.vocab_size
   trace = None
   if debug:
-    v = model.cfg.vocab_size
-    trace = dict(c=jnp.full((n, batch), -1, jnp.int32), k=jnp.zeros((n, batch), jnp.int32),
-                 d=jnp.zeros((n, batch, kmax), jnp.int32), a=jnp.zeros((n, batch), jnp.int32),
-                 q=jnp.zeros((n, batch, kmax, v), jnp.float32),
-                 p=jnp.zeros((n, batch, kmax, v), jnp.float32))
+    trace = dict(c=jnp.full((n, batch), -1, jnp.int32), m=jnp.zeros((n, batch), jnp.int32),
+                 k=jnp.zeros((n, batch), jnp.int32), a=jnp.zeros((n, batch), jnp.int32),
+                 d=jnp.zeros((n, batch, kmax), jnp.int32),
+                 p=jnp.zeros((n, batch, kmax, v), jnp.float32),
+                 q=jnp.zeros((n, batch, kmax, max(kmax - 1, 0), v), jnp.float32))
   blocks = auto_blocks(kmax) if auto else (kmax,)
-  rnd = [functools.partial(_round, model, order, tok_keys, filt, K=b, cache_len=cache_len,
-                           debug=debug) for b in blocks]
+  rnd = [functools.partial(_round, model, order, tok_keys, filt, K=b, kmax=kmax,
+                           cache_len=cache_len, debug=debug) for b in blocks]
 
   def cond(carry):
     return jnp.any(carry[2] < n)
 
   def body(carry):
+    m_before = carry[3]
     if len(rnd) == 1:
-      carry, a, k, live = rnd[0](carry)
-    else:     # the smallest block that holds every live row's k
-      need = jnp.max(jnp.where(carry[2] < n, carry[4], 0))
+      carry, a, live = rnd[0](carry)
+    else:     # the smallest block that holds every live row's k and pending drafts + 1
+      need = jnp.max(jnp.where(carry[2] < n, jnp.maximum(carry[6], carry[3] + 1), 0))
       idx = jnp.sum(jnp.asarray(blocks, jnp.int32) < need).astype(jnp.int32)
-      carry, a, k, live = jax.lax.switch(idx, rnd, carry)
+      carry, a, live = jax.lax.switch(idx, rnd, carry)
     if auto:
-      carry = carry[:4] + (jnp.where(live, next_draft(k, a, kmax), carry[4]),) + carry[5:]
+      k = jnp.where(live, next_draft(carry[6], a, m_before, kmax), carry[6])
+      carry = carry[:6] + (k,) + carry[7:]
     return carry
 
   k0 = jnp.full((batch,), 2 if auto else kmax, jnp.int32)
-  carry = (cache, tokens0, plen, jnp.zeros((batch,), jnp.int32), k0, jnp.int32(0), trace)
-  _, tokens, _, passes, _, _, trace = jax.lax.while_loop(cond, body, carry)
+  logq0 = jnp.zeros((batch, max(kmax - 1, 1), v), jnp.float64)
+  carry = (cache, tokens0, plen, jnp.zeros((batch,), jnp.int32), logq0,
+           jnp.zeros((batch,), jnp.int32), k0, jnp.int32(0), trace)
+  _, tokens, _, _, _, passes, _, _, trace = jax.lax.while_loop(cond, body, carry)
   return tokens, passes, trace
