@@ -258,3 +258,21 @@ def test_quickstart_eval_is_bounded_by_default():
   """README's `--mode=eval` on the quickstart must finish in minutes (issue 16): not the whole
   5,610-block held-out split."""
   assert 0 < recipes.quickstart().evaluate.max_blocks <= 256
+
+
+def test_sample_method_and_model_kind_follow_the_objective(tmp_path):
+  """Left "", sample.method and evaluate.model_kind take the objective's value; a run that
+  sets one the objective's model cannot use is refused in one line naming the key."""
+  for objective, method, kind in (("ao", "diffusion", "aogpt"), ("mdm", "encoder", "encoder")):
+    cfg = tiny_config(tmp_path, objective=objective, evaluate__ensemble_max_m=0)
+    config_lib.resolve(cfg)
+    assert (cfg.sample.method, cfg.evaluate.model_kind) == (method, kind)
+  cfg = tiny_config(tmp_path, objective="mdm", sample__method="diffusion")
+  with pytest.raises(config_lib.ConfigError,
+                     match=r"^sample\.method: 'diffusion' does not fit objective='mdm'"):
+    config_lib.resolve(cfg)
+  cfg = tiny_config(tmp_path, evaluate__model_kind="encoder")
+  with pytest.raises(config_lib.ConfigError, match=r"^evaluate\.model_kind: 'encoder' does not"):
+    config_lib.resolve(cfg)
+  with pytest.raises(config_lib.ConfigError, match=r"^objective: must be one of"):
+    config_lib.resolve(tiny_config(tmp_path, objective="bert"))
