@@ -66,11 +66,7 @@ def evaluate_dataset(m: model_lib.AOGPT, batches: Batches, s: EvalSettings,
   if s.max_batches:
     total = s.max_batches if total is None else min(total, s.max_batches)
   progress = metrics_lib.ProgressLog(f"eval {name} batches", total)
-  for bi, batch in enumerate(batches):
-    if s.max_batches and bi >= s.max_batches:
-      break
-    tokens, weight = ppl_lib.check_batch(batch, m.cfg)
-    ids = ppl_lib.block_ids(batch)
+  for bi, tokens, weight, ids in ppl_lib.eval_blocks(batches, m.cfg, s.max_batches):
     for acc in (l2r, anyo, ens, elbo):
       acc.count(weight)
     if s.l2r:

@@ -35,10 +35,11 @@ from flax import nnx
 from aogpt_jax import cross_entropy
 from aogpt_jax import orders as orders_lib
 from aogpt_jax.blocks import Block, dropout, fold_key, modulation, run_block, table_lookup
-from aogpt_jax.layers import (ATTENTION_IMPLS, BATCH, Dense, Embed, Norm, constrain, matmul,
-                              trunc_normal)
+from aogpt_jax.layers import (ATTENTION_IMPLS, BATCH, NORMS, Dense, Embed, Norm, check_choice,
+                              constrain, matmul, trunc_normal)
 
 TARGETS = ("adaln", "sigma_gpt", "repeat", "per_block", "none")
+ATTENTION_PATHS = ("gather", "mask")
 START = orders_lib.START          # slot token id meaning "the START vector"
 NO_TARGET = orders_lib.NO_TARGET  # slot target meaning "no conditioning" (zero vector)
 RESIDUAL_DTYPE = jnp.float32  # residual stream (embeddings, adds, norms) under any compute dtype
@@ -92,14 +93,10 @@ class ModelConfig:
       bad("valid_vocab_size", f"{self.valid_vocab_size} exceeds vocab_size {self.vocab_size}")
     if self.n_embd % self.n_head:
       bad("n_head", f"{self.n_head} heads do not divide n_embd={self.n_embd}")
-    if self.target not in TARGETS:
-      bad("target", f"must be one of {TARGETS}, got {self.target!r}")
-    if self.norm not in ("rmsnorm", "layernorm"):
-      bad("norm", f"must be 'rmsnorm' or 'layernorm', got {self.norm!r}")
-    if self.attention not in ("gather", "mask"):
-      bad("attention", f"must be 'gather' or 'mask', got {self.attention!r}")
-    if self.attention_impl not in ATTENTION_IMPLS:
-      bad("attention_impl", f"must be one of {ATTENTION_IMPLS}, got {self.attention_impl!r}")
+    check_choice("model.target", self.target, TARGETS)
+    check_choice("model.norm", self.norm, NORMS)
+    check_choice("model.attention", self.attention, ATTENTION_PATHS)
+    check_choice("model.attention_impl", self.attention_impl, ATTENTION_IMPLS)
     if int(self.attention_block) < 1:
       bad("attention_block", f"must be >= 1, got {self.attention_block}")
     if int(self.loss_chunk) < 0:
@@ -303,9 +300,13 @@ class AOGPT(nnx.Module):
   def _check_shapes(self, tokens, order):
     if tokens.ndim != 2 or tokens.shape != order.shape:
       raise ValueError(f"tokens {tokens.shape} and order {order.shape} must both be [batch, n]")
-    if tokens.shape[1] > self.cfg.block_size:
-      raise ValueError(f"sequence length {tokens.shape[1]} exceeds model.block_size "
-                       f"{self.cfg.block_size}")
+    check_length(self.cfg, tokens.shape[1])
+
+
+def check_length(cfg: ModelConfig, n: int) -> None:
+  """A model run on ``n`` tokens per row: at most ``model.block_size`` (position embeddings)."""
+  if n > cfg.block_size:
+    raise ValueError(f"sequence length {n} exceeds model.block_size {cfg.block_size}")
 
 
 def gather_slots(tokens: jax.Array, order: jax.Array):

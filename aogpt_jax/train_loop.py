@@ -180,7 +180,7 @@ def train(cfg, workdir: str) -> dict[str, float]:
   """Trains (or resumes) the run in ``workdir``; returns the last logged and eval scalars."""
   model_cfg = config_lib.resolve(cfg)
   mesh = sharding_lib.make_mesh(cfg)
-  sharding_lib.check_batch(cfg, mesh)
+  sharding_lib.check_batch_sizes(cfg, mesh)
   workdir = prepare_workdir(workdir)
   checkpoint_lib.check_writable(checkpoint_lib.checkpoint_dir(workdir))  # before compiling
   meta = checkpoint_lib.run_meta(cfg, model_cfg)

@@ -88,14 +88,14 @@ def test_mesh_and_batch_errors(tmp_path):
                                      devices).shape) == {"data": 4, "fsdp": 1, "tensor": 2}
   cfg = tiny_config(tmp_path, batch_size=12)
   with pytest.raises(ConfigError, match=r"^batch_size: 12 is not divisible by the data axes"):
-    sharding_lib.check_batch(cfg, sharding_lib.make_mesh(cfg, devices))
+    sharding_lib.check_batch_sizes(cfg, sharding_lib.make_mesh(cfg, devices))
   cfg = tiny_config(tmp_path, batch_size=16, microbatches=4)
   with pytest.raises(ConfigError, match=r"^microbatches: each of the 4 microbatches has 4"):
-    sharding_lib.check_batch(cfg, sharding_lib.make_mesh(cfg, devices))
+    sharding_lib.check_batch_sizes(cfg, sharding_lib.make_mesh(cfg, devices))
   cfg = tiny_config(tmp_path, batch_size=8, microbatches=2, mesh__data=2, mesh__fsdp=2,
                     mesh__tensor=2)
   with pytest.raises(ConfigError, match=r"^microbatches: .*one sequence per device"):
-    sharding_lib.check_batch(cfg, sharding_lib.make_mesh(cfg, devices))
+    sharding_lib.check_batch_sizes(cfg, sharding_lib.make_mesh(cfg, devices))
 
 
 def test_unwritable_workdir_is_named(tmp_path):
