@@ -60,7 +60,7 @@ def _inputs(model: AOGPT, tokens: jax.Array):
 def encoder_hidden(model: AOGPT, tokens: jax.Array, *, dropout_key=None) -> jax.Array:
   """Final hidden states [B, n, d] of the bidirectional encoder (tokens may hold [MASK])."""
   pos, tgt = _inputs(model, tokens)
-  h, _ = model.encode(tokens.astype(jnp.int32), pos, tgt, mask=FULL, dropout_key=dropout_key)
+  h, _ = model.hidden_slots(tokens.astype(jnp.int32), pos, tgt, mask=FULL, dropout_key=dropout_key)
   return h
 
 

@@ -189,9 +189,9 @@ class AOGPT(nnx.Module):
 
   # ------------------------------------------------------------------ general slot interface
 
-  def encode(self, slot_tokens: jax.Array, slot_pos: jax.Array, slot_tgt: jax.Array, *,
-             mask: jax.Array | None = None, cache: KVCache | None = None,
-             write_index: jax.Array | None = None, dropout_key: jax.Array | None = None):
+  def hidden_slots(self, slot_tokens: jax.Array, slot_pos: jax.Array, slot_tgt: jax.Array, *,
+                   mask: jax.Array | None = None, cache: KVCache | None = None,
+                   write_index: jax.Array | None = None, dropout_key: jax.Array | None = None):
     """Runs the block stack over explicit slots; returns (hidden [B, S, d], new cache or None).
 
     slot_tokens: int32 [B, S], token ids or START (-1).
@@ -204,9 +204,9 @@ class AOGPT(nnx.Module):
     """
     cfg = self.cfg
     if (cache is None) != (write_index is None):
-      raise ValueError("encode: cache and write_index go together")
+      raise ValueError("hidden_slots: cache and write_index go together")
     if cache is not None and mask is None:
-      raise ValueError("encode: a cache needs an explicit mask")
+      raise ValueError("hidden_slots: a cache needs an explicit mask")
     dtype = jnp.dtype(cfg.dtype)
     tok = self.wte(jnp.maximum(slot_tokens, 0))
     x = jnp.where((slot_tokens == START)[..., None], self.start_vector[...].astype(RESIDUAL_DTYPE),
@@ -264,8 +264,8 @@ class AOGPT(nnx.Module):
     return w, jnp.where(jnp.arange(cfg.vocab_size) < cfg.valid_vocab_size, b, -jnp.inf)
 
   def forward_slots(self, slot_tokens, slot_pos, slot_tgt, **kw):
-    """`encode` then `head`: returns (logits [B, S, V], new cache or None)."""
-    h, cache = self.encode(slot_tokens, slot_pos, slot_tgt, **kw)
+    """`hidden_slots` then `head`: returns (logits [B, S, V], new cache or None)."""
+    h, cache = self.hidden_slots(slot_tokens, slot_pos, slot_tgt, **kw)
     return self.head(h, slot_tgt), cache
 
   def init_cache(self, batch: int, length: int, dtype=None) -> KVCache:
@@ -289,10 +289,10 @@ class AOGPT(nnx.Module):
     (its target position is ``order[r]``)."""
     self._check_shapes(tokens, order)
     if self.cfg.attention == "gather":
-      h, _ = self.encode(*gather_slots(tokens, order), dropout_key=dropout_key)
+      h, _ = self.hidden_slots(*gather_slots(tokens, order), dropout_key=dropout_key)
       return h
     slot_tokens, slot_pos, slot_tgt, mask = mask_slots(tokens, order)
-    h, _ = self.encode(slot_tokens, slot_pos, slot_tgt, mask=mask, dropout_key=dropout_key)
+    h, _ = self.hidden_slots(slot_tokens, slot_pos, slot_tgt, mask=mask, dropout_key=dropout_key)
     # Back to order space: in the original-order layout, rank-slot r sits at its position row.
     _, idx = orders_lib.rank_slot_source(order, orders_lib.all_ranks(order))
     return jnp.take_along_axis(h, idx[..., None], axis=1)

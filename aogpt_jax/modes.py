@@ -117,7 +117,7 @@ def eval_mode(cfg, workdir: str, checkpoint: str = "") -> dict:
     m, prov = _from_spec(cfg, checkpoint, e.which)
     results = evaluate.evaluate(m, datasets, settings, workdir=workdir, name=e.name, meta=prov)
   else:
-    results = evaluate.run(workdir, datasets, settings, which=e.which, name=e.name)
+    results = evaluate.evaluate_workdir(workdir, datasets, settings, which=e.which, name=e.name)
   if jax.process_index() == 0:
     out = os.path.join(workdir, "eval", e.name)
     print(f"eval results written to {out}.json and {out}.md")

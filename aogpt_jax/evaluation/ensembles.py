@@ -162,7 +162,7 @@ def _packed_logp(model, tokens, sigma, ids, seed, item_b, item_j, item_ranks, *,
   if masked:
     s = jnp.arange(row_len)
     mask = (seg[:, :, None] == seg[:, None, :]) & (s[None, None, :] <= s[None, :, None])
-  h, _ = model.encode(tok, pos, tgt, mask=mask)
+  h, _ = model.hidden_slots(tok, pos, tgt, mask=mask)
   hq = jnp.take_along_axis(h, query[..., None], axis=1)                 # [I, G, d]
   tq = jnp.take_along_axis(tgt, query, axis=1)
   return -model_lib.nll_from_logits(model.head(hq, tq), label)       # log p, [I, G]

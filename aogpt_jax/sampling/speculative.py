@@ -101,8 +101,9 @@ def _round(model, order, tok_keys, filt, carry, *, K: int, cache_len: int, debug
   qtgt_pos = jnp.take_along_axis(order, jnp.clip(c2 + j, 0, n - 1), axis=1)
   write = jnp.where(valid, jnp.where(j == 0, c2, n + j), cache_len)
   mask = ((kk < rank[:, :, None]) | (kk == write[:, :, None])) & valid[:, :, None]
-  hidden, cache = model.encode(tok, pos, jnp.where(valid, qtgt_pos, NO_TARGET).astype(jnp.int32),
-                               mask=mask, cache=cache, write_index=write)
+  hidden, cache = model.hidden_slots(
+      tok, pos, jnp.where(valid, qtgt_pos, NO_TARGET).astype(jnp.int32), mask=mask,
+      cache=cache, write_index=write)
   raw_q = model.head(hidden, qtgt_pos)
   logq = filt(raw_q)
   d = _gumbel_argmax(logq, _keys(tok_keys, c, qtgt_pos, 0))
@@ -115,8 +116,9 @@ def _round(model, order, tok_keys, filt, carry, *, K: int, cache_len: int, debug
   vtgt_pos = jnp.take_along_axis(order, jnp.clip(vrank, 0, n - 1), axis=1)
   write = jnp.where(vvalid, vrank, cache_len)
   mask = ((kk < vrank[:, :, None]) | (kk == write[:, :, None])) & vvalid[:, :, None]
-  hidden, cache = model.encode(tok, pos, jnp.where(vvalid, vtgt_pos, NO_TARGET).astype(jnp.int32),
-                               mask=mask, cache=cache, write_index=write)
+  hidden, cache = model.hidden_slots(
+      tok, pos, jnp.where(vvalid, vtgt_pos, NO_TARGET).astype(jnp.int32), mask=mask,
+      cache=cache, write_index=write)
   raw_p = model.head(hidden, vtgt_pos)
   logp = filt(raw_p)                                # logp[:, i] = p_{i+1} (target sigma_{c+i+1})
   # 3. accept / reject. Drafts j = 1..k-1 are checked against p_j = logp[:, j-1].
@@ -178,7 +180,7 @@ def sample_speculative(model: AOGPT, order, tokens0, prompt_len, tok_keys, *, dr
   tgt = jnp.where(ok, order, NO_TARGET).astype(jnp.int32)
   write = jnp.where(ok, r, cache_len)
   mask = ((kk < r[:, :, None]) | (kk == write[:, :, None])) & ok[:, :, None]
-  _, cache = model.encode(tok, pos, tgt, mask=mask, cache=cache, write_index=write)
+  _, cache = model.hidden_slots(tok, pos, tgt, mask=mask, cache=cache, write_index=write)
   trace = None
   if debug:
     v = model.cfg.vocab_size
