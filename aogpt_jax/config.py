@@ -30,15 +30,14 @@ from typing import Any
 import jax
 from ml_collections import config_dict
 
-from aogpt_jax import mdm as mdm_lib
 from aogpt_jax import model as model_lib
+from aogpt_jax import objectives as objectives_lib
 from aogpt_jax import orders as orders_lib
 from aogpt_jax import sampler as sampler_lib
 from aogpt_jax.data import config as data_config
 from aogpt_jax.evaluation import settings as eval_settings
 
 MESH_AXES = ("data", "fsdp", "tensor")
-OBJECTIVES = ("ao", "mdm")
 LOGICAL_AXES = ("vocab", "embed", "qkv", "heads", "mlp", "cond", "mod", "norm", "head_dim")
 _FIELD_TYPES = {int: int, float: float, bool: bool, str: str}
 # Derived from the tokenizer unless set explicitly.
@@ -58,7 +57,9 @@ def default_config() -> config_dict.ConfigDict:
   c.microbatches = 1            # gradient accumulation: the batch is split into this many parts
   c.seq_len = 256
   c.objective = "ao"            # ao: any-order AR (AO-GPT / sigma-GPT / GPT) | mdm: encoder-only
-                                # masked diffusion baseline (aogpt_jax/mdm.py; order.* unused)
+                                # masked diffusion baseline (aogpt_jax/mdm.py; order.* unused);
+                                # aogpt_jax/objectives.py. sample.method and evaluate.model_kind
+                                # follow from it when left "" (follow_objective)
   c.log_every = 10
   c.eval_every = 250            # 0 = only at the end
   c.checkpoint_every = 250      # 0 = only at the end (and on SIGTERM)
@@ -98,6 +99,7 @@ def default_config() -> config_dict.ConfigDict:
 
   c.evaluate = evaluate_group()             # --mode=eval
   c.sample = sampler_lib.sample_config()    # --mode=sample
+  c.sample.method = ""                      # "" = the objective's (diffusion | encoder)
   c.genppl = genppl_group()                 # --mode=genppl (samples from the sample group)
 
   c.checkpoint = config_dict.ConfigDict(dict(
@@ -132,6 +134,7 @@ def evaluate_group() -> config_dict.ConfigDict:
   # JSON, e.g. '{"seed": 3}'; "" = the run's order.kwargs when evaluate.order is the run's
   # order.name (a fixed_random / blockwise run is scored under its own order), else none.
   c.order_kwargs = ""
+  c.model_kind = ""     # "" = the objective's (aogpt | encoder)
   return c
 
 
@@ -180,6 +183,37 @@ def _positive(cfg, *keys: str, allow_zero: bool = False) -> None:
       v = v[part]
     if not isinstance(v, int) or isinstance(v, bool) or v < (0 if allow_zero else 1):
       _fail(key, f"must be an integer >= {0 if allow_zero else 1}, got {v!r}")
+
+
+FOLLOWERS = ("sample.method", "evaluate.model_kind")   # keys that follow ``objective``
+
+
+def objective_value(cfg, key: str) -> str:
+  """``key`` (one of FOLLOWERS) as set, or the objective's default when left "" (unchecked)."""
+  group, name = key.split(".")
+  value = str(cfg[group][name] or "")
+  if value:
+    return value
+  try:
+    return objectives_lib.get(cfg.objective).follows(key)[0]
+  except ValueError as e:
+    raise ConfigError(str(e)) from None
+
+
+def follow_objective(cfg) -> None:
+  """Fills each of FOLLOWERS left "" with the objective's default, in place; raises naming the
+  key when a run sets one that does not fit the objective's model."""
+  try:
+    obj = objectives_lib.get(cfg.objective)
+  except ValueError as e:
+    raise ConfigError(str(e)) from None
+  for key in FOLLOWERS:
+    value, fits = objective_value(cfg, key), obj.follows(key)
+    if value not in fits:
+      _fail(key, f"{value!r} does not fit objective={obj.name!r} (use one of {fits}, or leave "
+            f"it \"\" to follow the objective)")
+    group, name = key.split(".")
+    cfg[group][name] = value
 
 
 def rules(cfg) -> dict[str, tuple[str, ...]]:
@@ -237,14 +271,11 @@ def resolve(cfg) -> model_lib.ModelConfig:
     _fail("seed", f"must be an integer, got {cfg.seed!r}")
   if cfg.batch_size % cfg.microbatches:
     _fail("microbatches", f"{cfg.microbatches} does not divide batch_size={cfg.batch_size}")
-  if cfg.objective not in OBJECTIVES:
-    _fail("objective", f"must be one of {OBJECTIVES}, got {cfg.objective!r}")
-  mc = model_config(cfg)
-  if cfg.objective == "mdm":
-    try:
-      mc = mdm_lib.encoder_config(mc)
-    except ValueError as e:
-      raise ConfigError(str(e)) from None
+  follow_objective(cfg)
+  try:
+    mc = objectives_lib.get(cfg.objective).model_config(model_config(cfg))
+  except ValueError as e:
+    raise ConfigError(str(e)) from None
   if cfg.seq_len < 2:
     _fail("seq_len", f"must be >= 2 (one token has no context to learn from), got {cfg.seq_len}")
   if cfg.seq_len > mc.block_size:

@@ -7,7 +7,8 @@ number and the settings that produced it) and <name>.md (the paper's Table 4 lay
     results = evaluate.evaluate(model, {"wikitext2": batches_w2, "ptb": batches_ptb}, settings,
                                 workdir=WORKDIR)
     # or, from a training workdir (EMA weights by default):
-    results = evaluate.run(WORKDIR, {"wikitext2": lambda: data.eval_batches(...)}, settings)
+    results = evaluate.evaluate_workdir(WORKDIR, {"wikitext2": lambda: data.eval_batches(...)},
+                                        settings)
 
 The encoder-only MDM baseline (`aogpt_jax.mdm`) is evaluated by the same driver with
 ``EvalSettings(model_kind="encoder")``: its L2R and any-order rows are exact NLLs for the same
@@ -66,11 +67,7 @@ def evaluate_dataset(m: model_lib.AOGPT, batches: Batches, s: EvalSettings,
   if s.max_batches:
     total = s.max_batches if total is None else min(total, s.max_batches)
   progress = metrics_lib.ProgressLog(f"eval {name} batches", total)
-  for bi, batch in enumerate(batches):
-    if s.max_batches and bi >= s.max_batches:
-      break
-    tokens, weight = ppl_lib.check_batch(batch, m.cfg)
-    ids = ppl_lib.block_ids(batch)
+  for bi, tokens, weight, ids in ppl_lib.eval_blocks(batches, m.cfg, s.max_batches):
     for acc in (l2r, anyo, ens, elbo):
       acc.count(weight)
     if s.l2r:
@@ -210,9 +207,9 @@ def markdown_comparison(results_by_model: Mapping[str, Mapping[str, Any]]) -> st
   return _table(columns, rows)
 
 
-def run(workdir: str, datasets: Mapping[str, Batches | Callable[[], Batches]],
-        settings: EvalSettings | None = None, *, which: str = "ema",
-        name: str = "zero_shot") -> dict:
+def evaluate_workdir(workdir: str, datasets: Mapping[str, Batches | Callable[[], Batches]],
+                     settings: EvalSettings | None = None, *, which: str = "ema",
+                     name: str = "zero_shot") -> dict:
   """Loads the ``which`` (default EMA) weights of a training workdir and runs `evaluate`."""
   from aogpt_jax import checkpoint  # pylint: disable=g-import-not-at-top  (trainer's module)
   m, run_cfg = checkpoint.load_model(workdir, which=which)

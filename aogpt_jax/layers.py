@@ -72,6 +72,16 @@ class Embed(nnx.Module):
     return jnp.take(self.embedding[...], ids, axis=0).astype(self.dtype)
 
 
+NORMS = ("rmsnorm", "layernorm")
+
+
+def check_choice(key: str, value, choices: tuple) -> None:
+  """The one check of a setting with named choices (model.norm, model.attention_impl,
+  sample.schedule, ...): raises ``KEY: must be one of CHOICES, got VALUE``."""
+  if value not in choices:
+    raise ValueError(f"{key}: must be one of {choices}, got {value!r}")
+
+
 class Norm(nnx.Module):
   """RMSNorm (weight only) or LayerNorm (weight and, if ``use_bias``, bias), computed in fp32.
   ``eps`` 1e-5 as ``torch.nn.functional.rms_norm`` / ``layer_norm`` in the published code."""
@@ -79,8 +89,7 @@ class Norm(nnx.Module):
   def __init__(self, features: int, *, kind: str = "rmsnorm", use_bias: bool = True,
                eps: float = 1e-5, axes: Axes = ("norm",), dtype=jnp.float32,
                param_dtype=jnp.float32):
-    if kind not in ("rmsnorm", "layernorm"):
-      raise ValueError(f"model.norm must be 'rmsnorm' or 'layernorm', got {kind!r}")
+    check_choice("model.norm", kind, NORMS)
     self.kind, self.eps, self.dtype = kind, eps, dtype
     self.scale = nnx.Param(jnp.ones((features,), param_dtype), logical_axes=axes)
     self.bias = (nnx.Param(jnp.zeros((features,), param_dtype), logical_axes=axes)
@@ -147,8 +156,7 @@ def resolve_attention_impl(requested: str, dtype, head_dim: int, *, masked: bool
   it raises); calls with an explicit mask array (the mask path, the cached sampler) run ``xla``,
   logged once. ``blockwise`` (memory-efficient attention) and ``xla`` run everywhere.
   """
-  if requested not in ATTENTION_IMPLS:
-    raise ValueError(f"model.attention_impl must be one of {ATTENTION_IMPLS}, got {requested!r}")
+  check_choice("model.attention_impl", requested, ATTENTION_IMPLS)
   if requested in ("xla", "blockwise"):
     return requested
   backend = jax.default_backend()

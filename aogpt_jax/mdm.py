@@ -21,7 +21,7 @@ from flax import nnx
 
 from aogpt_jax.layers import FULL
 from aogpt_jax.orders import ranks
-from aogpt_jax.model import AOGPT, NO_TARGET, ModelConfig, nll_from_logits
+from aogpt_jax.model import AOGPT, NO_TARGET, ModelConfig, check_length, nll_from_logits
 
 
 def encoder_config(cfg: ModelConfig) -> ModelConfig:
@@ -52,8 +52,7 @@ def mask_id(cfg: ModelConfig) -> int:
 
 def _inputs(model: AOGPT, tokens: jax.Array):
   b, n = tokens.shape
-  if n > model.cfg.block_size:
-    raise ValueError(f"sequence length {n} exceeds model.block_size {model.cfg.block_size}")
+  check_length(model.cfg, n)
   pos = jnp.broadcast_to(jnp.arange(1, n + 1, dtype=jnp.int32), (b, n))
   return pos, jnp.full((b, n), NO_TARGET, jnp.int32)
 
@@ -61,7 +60,7 @@ def _inputs(model: AOGPT, tokens: jax.Array):
 def encoder_hidden(model: AOGPT, tokens: jax.Array, *, dropout_key=None) -> jax.Array:
   """Final hidden states [B, n, d] of the bidirectional encoder (tokens may hold [MASK])."""
   pos, tgt = _inputs(model, tokens)
-  h, _ = model.encode(tokens.astype(jnp.int32), pos, tgt, mask=FULL, dropout_key=dropout_key)
+  h, _ = model.hidden_slots(tokens.astype(jnp.int32), pos, tgt, mask=FULL, dropout_key=dropout_key)
   return h
 
 

@@ -26,7 +26,6 @@ Public API::
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Any
 
 import jax
@@ -35,10 +34,12 @@ from flax import nnx
 
 from aogpt_jax import cross_entropy
 from aogpt_jax import orders as orders_lib
-from aogpt_jax.layers import (ATTENTION_IMPLS, BATCH, HEADS, MLP_ACT, Dense, Embed, Norm,
-                              attention, constrain, matmul, resolve_attention_impl, trunc_normal)
+from aogpt_jax.blocks import Block, dropout, fold_key, modulation, run_block, table_lookup
+from aogpt_jax.layers import (ATTENTION_IMPLS, BATCH, NORMS, Dense, Embed, Norm, check_choice,
+                              constrain, matmul, trunc_normal)
 
 TARGETS = ("adaln", "sigma_gpt", "repeat", "per_block", "none")
+ATTENTION_PATHS = ("gather", "mask")
 START = orders_lib.START          # slot token id meaning "the START vector"
 NO_TARGET = orders_lib.NO_TARGET  # slot target meaning "no conditioning" (zero vector)
 RESIDUAL_DTYPE = jnp.float32  # residual stream (embeddings, adds, norms) under any compute dtype
@@ -92,14 +93,10 @@ class ModelConfig:
       bad("valid_vocab_size", f"{self.valid_vocab_size} exceeds vocab_size {self.vocab_size}")
     if self.n_embd % self.n_head:
       bad("n_head", f"{self.n_head} heads do not divide n_embd={self.n_embd}")
-    if self.target not in TARGETS:
-      bad("target", f"must be one of {TARGETS}, got {self.target!r}")
-    if self.norm not in ("rmsnorm", "layernorm"):
-      bad("norm", f"must be 'rmsnorm' or 'layernorm', got {self.norm!r}")
-    if self.attention not in ("gather", "mask"):
-      bad("attention", f"must be 'gather' or 'mask', got {self.attention!r}")
-    if self.attention_impl not in ATTENTION_IMPLS:
-      bad("attention_impl", f"must be one of {ATTENTION_IMPLS}, got {self.attention_impl!r}")
+    check_choice("model.target", self.target, TARGETS)
+    check_choice("model.norm", self.norm, NORMS)
+    check_choice("model.attention", self.attention, ATTENTION_PATHS)
+    check_choice("model.attention_impl", self.attention_impl, ATTENTION_IMPLS)
     if int(self.attention_block) < 1:
       bad("attention_block", f"must be >= 1, got {self.attention_block}")
     if int(self.loss_chunk) < 0:
@@ -150,132 +147,6 @@ def preset(name: str, **overrides) -> ModelConfig:
   return PRESETS[name].replace(**overrides)
 
 
-def _dropout(x: jax.Array, rate: float, key: jax.Array | None) -> jax.Array:
-  if key is None or rate == 0.0:
-    return x
-  keep = jax.random.bernoulli(key, 1.0 - rate, x.shape)
-  return jnp.where(keep, x / (1.0 - rate), 0).astype(x.dtype)
-
-
-def _fold(key: jax.Array | None, *data: int) -> jax.Array | None:
-  if key is None:
-    return None
-  for d in data:
-    key = jax.random.fold_in(key, d)
-  return key
-
-
-def _table_lookup(table: jax.Array, ids: jax.Array) -> jax.Array:
-  """Rows of ``table`` with ids == NO_TARGET mapped to a zero row (zero conditioning)."""
-  full = jnp.concatenate([table, jnp.zeros((1, table.shape[1]), table.dtype)], axis=0)
-  return jnp.take(full, jnp.where(ids < 0, table.shape[0], ids), axis=0)
-
-
-class Attention(nnx.Module):
-
-  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, dtype, param_dtype):
-    d, std = cfg.n_embd, cfg.init_std
-    kw = dict(rngs=rngs, use_bias=cfg.bias, dtype=dtype, param_dtype=param_dtype,
-              truncation=cfg.init_truncation)
-    self.c_attn = Dense(d, 3 * d, axes=("embed", "qkv"), std=std, **kw)
-    self.c_proj = Dense(d, d, axes=("heads", "embed"), std=std / math.sqrt(2 * cfg.n_layer), **kw)
-    if cfg.qk_norm:
-      self.q_norm = Norm(cfg.head_dim, kind="rmsnorm", axes=("head_dim",), dtype=dtype)
-      self.k_norm = Norm(cfg.head_dim, kind="rmsnorm", axes=("head_dim",), dtype=dtype)
-    self.n_head, self.head_dim, self.qk_norm = cfg.n_head, cfg.head_dim, cfg.qk_norm
-    self.impl, self.block, self.dtype = cfg.attention_impl, cfg.attention_block, dtype
-
-  def __call__(self, x, *, mask, cache, write_index):
-    b, s, d = x.shape
-    qkv = self.c_attn(x).reshape(b, s, 3, self.n_head, self.head_dim)
-    q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
-    if self.qk_norm:
-      q, k = self.q_norm(q), self.k_norm(k)
-    q, k, v = (constrain(t, (BATCH, None, HEADS, None)) for t in (q, k, v))
-    new_cache = None
-    if cache is not None:
-      # Write this block's keys and values into the preallocated cache (indices past its end
-      # are dropped), then attend over the whole cache under the caller's mask.
-      ck, cv = cache
-      rows = jnp.arange(b)[:, None]
-      ck = ck.at[rows, write_index].set(k.astype(ck.dtype), mode="drop")
-      cv = cv.at[rows, write_index].set(v.astype(cv.dtype), mode="drop")
-      new_cache = (ck, cv)
-      k, v = ck.astype(self.dtype), cv.astype(self.dtype)
-    impl = resolve_attention_impl(self.impl, self.dtype, self.head_dim,
-                                  masked=not (mask is None or isinstance(mask, str)),
-                                  seq_q=q.shape[1], seq_k=k.shape[1])
-    y = attention(q, k, v, mask=mask, impl=impl, block=self.block)
-    y = constrain(y, (BATCH, None, HEADS, None))
-    return self.c_proj(y.reshape(b, s, d)), new_cache
-
-
-class MLP(nnx.Module):
-
-  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, dtype, param_dtype):
-    d, h, std = cfg.n_embd, cfg.mlp_ratio * cfg.n_embd, cfg.init_std
-    kw = dict(rngs=rngs, use_bias=cfg.bias, dtype=dtype, param_dtype=param_dtype,
-              truncation=cfg.init_truncation)
-    self.c_fc = Dense(d, h, axes=("embed", "mlp"), std=std, **kw)
-    self.c_proj = Dense(h, d, axes=("mlp", "embed"), std=std / math.sqrt(2 * cfg.n_layer), **kw)
-
-  def __call__(self, x):
-    h = constrain(self.c_fc(x), (BATCH, None, MLP_ACT))
-    return self.c_proj(jax.nn.gelu(h, approximate=False))
-
-
-class Block(nnx.Module):
-  """Pre-norm block; with ``target='adaln'`` the norms are modulated and the branches gated:
-  ``x = x + gate_a * Attn(norm(x) * (1 + scale_a) + shift_a)``, the same for the MLP."""
-
-  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, dtype, param_dtype):
-    # Norms return fp32 (the residual stream's dtype); Dense casts its input to ``dtype``.
-    nk = dict(kind=cfg.norm, use_bias=cfg.bias, dtype=jnp.float32, param_dtype=param_dtype)
-    self.ln_1 = Norm(cfg.n_embd, **nk)
-    self.attn = Attention(cfg, rngs=rngs, dtype=dtype, param_dtype=param_dtype)
-    self.ln_2 = Norm(cfg.n_embd, **nk)
-    self.mlp = MLP(cfg, rngs=rngs, dtype=dtype, param_dtype=param_dtype)
-    self.target, self.dropout = cfg.target, cfg.dropout
-    if cfg.target == "adaln":
-      self.adaLN = Dense(cfg.target_dim, 6 * cfg.n_embd, axes=("cond", "mod"), rngs=rngs,
-                         std=cfg.init_std, zero_init=cfg.zero_init_modulation, dtype=dtype,
-                         param_dtype=param_dtype, truncation=cfg.init_truncation)
-    elif cfg.target == "per_block":
-      self.wtpe = Embed(cfg.block_size, cfg.n_embd, axes=(None, "embed"), rngs=rngs,
-                        std=cfg.init_std, dtype=dtype, param_dtype=param_dtype,
-                        truncation=cfg.init_truncation)
-
-  def __call__(self, x, slot_tgt, cond_table, *, mask, cache, write_index, dropout_key):
-    if self.target == "per_block":
-      x = x + _table_lookup(self.wtpe.embedding[...], slot_tgt).astype(x.dtype)
-    if self.target == "adaln":
-      mod = modulation(self.adaLN, cond_table, slot_tgt)
-      sa, ca, ga, sm, cm, gm = jnp.split(mod, 6, axis=-1)
-      h, new_cache = self.attn(self.ln_1(x) * (1 + ca) + sa, mask=mask, cache=cache,
-                               write_index=write_index)
-      x = x + ga * _dropout(h, self.dropout, _fold(dropout_key, 0))
-      h = self.mlp(self.ln_2(x) * (1 + cm) + sm)
-      return x + gm * _dropout(h, self.dropout, _fold(dropout_key, 1)), new_cache
-    h, new_cache = self.attn(self.ln_1(x), mask=mask, cache=cache, write_index=write_index)
-    x = x + _dropout(h, self.dropout, _fold(dropout_key, 0))
-    h = self.mlp(self.ln_2(x))
-    return x + _dropout(h, self.dropout, _fold(dropout_key, 1)), new_cache
-
-
-def modulation(dense: Dense, cond_table: jax.Array, slot_tgt: jax.Array) -> jax.Array:
-  """``dense(SiLU(cond[slot_tgt]))`` with zero conditioning for NO_TARGET.
-
-  The conditioning depends only on the target position, so when there are more slots than
-  table rows the projection is computed once per table row and gathered (exactly the same
-  numbers, a fraction of the FLOPs at training batch sizes).
-  """
-  if slot_tgt.size > cond_table.shape[0] + 1:
-    full = jnp.concatenate([cond_table, jnp.zeros((1, cond_table.shape[1]), cond_table.dtype)])
-    rows = dense(jax.nn.silu(full))
-    return jnp.take(rows, jnp.where(slot_tgt < 0, cond_table.shape[0], slot_tgt), axis=0)
-  return dense(jax.nn.silu(_table_lookup(cond_table, slot_tgt)))
-
-
 class AOGPT(nnx.Module):
 
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
@@ -318,9 +189,9 @@ class AOGPT(nnx.Module):
 
   # ------------------------------------------------------------------ general slot interface
 
-  def encode(self, slot_tokens: jax.Array, slot_pos: jax.Array, slot_tgt: jax.Array, *,
-             mask: jax.Array | None = None, cache: KVCache | None = None,
-             write_index: jax.Array | None = None, dropout_key: jax.Array | None = None):
+  def hidden_slots(self, slot_tokens: jax.Array, slot_pos: jax.Array, slot_tgt: jax.Array, *,
+                   mask: jax.Array | None = None, cache: KVCache | None = None,
+                   write_index: jax.Array | None = None, dropout_key: jax.Array | None = None):
     """Runs the block stack over explicit slots; returns (hidden [B, S, d], new cache or None).
 
     slot_tokens: int32 [B, S], token ids or START (-1).
@@ -333,9 +204,9 @@ class AOGPT(nnx.Module):
     """
     cfg = self.cfg
     if (cache is None) != (write_index is None):
-      raise ValueError("encode: cache and write_index go together")
+      raise ValueError("hidden_slots: cache and write_index go together")
     if cache is not None and mask is None:
-      raise ValueError("encode: a cache needs an explicit mask")
+      raise ValueError("hidden_slots: a cache needs an explicit mask")
     dtype = jnp.dtype(cfg.dtype)
     tok = self.wte(jnp.maximum(slot_tokens, 0))
     x = jnp.where((slot_tokens == START)[..., None], self.start_vector[...].astype(RESIDUAL_DTYPE),
@@ -345,18 +216,18 @@ class AOGPT(nnx.Module):
     if cfg.target == "adaln":
       cond_table = self.wtpe.embedding[...].astype(dtype)
     elif cfg.target in ("sigma_gpt", "repeat"):
-      tgt_emb = _table_lookup(self.wtpe.embedding[...], slot_tgt).astype(RESIDUAL_DTYPE)
+      tgt_emb = table_lookup(self.wtpe.embedding[...], slot_tgt).astype(RESIDUAL_DTYPE)
       if cfg.target == "sigma_gpt":
         x = x + tgt_emb
-    x = _dropout(x, cfg.dropout, _fold(dropout_key, cfg.n_layer))
+    x = dropout(x, cfg.dropout, fold_key(dropout_key, cfg.n_layer))
     new_cache = []
     for i, block in enumerate(self.h):
       if cfg.target == "repeat":
         x = x + tgt_emb
       layer_cache = None if cache is None else cache[i]
-      run = nnx.remat(_run_block) if cfg.remat else _run_block
+      run = nnx.remat(run_block) if cfg.remat else run_block
       x, c = run(block, constrain(x, (BATCH, None, None)), slot_tgt, cond_table, mask,
-                 layer_cache, write_index, _fold(dropout_key, i))
+                 layer_cache, write_index, fold_key(dropout_key, i))
       new_cache.append(c)
     return x, (tuple(new_cache) if cache is not None else None)
 
@@ -393,8 +264,8 @@ class AOGPT(nnx.Module):
     return w, jnp.where(jnp.arange(cfg.vocab_size) < cfg.valid_vocab_size, b, -jnp.inf)
 
   def forward_slots(self, slot_tokens, slot_pos, slot_tgt, **kw):
-    """`encode` then `head`: returns (logits [B, S, V], new cache or None)."""
-    h, cache = self.encode(slot_tokens, slot_pos, slot_tgt, **kw)
+    """`hidden_slots` then `head`: returns (logits [B, S, V], new cache or None)."""
+    h, cache = self.hidden_slots(slot_tokens, slot_pos, slot_tgt, **kw)
     return self.head(h, slot_tgt), cache
 
   def init_cache(self, batch: int, length: int, dtype=None) -> KVCache:
@@ -418,10 +289,10 @@ class AOGPT(nnx.Module):
     (its target position is ``order[r]``)."""
     self._check_shapes(tokens, order)
     if self.cfg.attention == "gather":
-      h, _ = self.encode(*gather_slots(tokens, order), dropout_key=dropout_key)
+      h, _ = self.hidden_slots(*gather_slots(tokens, order), dropout_key=dropout_key)
       return h
     slot_tokens, slot_pos, slot_tgt, mask = mask_slots(tokens, order)
-    h, _ = self.encode(slot_tokens, slot_pos, slot_tgt, mask=mask, dropout_key=dropout_key)
+    h, _ = self.hidden_slots(slot_tokens, slot_pos, slot_tgt, mask=mask, dropout_key=dropout_key)
     # Back to order space: in the original-order layout, rank-slot r sits at its position row.
     _, idx = orders_lib.rank_slot_source(order, orders_lib.all_ranks(order))
     return jnp.take_along_axis(h, idx[..., None], axis=1)
@@ -429,14 +300,13 @@ class AOGPT(nnx.Module):
   def _check_shapes(self, tokens, order):
     if tokens.ndim != 2 or tokens.shape != order.shape:
       raise ValueError(f"tokens {tokens.shape} and order {order.shape} must both be [batch, n]")
-    if tokens.shape[1] > self.cfg.block_size:
-      raise ValueError(f"sequence length {tokens.shape[1]} exceeds model.block_size "
-                       f"{self.cfg.block_size}")
+    check_length(self.cfg, tokens.shape[1])
 
 
-def _run_block(block, x, slot_tgt, cond_table, mask, cache, write_index, dropout_key):
-  return block(x, slot_tgt, cond_table, mask=mask, cache=cache, write_index=write_index,
-               dropout_key=dropout_key)
+def check_length(cfg: ModelConfig, n: int) -> None:
+  """A model run on ``n`` tokens per row: at most ``model.block_size`` (position embeddings)."""
+  if n > cfg.block_size:
+    raise ValueError(f"sequence length {n} exceeds model.block_size {cfg.block_size}")
 
 
 def gather_slots(tokens: jax.Array, order: jax.Array):

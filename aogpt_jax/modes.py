@@ -24,6 +24,7 @@ import jax
 from aogpt_jax import checkpoint as checkpoint_lib
 from aogpt_jax import data, evaluate, sampler
 from aogpt_jax import config as config_lib
+from aogpt_jax import objectives
 from aogpt_jax.config import ConfigError
 
 EVAL_SETTINGS = tuple(f.name for f in dataclasses.fields(evaluate.EvalSettings))
@@ -50,13 +51,12 @@ def _check_run(cfg, workdir: str, key: str) -> None:
   if tok.vocab_size != valid:
     raise ConfigError(f"data.tokenizer: {cfg.data.tokenizer!r} has {tok.vocab_size} ids but the "
                       f"run in {workdir} has {valid}; use the run's tokenizer")
-  encoder = run.get("objective", "ao") == "mdm"
-  for value in (cfg[key.split(".")[0]][key.split(".")[1]],):
-    if encoder != (value == "encoder"):
-      want = "encoder" if encoder else "not 'encoder'"
-      raise ConfigError(f"{key}: the run in {workdir} trained "
-                        f"{'an encoder (objective=mdm)' if encoder else 'an AO-GPT'}; {key} must "
-                        f"be {want}, got {value!r} (use the run's config file)")
+  trained = objectives.get(run.get("objective", "ao"))
+  value = config_lib.objective_value(cfg, key)
+  if value not in trained.follows(key):
+    raise ConfigError(f"{key}: the run in {workdir} trained {trained.description}; {key} must "
+                      f"be one of {trained.follows(key)}, got {value!r} (use the run's config "
+                      f"file)")
 
 
 def eval_order_kwargs(cfg) -> dict:
@@ -81,9 +81,8 @@ def _from_spec(cfg, spec: str, which: str):
   m, mc, prov = checkpoint_spec.load(spec, which)
   tok = data.get_tokenizer(cfg.data.tokenizer)
   checkpoint_spec.check_vocab(mc, cfg.data.tokenizer, tok.vocab_size)
-  for key, value in (("sample.method", cfg.sample.method),
-                     ("evaluate.model_kind", cfg.evaluate.model_kind)):
-    if value == "encoder":
+  for key in config_lib.FOLLOWERS:
+    if (value := config_lib.objective_value(cfg, key)) not in objectives.get("ao").follows(key):
       raise ConfigError(f"{key}: --checkpoint={spec} is an AO-GPT, got {value!r}")
   return m, prov
 
@@ -91,12 +90,14 @@ def _from_spec(cfg, spec: str, which: str):
 def eval_mode(cfg, workdir: str, checkpoint: str = "") -> dict:
   e = cfg.evaluate
   try:
-    settings = evaluate.EvalSettings.from_dict({k: e[k] for k in EVAL_SETTINGS}
-                                               | {"order_kwargs": eval_order_kwargs(cfg)})
+    settings = evaluate.EvalSettings.from_dict(
+        {k: e[k] for k in EVAL_SETTINGS} | {"order_kwargs": eval_order_kwargs(cfg),
+        "model_kind": config_lib.objective_value(cfg, "evaluate.model_kind")})
   except ValueError as err:
     raise ConfigError(f"evaluate: {err}") from None
   if not checkpoint:
     _check_run(cfg, workdir, "evaluate.model_kind")
+  config_lib.follow_objective(cfg)
   checkpoint_lib.check_writable(os.path.join(workdir, "eval"), "--workdir")
   batch = int(e.batch_size) or int(cfg.batch_size)
   names = [n.strip() for n in str(e.datasets).split(",") if n.strip()]
@@ -116,7 +117,7 @@ def eval_mode(cfg, workdir: str, checkpoint: str = "") -> dict:
     m, prov = _from_spec(cfg, checkpoint, e.which)
     results = evaluate.evaluate(m, datasets, settings, workdir=workdir, name=e.name, meta=prov)
   else:
-    results = evaluate.run(workdir, datasets, settings, which=e.which, name=e.name)
+    results = evaluate.evaluate_workdir(workdir, datasets, settings, which=e.which, name=e.name)
   if jax.process_index() == 0:
     out = os.path.join(workdir, "eval", e.name)
     print(f"eval results written to {out}.json and {out}.md")
@@ -127,10 +128,12 @@ def sample_mode(cfg, workdir: str, checkpoint: str = "") -> str:
   checkpoint_lib.check_writable(os.path.join(workdir, "samples"), "--workdir")
   if checkpoint:
     m, prov = _from_spec(cfg, checkpoint, cfg.sample.which)
+    config_lib.follow_objective(cfg)
     path = sampler.write_samples(m, cfg, workdir, data.get_tokenizer(cfg.data.tokenizer),
                                  step=prov["step"], loaded=prov)
   else:
     _check_run(cfg, workdir, "sample.method")
+    config_lib.follow_objective(cfg)
     m, run_cfg = checkpoint_lib.load_model(workdir, which=cfg.sample.which)
     path = sampler.write_samples(m, cfg, workdir, data.get_tokenizer(cfg.data.tokenizer),
                                  step=run_cfg.loaded.step, loaded=run_cfg.loaded.to_dict())
@@ -183,6 +186,7 @@ def genppl_mode(cfg, workdir: str, checkpoint: str = "") -> dict:
     _check_run(cfg, workdir, "sample.method")
     m, run_cfg = checkpoint_lib.load_model(workdir, which=cfg.sample.which)
     prov = run_cfg.loaded.to_dict()
+  config_lib.follow_objective(cfg)
   try:                                                            # before any sampling
     scorer = genppl.GPT2Scorer.from_pretrained(str(g.scorer))
   except (OSError, ValueError, KeyError) as err:

@@ -77,8 +77,8 @@ def mdm(size: str = "small") -> config_dict.ConfigDict:
   """The encoder-only masked diffusion baseline at a paper size: the same blocks, data and recipe
   as AO-GPT, trained on the masked-diffusion ELBO; sampled and evaluated as an encoder."""
   return apply(paper(size, target="none"), {
-      "objective": "mdm", "sample.method": "encoder", "evaluate.model_kind": "encoder",
-      "evaluate.ensemble_max_m": 0,
+      # sample.method and evaluate.model_kind follow the objective (config.follow_objective)
+      "objective": "mdm", "evaluate.ensemble_max_m": 0,
   })
 
 

@@ -46,17 +46,19 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
-from flax import nnx
 
 from aogpt_jax import mdm
 from aogpt_jax import metrics as metrics_lib
+from aogpt_jax import model_jit
 from aogpt_jax import orders as orders_lib
+from aogpt_jax.layers import check_choice
 from aogpt_jax.model import AOGPT, ModelConfig
 from aogpt_jax.sampling import ar as ar_lib
 from aogpt_jax.sampling import encoder as encoder_lib
 from aogpt_jax.sampling import diffusion, prompts, schedules
 from aogpt_jax.sampling import speculative as spec_lib
 from aogpt_jax.sampling import tokens as tokens_lib
+from aogpt_jax.sampling.state import Draw, Passes, PassShape
 
 METHODS = ("diffusion", "ar", "uncached", "encoder", "speculative")
 # Methods without a step plan (one compiled loop over positions / rounds).
@@ -110,12 +112,8 @@ class SampleSettings:
                          "(greedy decoding is deterministic; use method='ar' or 'diffusion')")
     if self.method not in PLANLESS_METHODS and not 1 <= self.steps <= self.length:
       raise ValueError(f"sample.steps: must be in [1, length={self.length}], got {self.steps}")
-    if self.schedule not in schedules.SCHEDULES:
-      raise ValueError(f"sample.schedule: must be one of {schedules.SCHEDULES}, "
-                       f"got {self.schedule!r}")
-    if self.count_mode not in schedules.COUNT_MODES:
-      raise ValueError(f"sample.count_mode: must be one of {schedules.COUNT_MODES}, "
-                       f"got {self.count_mode!r}")
+    check_choice("sample.schedule", self.schedule, schedules.SCHEDULES)
+    check_choice("sample.count_mode", self.count_mode, schedules.COUNT_MODES)
     if not (isinstance(self.temperature, numbers.Real) and math.isfinite(self.temperature)
             and self.temperature >= MIN_TEMPERATURE):
       raise ValueError(f"sample.temperature: must be a finite number >= {MIN_TEMPERATURE} "
@@ -234,58 +232,54 @@ def plan(batches: Sequence[Prepared], *, block: int | None = None, pass_overhead
   return [schedules.plan_steps(p.counts, p.prompt_len, block=block, **mins) for p in batches]
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "kind", "static"))
-def _run_jit(graphdef, params, order, tokens0, prompt_len, tok_keys, xs, *, kind, static):
-  model = nnx.merge(graphdef, params)
-  kw = dict(static)
+@model_jit.jit("kind", "shape", "draw", "draft")
+def _run_jit(model, order, tokens0, prompt_len, tok_keys, passes: Passes | None, *, kind: str,
+             shape: PassShape | None, draw: Draw, draft):
+  """Every sampler behind one jit: ``kind`` (sample.method) picks it; ``shape`` (planned
+  methods), ``draw`` and ``draft`` (speculative) are static."""
   if kind == "ar":
-    return ar_lib.sample_ar(model, tokens0, prompt_len, tok_keys, **kw)
+    return ar_lib.sample_ar(model, tokens0, prompt_len, tok_keys, shape.prefill, draw)
   if kind == "speculative":
-    toks, passes, trace = spec_lib.sample_speculative(model, order, tokens0, prompt_len,
-                                                       tok_keys, **kw)
-    return toks, (passes, trace)
-  fn = {"diffusion": diffusion.sample_cached, "uncached": diffusion.sample_uncached,
-        "encoder": encoder_lib.sample_encoder}[kind]
-  return fn(model, order, tokens0, prompt_len, tok_keys, xs, **kw)
+    toks, npasses, trace = spec_lib.sample_speculative(
+        model, order, tokens0, prompt_len, tok_keys, draft=draft, temperature=draw.temperature,
+        top_p=draw.top_p, top_p_rule=draw.top_p_rule, debug=draw.debug)
+    return toks, (npasses, trace)
+  if kind == "diffusion":
+    return diffusion.sample_cached(model, order, tokens0, prompt_len, tok_keys, passes, shape,
+                                   draw)
+  fn = {"uncached": diffusion.sample_uncached, "encoder": encoder_lib.sample_encoder}[kind]
+  return fn(model, order, tokens0, tok_keys, passes, shape.queries, draw)
 
 
-def _jit_args(model: AOGPT, p: Prepared, pl: schedules.StepPlan | None, s: SampleSettings,
-              debug: bool):
-  graphdef, params = nnx.split(model)
-  common = dict(temperature=float(s.temperature), top_p=float(s.top_p),
-                top_p_rule=str(s.top_p_rule), greedy=bool(s.greedy),
-                debug=bool(debug))
+def _jit_args(p: Prepared, pl: schedules.StepPlan | None, s: SampleSettings, debug: bool):
+  draw = Draw(temperature=float(s.temperature), top_p=float(s.top_p),
+              top_p_rule=str(s.top_p_rule), greedy=bool(s.greedy), debug=bool(debug))
+  shape, passes, draft = None, None, None
   if s.method == "ar":
-    static = dict(prefill=int(p.prompt_len.min()), **common)
-    xs = None
+    shape = PassShape(block=1, queries=1, prefill=int(p.prompt_len.min()))
   elif s.method == "speculative":
-    common.pop("greedy")
-    static = dict(draft=s.draft if s.draft == "auto" else int(s.draft), **common)
-    xs = None
+    draft = s.draft if s.draft == "auto" else int(s.draft)
   else:
-    static = dict(block=pl.block, queries=pl.queries, prefill=pl.prefill, **common)
-    xs = tuple(jnp.asarray(a) for a in pl.xs())
-  args = (graphdef, params, jnp.asarray(p.order), jnp.asarray(p.tokens0),
-          jnp.asarray(p.prompt_len), p.tok_keys, xs)
-  return args, dict(kind=s.method, static=tuple(sorted(static.items())))
+    shape, passes = pl.shape(), pl.passes()
+  args = (jnp.asarray(p.order), jnp.asarray(p.tokens0),
+          jnp.asarray(p.prompt_len), p.tok_keys, passes)
+  return args, dict(kind=s.method, shape=shape, draw=draw, draft=draft)
 
 
 def compile_sampler(model: AOGPT, p: Prepared, pl: schedules.StepPlan | None,
                     s: SampleSettings, debug: bool = False):
   """Ahead-of-time compiles the sampler for this batch shape; returns ``run() -> (tokens,
   logits)`` (for benchmarks: compile time apart from run time)."""
-  args, kw = _jit_args(model, p, pl, s, debug)
+  args, kw = _jit_args(p, pl, s, debug)
   with tokens_lib.exact_sampling():
-    compiled = _run_jit.lower(*args, **kw).compile()
-  graphdef_free = args[1:]
-  return lambda: compiled(*graphdef_free)
+    return model_jit.compile_ahead(_run_jit, model, *args, **kw)
 
 
-def run(model: AOGPT, p: Prepared, pl: schedules.StepPlan | None, s: SampleSettings, *,
-        debug: bool = False) -> Samples:
-  args, kw = _jit_args(model, p, pl, s, debug)
+def sample_batch(model: AOGPT, p: Prepared, pl: schedules.StepPlan | None, s: SampleSettings,
+                 *, debug: bool = False) -> Samples:
+  args, kw = _jit_args(p, pl, s, debug)
   with tokens_lib.exact_sampling():
-    toks, logits = _run_jit(*args, **kw)
+    toks, logits = model_jit.call(_run_jit, model, *args, **kw)
   if s.method == "speculative":
     passes, trace = logits
     trace = None if trace is None else {k: np.asarray(v) for k, v in trace.items()}
@@ -302,7 +296,7 @@ def generate(model: AOGPT, key: jax.Array, s: SampleSettings, *, prompt=None,
   returns every pass's query logits."""
   p = prepare(model.cfg, key, s, prompt=prompt, batch=batch, sample_offset=sample_offset)
   pl = None if s.method in PLANLESS_METHODS else plan([p], block=block, method=s.method)[0]
-  return run(model, p, pl, s, debug=debug)
+  return sample_batch(model, p, pl, s, debug=debug)
 
 
 # ----------------------------------------------------------------------------- --mode=sample
@@ -407,7 +401,7 @@ def write_samples(model: AOGPT, config: ml_collections.ConfigDict, workdir: str,
   progress = metrics_lib.ProgressLog("sample batches", len(batches))
   outs = []
   for i, (p, pl) in enumerate(zip(batches, plans)):
-    outs.append(jax.block_until_ready(run(model, p, pl, s)))
+    outs.append(jax.block_until_ready(sample_batch(model, p, pl, s)))
     progress.update(i + 1)
   seconds = time.perf_counter() - t0
   steps = ("" if s.method == "ar" else f"_K{s.draft}_{s.order}" if s.method == "speculative"

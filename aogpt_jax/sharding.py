@@ -94,7 +94,7 @@ def data_parallel_size(mesh) -> int:
   return math.prod(mesh.shape[a] for a in BATCH_AXES)
 
 
-def check_batch(cfg, mesh) -> None:
+def check_batch_sizes(cfg, mesh) -> None:
   """Batch sizes must split evenly over the batch axes and over the processes."""
   dp = data_parallel_size(mesh)
   where = f"mesh.data * mesh.fsdp = {mesh.shape['data']} * {mesh.shape['fsdp']} = {dp}"

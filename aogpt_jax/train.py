@@ -27,8 +27,8 @@ from flax import nnx
 from jax.sharding import PartitionSpec as P
 
 from aogpt_jax import config as config_lib
-from aogpt_jax import mdm as mdm_lib
 from aogpt_jax import model as model_lib
+from aogpt_jax import objectives
 from aogpt_jax import orders as orders_lib
 from aogpt_jax import sharding as sharding_lib
 
@@ -94,31 +94,11 @@ def ema_update(ema, params, decay: float, k):
 # ----------------------------------------------------------------------------- steps
 
 
-def _loss_fn(params, graphdef, tokens, order, key, dropout_key, objective: str):
-  """Mean loss to differentiate and the metric sums of one (micro)batch. ``ao``: any-order NLL
-  under ``order``; ``mdm``: the encoder's masked-diffusion ELBO with masks drawn from ``key``."""
-  m = nnx.merge(graphdef, params)
-  if objective == "mdm":
-    loss, terms = mdm_lib.mdm_loss(m, tokens, key, dropout_key=dropout_key)
-    return loss, mdm_metrics(terms, tokens.shape[1])
-  mean_nll, per_token = model_lib.loss(m, tokens, order, dropout_key=dropout_key)
-  return mean_nll, model_lib.loss_metrics(per_token, order)
-
-
-def mdm_metrics(terms: jax.Array, n: int) -> dict[str, jax.Array]:
-  """The keys of `model.loss_metrics` for the encoder: ``nll_sum`` is the sum of the ELBO terms
-  (a bound on the NLL); there are no L2R / random-order rows."""
-  zero = jnp.zeros((), jnp.float32)
-  return {"nll_sum": jnp.sum(terms), "token_count": jnp.asarray(terms.size * n, jnp.float32),
-          "nll_sum_l2r": zero, "token_count_l2r": zero, "nll_sum_random": zero,
-          "token_count_random": zero}
-
-
 def _grads(params, graphdef, tokens, order, key, microbatches: int, dropout: bool,
            objective: str = "ao"):
   """Mean-NLL gradients over the whole batch; with microbatches > 1 accumulated over a
   lax.scan. Microbatch i holds rows i, i + M, i + 2M, ...: every device keeps its own rows."""
-  grad_fn = jax.grad(_loss_fn, has_aux=True)
+  grad_fn = jax.grad(objectives.merged_loss, has_aux=True)
   mask_key, dropout_key = jax.random.split(key)
   if microbatches == 1:
     return grad_fn(params, graphdef, tokens, order, mask_key, dropout_key if dropout else None,
@@ -188,20 +168,10 @@ def eval_step(params, batch: dict[str, jax.Array], key: jax.Array, *, graphdef,
                                                             ("random", "uniform", ()))) -> dict:
   """Weighted NLL sums of one held-out batch; padding rows (weight 0) count for nothing.
   ``ao``: ``nll_<label>`` under each of ``orders`` (`heldout_orders`), random ones drawn from
-  ``key``; ``mdm``: one ELBO sample (t and masks drawn from ``key``) per block."""
-  m = nnx.merge(graphdef, params)
-  tokens, weight = batch["tokens"], batch["weight"]
-  b, n = tokens.shape
-  out = {"tokens": jnp.sum(weight) * n}
-  if objective == "mdm":
-    t, masked = mdm_lib.draw_masks(key, b, n)
-    out["nll_elbo"] = jnp.sum(mdm_lib.weighted_nll(m, tokens, masked, t) * weight)
-    return out
-  for label, name, kwargs in orders:
-    order = orders_lib.sample(name, key, b, n, **dict(kwargs))
-    _, per_token = model_lib.loss(m, tokens, order)
-    out[f"nll_{label}"] = jnp.sum(per_token * weight[:, None])
-  return out
+  ``key``; ``mdm``: one ELBO sample (t and masks drawn from ``key``) per block
+  (`objectives.Objective.heldout`)."""
+  return objectives.get(objective).heldout(nnx.merge(graphdef, params), batch["tokens"],
+                                           batch["weight"], key, orders)
 
 
 # ----------------------------------------------------------------------------- assembly

@@ -30,6 +30,7 @@ from aogpt_jax import checkpoint as checkpoint_lib
 from aogpt_jax import config as config_lib
 from aogpt_jax import data as data_lib
 from aogpt_jax import metrics as metrics_lib
+from aogpt_jax import objectives
 from aogpt_jax import sharding as sharding_lib
 from aogpt_jax import train as train_lib
 
@@ -172,18 +173,14 @@ def evaluate(trainer: train_lib.Trainer, params, cfg) -> dict[str, float]:
                             jax.random.fold_in(key, i))
     for k, v in jax.device_get(out).items():
       sums[k] = sums.get(k, 0.0) + float(v)
-  n = max(sums.get("tokens", 0.0), 1.0)
-  if cfg.objective == "mdm":
-    return {"eval/elbo": sums["nll_elbo"] / n}
-  return {f"eval/loss_{label}": sums[f"nll_{label}"] / n
-          for label, _, _ in train_lib.heldout_orders(cfg)}
+  return objectives.get(cfg.objective).report(sums, train_lib.heldout_orders(cfg))
 
 
 def train(cfg, workdir: str) -> dict[str, float]:
   """Trains (or resumes) the run in ``workdir``; returns the last logged and eval scalars."""
   model_cfg = config_lib.resolve(cfg)
   mesh = sharding_lib.make_mesh(cfg)
-  sharding_lib.check_batch(cfg, mesh)
+  sharding_lib.check_batch_sizes(cfg, mesh)
   workdir = prepare_workdir(workdir)
   checkpoint_lib.check_writable(checkpoint_lib.checkpoint_dir(workdir))  # before compiling
   meta = checkpoint_lib.run_meta(cfg, model_cfg)

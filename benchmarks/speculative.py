@@ -84,7 +84,7 @@ def build(m, args, *, method, order, temperature, steps=None, draft=None):
                              temperature=temperature, top_p=args.top_p)
   p = sampler.prepare(m.cfg, jax.random.key(args.seed), s, batch=args.batch)
   pl = None if method in sampler.PLANLESS_METHODS else sampler.plan([p], method=method)[0]
-  run = lambda: sampler.run(m, p, pl, s)            # jit-cached: shared by models of one shape
+  run = lambda: sampler.sample_batch(m, p, pl, s)            # jit-cached: shared by models of one shape
   t0 = time.perf_counter()
   out = run()                                        # compile (first of its shape) + warm-up
   row = {"method": method, "order": order, "temperature": temperature,

@@ -44,7 +44,7 @@ def main(argv) -> None:
   sharding_lib.maybe_initialize_distributed(cfg)
   mc = config_lib.resolve(cfg)
   mesh = sharding_lib.make_mesh(cfg)
-  sharding_lib.check_batch(cfg, mesh)
+  sharding_lib.check_batch_sizes(cfg, mesh)
   rng = np.random.default_rng(0)
   local = cfg.batch_size // jax.process_count()
 

@@ -88,14 +88,14 @@ def test_mesh_and_batch_errors(tmp_path):
                                      devices).shape) == {"data": 4, "fsdp": 1, "tensor": 2}
   cfg = tiny_config(tmp_path, batch_size=12)
   with pytest.raises(ConfigError, match=r"^batch_size: 12 is not divisible by the data axes"):
-    sharding_lib.check_batch(cfg, sharding_lib.make_mesh(cfg, devices))
+    sharding_lib.check_batch_sizes(cfg, sharding_lib.make_mesh(cfg, devices))
   cfg = tiny_config(tmp_path, batch_size=16, microbatches=4)
   with pytest.raises(ConfigError, match=r"^microbatches: each of the 4 microbatches has 4"):
-    sharding_lib.check_batch(cfg, sharding_lib.make_mesh(cfg, devices))
+    sharding_lib.check_batch_sizes(cfg, sharding_lib.make_mesh(cfg, devices))
   cfg = tiny_config(tmp_path, batch_size=8, microbatches=2, mesh__data=2, mesh__fsdp=2,
                     mesh__tensor=2)
   with pytest.raises(ConfigError, match=r"^microbatches: .*one sequence per device"):
-    sharding_lib.check_batch(cfg, sharding_lib.make_mesh(cfg, devices))
+    sharding_lib.check_batch_sizes(cfg, sharding_lib.make_mesh(cfg, devices))
 
 
 def test_unwritable_workdir_is_named(tmp_path):
@@ -258,3 +258,21 @@ def test_quickstart_eval_is_bounded_by_default():
   """README's `--mode=eval` on the quickstart must finish in minutes (issue 16): not the whole
   5,610-block held-out split."""
   assert 0 < recipes.quickstart().evaluate.max_blocks <= 256
+
+
+def test_sample_method_and_model_kind_follow_the_objective(tmp_path):
+  """Left "", sample.method and evaluate.model_kind take the objective's value; a run that
+  sets one the objective's model cannot use is refused in one line naming the key."""
+  for objective, method, kind in (("ao", "diffusion", "aogpt"), ("mdm", "encoder", "encoder")):
+    cfg = tiny_config(tmp_path, objective=objective, evaluate__ensemble_max_m=0)
+    config_lib.resolve(cfg)
+    assert (cfg.sample.method, cfg.evaluate.model_kind) == (method, kind)
+  cfg = tiny_config(tmp_path, objective="mdm", sample__method="diffusion")
+  with pytest.raises(config_lib.ConfigError,
+                     match=r"^sample\.method: 'diffusion' does not fit objective='mdm'"):
+    config_lib.resolve(cfg)
+  cfg = tiny_config(tmp_path, evaluate__model_kind="encoder")
+  with pytest.raises(config_lib.ConfigError, match=r"^evaluate\.model_kind: 'encoder' does not"):
+    config_lib.resolve(cfg)
+  with pytest.raises(config_lib.ConfigError, match=r"^objective: must be one of"):
+    config_lib.resolve(tiny_config(tmp_path, objective="bert"))

@@ -61,8 +61,8 @@ def test_run_loads_ema_weights_from_the_workdir(tmp_path, monkeypatch):
                                                "weights": "ema"}})
   monkeypatch.setattr(checkpoint, "load_model",
                       lambda workdir, which: (calls.append((workdir, which)) or (m, run_cfg)))
-  res = evaluate.run(str(tmp_path), {"ptb": data["ptb"]},
-                     evaluate.EvalSettings(any_order=False))
+  res = evaluate.evaluate_workdir(str(tmp_path), {"ptb": data["ptb"]},
+                                  evaluate.EvalSettings(any_order=False))
   assert calls == [(str(tmp_path), "ema")]
   assert res["meta"]["weights"] == "ema" and "any_order" not in res["datasets"]["ptb"]
   assert res["meta"]["step"] == 7

@@ -327,7 +327,7 @@ def test_bf16_keeps_an_fp32_residual_stream_and_stays_close_to_fp32():
                   nnx.state(m32))
   tokens = jax.random.randint(jax.random.key(1), (4, 32), 0, 128)
   order = orders.sample("uniform", jax.random.key(2), 4, 32)
-  hidden, _ = m16.encode(*model.gather_slots(tokens, order))
+  hidden, _ = m16.hidden_slots(*model.gather_slots(tokens, order))
   assert hidden.dtype == jnp.float32
   gap = jnp.abs(jax.nn.log_softmax(m32(tokens, order)) - jax.nn.log_softmax(m16(tokens, order)))
   assert float(gap.max()) < 0.025, float(gap.max())

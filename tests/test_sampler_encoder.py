@@ -20,21 +20,12 @@ from aogpt_jax import mdm, sampler
 from aogpt_jax.data import get_tokenizer
 from aogpt_jax.sampling import prompts
 from aogpt_jax.sampling import tokens as tokens_lib
-from sampler_testlib import (all_sequences, chisquare_p, encoder_forward, encoder_parallel_logprob,
-                             histogram, mixture_over_orders, tiny_encoder, tiny_model)
+import exact_tiny
+from sampler_testlib import (chisquare_p, encoder_forward, encoder_parallel_logprob, histogram,
+                             mixture_over_orders, tiny_encoder, tiny_model)
 
-N_SAMPLES = 20000
-V, LEN = 3, 4
-
-
-@pytest.fixture(scope="module")
-def model():
-  return tiny_encoder(vocab=4, valid=V, block=LEN, std=0.5)
-
-
-@pytest.fixture(scope="module")
-def seqs():
-  return all_sequences(V, LEN)
+N_SAMPLES, V, LEN = exact_tiny.N_SAMPLES, exact_tiny.V, exact_tiny.LEN
+model, seqs = exact_tiny.encoder_model, exact_tiny.seqs     # the shared fixtures
 
 
 def _mix(model, seqs, counts, positions=range(LEN), **kw):

@@ -41,7 +41,7 @@ def test_cached_pass_layout_equals_the_figure10_reference():
       tok, mask = diffusion.block_inputs(lay, tokens, K)
       rtok, rpos, rtgt, rmask, _, _ = diffusion.full_step_slots(order, tokens, m, q0, k, queries=S)
       tok, mask, rtok, rpos, rtgt, rmask = map(np.asarray, (tok, mask, rtok, rpos, rtgt, rmask))
-      pos, tgt, write = (np.asarray(lay[f]) for f in ("pos", "tgt", "write"))
+      pos, tgt, write = (np.asarray(getattr(lay, f)) for f in ("pos", "tgt", "write"))
       for b in range(batch):
         mb, q0b, kb, c0b, ccb = (int(a[p, b]) for a in plan.xs())
         for s in range(S):

@@ -65,6 +65,6 @@ def test_ar_mode_writes_samples(model, tmp_path):
 def test_config_errors_before_compiling(model, tmp_path, monkeypatch, change, match):
   def no_run(*a, **k):
     raise AssertionError("compiled before validating")
-  monkeypatch.setattr(sampler, "run", no_run)
+  monkeypatch.setattr(sampler, "sample_batch", no_run)
   with pytest.raises(ValueError, match=match):
     sampler.write_samples(model, _cfg(**change), str(tmp_path), get_tokenizer("byte"))

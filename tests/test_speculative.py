@@ -99,7 +99,7 @@ def _explicit_mask_logits(m, tokens, order):
   """Uncached forward with the explicit rank mask: logits [B, n + 1, V] in slot space
   (slot 0 = START, slot p + 1 = the token at position p)."""
   tok, pos, tgt, mask = model_lib.mask_slots(tokens, order)
-  h, _ = m.encode(tok, pos, tgt, mask=mask)
+  h, _ = m.hidden_slots(tok, pos, tgt, mask=mask)
   return m.head(h, tgt)
 
 

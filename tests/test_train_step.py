@@ -41,7 +41,7 @@ def single(cache_dir):
 def _setup(cfg, devices=1):
   mc = config_lib.resolve(cfg)
   mesh = sharding_lib.make_mesh(cfg, devices=jax.devices()[:devices])
-  sharding_lib.check_batch(cfg, mesh)
+  sharding_lib.check_batch_sizes(cfg, mesh)
   return train_lib.build(cfg, mc, mesh), mesh
 
 

@@ -25,15 +25,14 @@ gives), and raises on per-token weights that differ within a row.
 
 from __future__ import annotations
 
-import functools
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import nnx
 
 from aogpt_jax import mdm
 from aogpt_jax import model as model_lib
+from aogpt_jax import model_jit
 from aogpt_jax.evaluation import perplexity as ppl_lib
 
 ELBO_STREAM = 0xE1B0      # fold-in tag of the ELBO times and masks
@@ -64,9 +63,8 @@ def elbo_masks(seed, ids: jax.Array, n: int, sample_index, *, num_samples: int,
   return jax.vmap(one)(ids)
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "num_samples", "stratified"))
-def _elbo_terms(graphdef, params, tokens, ids, seed, sample_index, *, num_samples, stratified):
-  m = nnx.merge(graphdef, params)
+@model_jit.jit("num_samples", "stratified")
+def _elbo_terms(m, tokens, ids, seed, sample_index, *, num_samples, stratified):
   t, masked = elbo_masks(seed, ids, tokens.shape[1], sample_index, num_samples=num_samples,
                          stratified=stratified)
   return mdm.weighted_nll(m, tokens, masked, t)
@@ -75,10 +73,9 @@ def _elbo_terms(graphdef, params, tokens, ids, seed, sample_index, *, num_sample
 def elbo_terms(m: model_lib.AOGPT, tokens, ids, *, seed: int = 0, sample_index: int = 0,
                num_samples: int = 1, stratified: bool = False) -> jax.Array:
   """Per-block ELBO terms [B] (nats per sequence) of one sample index."""
-  graphdef, params = nnx.split(m)
-  return _elbo_terms(graphdef, params, jnp.asarray(tokens, jnp.int32), jnp.asarray(ids),
-                     jnp.uint32(seed), jnp.int32(sample_index), num_samples=num_samples,
-                     stratified=stratified)
+  return model_jit.call(_elbo_terms, m, jnp.asarray(tokens, jnp.int32), jnp.asarray(ids),
+                        jnp.uint32(seed), jnp.int32(sample_index), num_samples=num_samples,
+                        stratified=stratified)
 
 
 def row_weights(weight: np.ndarray) -> np.ndarray:
@@ -126,12 +123,8 @@ def encoder_perplexity(m: model_lib.AOGPT, batches, *, seed: int = 0, num_sample
     raise ValueError(f"eval.elbo_samples must be >= 1, got {num_samples}")
   mdm.check_encoder(m.cfg, "the ELBO")
   acc = ppl_lib.NLLSum(num_samples)
-  for bi, batch in enumerate(batches):
-    if max_batches and bi >= max_batches:
-      break
-    tokens, weight = ppl_lib.check_batch(batch, m.cfg)
+  for _, tokens, weight, ids in ppl_lib.eval_blocks(batches, m.cfg, max_batches):
     acc.count(weight)
-    add_elbo_batch(acc, m, tokens, ppl_lib.block_ids(batch), weight, seed=seed,
-                   stratified=stratified)
+    add_elbo_batch(acc, m, tokens, ids, weight, seed=seed, stratified=stratified)
   acc.reduce()
   return summarize_elbo(acc, seed=seed, stratified=stratified)

@@ -32,16 +32,15 @@ batched version of the same full-forward computation. See docs/method.md, "Estim
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 from typing import Any, Iterable, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import nnx
 
 from aogpt_jax import model as model_lib
+from aogpt_jax import model_jit
 from aogpt_jax import orders as orders_lib
 from aogpt_jax.evaluation import perplexity as ppl_lib
 
@@ -152,10 +151,9 @@ def _segment_slots(tokens, sigma, ekey, j, ranks, row_len):
   return tok, pos, tgt, seg, query, label
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "row_len", "masked"))
-def _packed_logp(graphdef, params, tokens, sigma, ids, seed, item_b, item_j, item_ranks, *,
-                 row_len, masked):
-  model = nnx.merge(graphdef, params)
+@model_jit.jit("row_len", "masked")
+def _packed_logp(model, tokens, sigma, ids, seed, item_b, item_j, item_ranks, *, row_len,
+                 masked):
   ekeys = jax.vmap(lambda b: ensemble_key(seed, b))(ids)
   tok, pos, tgt, seg, query, label = jax.vmap(
       lambda b, j, r: _segment_slots(tokens[b], sigma[b], ekeys[b], j, r, row_len))(
@@ -164,16 +162,15 @@ def _packed_logp(graphdef, params, tokens, sigma, ids, seed, item_b, item_j, ite
   if masked:
     s = jnp.arange(row_len)
     mask = (seg[:, :, None] == seg[:, None, :]) & (s[None, None, :] <= s[None, :, None])
-  h, _ = model.encode(tok, pos, tgt, mask=mask)
+  h, _ = model.hidden_slots(tok, pos, tgt, mask=mask)
   hq = jnp.take_along_axis(h, query[..., None], axis=1)                 # [I, G, d]
   tq = jnp.take_along_axis(tgt, query, axis=1)
   return -model_lib.nll_from_logits(model.head(hq, tq), label)       # log p, [I, G]
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "path"))
-def _naive_logp(graphdef, params, tokens, sigma, ids, seed, item_b, item_i, item_j, *, path):
+@model_jit.jit("path")
+def _naive_logp(model, tokens, sigma, ids, seed, item_b, item_i, item_j, *, path):
   """Reference: one full-length forward per (block, i, j); keeps logit row i."""
-  model = nnx.merge(graphdef, params)
   n = tokens.shape[1]
   x = tokens[item_b]
   order = jax.vmap(lambda b, i, j: sigma[b][context_permutation(ensemble_key(seed, ids[b]), i, j,
@@ -215,7 +212,6 @@ def ensemble_logp(model: model_lib.AOGPT, tokens, ids, sigma, base_logp, *, max_
   rows = list(range(b)) if rows is None else list(rows)
   if max_m == 1 or not rows:
     return out
-  graphdef, params = nnx.split(model)
   args = (jnp.asarray(tokens), jnp.asarray(sigma, jnp.int32), jnp.asarray(ids), jnp.uint32(seed))
   for group in pack_prefixes(ranks, n, layout, num_buckets):
     rb, jj, rr = np.meshgrid(np.array(rows, np.int32), np.arange(1, max_m, dtype=np.int32),
@@ -223,9 +219,9 @@ def ensemble_logp(model: model_lib.AOGPT, tokens, ids, sigma, base_logp, *, max_
     item_b, item_j, item_r = rb.ravel(), jj.ravel(), group.ranks[rr.ravel()]
     per_call = min(max(1, slots_per_call // group.row_len), len(item_b))
     for start, count, (cb, cj, cr) in _chunks([item_b, item_j, item_r], per_call):
-      logp = np.asarray(_packed_logp(graphdef, params, *args, jnp.asarray(cb), jnp.asarray(cj),
-                                     jnp.asarray(cr), row_len=group.row_len,
-                                     masked=group.masked))[:count]
+      logp = np.asarray(model_jit.call(_packed_logp, model, *args, jnp.asarray(cb),
+                                       jnp.asarray(cj), jnp.asarray(cr), row_len=group.row_len,
+                                       masked=group.masked))[:count]
       cb, cj, cr = cb[:count], cj[:count], cr[:count]
       for gi in range(cr.shape[1]):
         ok = cr[:, gi] >= 0
@@ -242,14 +238,13 @@ def naive_logp(model: model_lib.AOGPT, tokens, ids, sigma, *, max_m: int, seed: 
   b, n = tokens.shape
   ranks = list(range(n)) if ranks is None else list(ranks)
   out = np.full((b, n, max_m), np.nan, np.float32)
-  graphdef, params = nnx.split(model)
   args = (jnp.asarray(tokens), jnp.asarray(sigma, jnp.int32), jnp.asarray(ids), jnp.uint32(seed))
   gb, gi, gj = (x.ravel().astype(np.int32) for x in np.meshgrid(
       np.arange(b), np.array(ranks), np.array(list(range(max_m)) if js is None else js),
       indexing="ij"))
   for start, count, (cb, ci, cj) in _chunks([gb, gi, gj], items_per_call):
-    logp = np.asarray(_naive_logp(graphdef, params, *args, jnp.asarray(cb), jnp.asarray(ci),
-                                  jnp.asarray(cj), path=path))[:count]
+    logp = np.asarray(model_jit.call(_naive_logp, model, *args, jnp.asarray(cb), jnp.asarray(ci),
+                                     jnp.asarray(cj), path=path))[:count]
     out[cb[:count], ci[:count], cj[:count]] = logp
   return out
 
@@ -273,11 +268,7 @@ def ensemble_perplexity(model: model_lib.AOGPT, batches: Iterable[Mapping[str, A
   the same seed, order index 0)."""
   ms = m_values(max_m)
   acc = ppl_lib.NLLSum(len(ms))
-  for bi, batch in enumerate(batches):
-    if max_batches and bi >= max_batches:
-      break
-    tokens, weight = ppl_lib.check_batch(batch, model.cfg)
-    ids = ppl_lib.block_ids(batch)
+  for _, tokens, weight, ids in ppl_lib.eval_blocks(batches, model.cfg, max_batches):
     acc.count(weight)
     per_token, sigma = ppl_lib.token_nll(model, tokens, ids, order="uniform", seed=seed)
     add_batch(acc, model, tokens, ids, weight, np.asarray(sigma), -np.asarray(per_token), ms=ms,

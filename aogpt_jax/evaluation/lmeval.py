@@ -34,7 +34,6 @@ folder or ``hf:...``; `aogpt_jax.checkpoint_spec`), ``which=ema|params``, ``toke
 from __future__ import annotations
 
 import dataclasses
-import functools
 import importlib
 import zlib
 from typing import Any, Sequence
@@ -48,6 +47,7 @@ from lm_eval.api.registry import register_model
 
 from aogpt_jax import checkpoint_spec
 from aogpt_jax import model as model_lib
+from aogpt_jax import model_jit
 from aogpt_jax import sampler
 from aogpt_jax.data import tokenizers
 from aogpt_jax.evaluation import ensembles as ens_lib
@@ -74,10 +74,9 @@ def text_blocks(ids: Sequence[int], n: int) -> tuple[np.ndarray, np.ndarray]:
   return tokens.reshape(k, n), weight.reshape(k, n)
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef",))
-def _l2r_scores(graphdef, params, tokens):
+@model_jit.jit()
+def _l2r_scores(m, tokens):
   """Left-to-right log p [B, n] of every token and whether it is the argmax."""
-  m = nnx.merge(graphdef, params)
   order = jnp.broadcast_to(jnp.arange(tokens.shape[1], dtype=jnp.int32), tokens.shape)
   logits = m(tokens, order)
   return -model_lib.nll_from_logits(logits, tokens), jnp.argmax(logits, -1) == tokens
@@ -209,7 +208,7 @@ class AOGPTLM(TemplateLM):
       weight = np.zeros((self.batch_size, width), np.float64)
       for r, i in enumerate(idx):
         tokens[r], weight[r] = blocks[i][0][:width], blocks[i][1][:width]
-      tokens, weight = ppl_lib.check_batch({"tokens": tokens, "weight": weight}, self.cfg)
+      tokens, weight = ppl_lib.check_eval_batch({"tokens": tokens, "weight": weight}, self.cfg)
       nll, order = ppl_lib.token_nll(self.model, tokens, ppl_lib.block_ids({"tokens": tokens}),
                                      order="l2r", seed=self.seed)
       per_token = ppl_lib.to_original(np.asarray(nll, np.float64), np.asarray(order)) * weight

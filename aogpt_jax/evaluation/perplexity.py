@@ -16,18 +16,17 @@ processes at the end, so every block counts exactly once.
 
 from __future__ import annotations
 
-import functools
 import math
 import zlib
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Iterator, Mapping
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import nnx
 
 from aogpt_jax import mdm
 from aogpt_jax import model as model_lib
+from aogpt_jax import model_jit
 from aogpt_jax import orders as orders_lib
 
 BASE_STREAM = 0xBA5E      # fold-in tag of the base (scoring) orders
@@ -47,8 +46,8 @@ def block_ids(batch: Mapping[str, Any]) -> np.ndarray:
   return np.array([zlib.crc32(np.ascontiguousarray(r).tobytes()) for r in tokens], np.uint32)
 
 
-def check_batch(batch: Mapping[str, Any], cfg: model_lib.ModelConfig) -> tuple[np.ndarray,
-                                                                                np.ndarray]:
+def check_eval_batch(batch: Mapping[str, Any], cfg: model_lib.ModelConfig
+                     ) -> tuple[np.ndarray, np.ndarray]:
   """Validates an eval batch (before anything compiles); returns (tokens, token weights)."""
   if "tokens" not in batch:
     raise ValueError(f"eval batch has no 'tokens' entry (keys: {sorted(batch)})")
@@ -84,10 +83,8 @@ def eval_orders(name: str, seed, ids: jax.Array, n: int, order_index=0,
   return jax.vmap(one)(ids).astype(jnp.int32)
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "order_name", "order_kwargs", "encoder"))
-def _token_nll(graphdef, params, tokens, ids, seed, order_index, *, order_name, order_kwargs,
-               encoder):
-  m = nnx.merge(graphdef, params)
+@model_jit.jit("order_name", "order_kwargs", "encoder")
+def _token_nll(m, tokens, ids, seed, order_index, *, order_name, order_kwargs, encoder):
   order = eval_orders(order_name, seed, ids, tokens.shape[1], order_index, order_kwargs)
   if encoder:   # the encoder-only MDM baseline: n bidirectional forwards (aogpt_jax.mdm)
     return mdm.exact_order_nll(m, tokens, order), order
@@ -102,10 +99,21 @@ def token_nll(m: model_lib.AOGPT, tokens, ids, *, order: str = "uniform", seed: 
   ``encoder=True`` scores an encoder-only MDM model on the same orders."""
   kw = tuple(sorted((order_kwargs or {}).items()))
   orders_lib.check_kwargs(order, dict(kw))
-  graphdef, params = nnx.split(m)
-  return _token_nll(graphdef, params, jnp.asarray(tokens, jnp.int32), jnp.asarray(ids),
-                    jnp.uint32(seed), jnp.int32(order_index), order_name=order,
-                    order_kwargs=kw, encoder=encoder)
+  return model_jit.call(_token_nll, m, jnp.asarray(tokens, jnp.int32), jnp.asarray(ids),
+                        jnp.uint32(seed), jnp.int32(order_index), order_name=order,
+                        order_kwargs=kw, encoder=encoder)
+
+
+def eval_blocks(batches: Iterable[Mapping[str, Any]], cfg: model_lib.ModelConfig,
+                max_batches: int = 0) -> Iterator[tuple[int, np.ndarray, np.ndarray, np.ndarray]]:
+  """The evaluation batch loop, written once: (batch index, tokens [B, n], token weights [B, n],
+  block ids [B]) of each batch of ``{"tokens", "weight"[, "index"]}``, checked before anything
+  compiles (`check_eval_batch`); at most ``max_batches`` batches (0: all)."""
+  for bi, batch in enumerate(batches):
+    if max_batches and bi >= max_batches:
+      return
+    tokens, weight = check_eval_batch(batch, cfg)
+    yield bi, tokens, weight, block_ids(batch)
 
 
 def sum_across_processes(x: np.ndarray) -> np.ndarray:
@@ -183,11 +191,7 @@ def perplexity(m: model_lib.AOGPT, batches: Iterable[Mapping[str, Any]], *,
   if num_orders < 1:
     raise ValueError(f"eval.num_orders must be >= 1, got {num_orders}")
   acc = NLLSum(num_orders)
-  for bi, batch in enumerate(batches):
-    if max_batches and bi >= max_batches:
-      break
-    tokens, weight = check_batch(batch, m.cfg)
-    ids = block_ids(batch)
+  for _, tokens, weight, ids in eval_blocks(batches, m.cfg, max_batches):
     acc.count(weight)
     for k in range(num_orders):
       per_token, o = token_nll(m, tokens, ids, order=order, seed=seed, order_index=k,

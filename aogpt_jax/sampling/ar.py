@@ -16,6 +16,7 @@ import jax.numpy as jnp
 from aogpt_jax import orders as orders_lib
 from aogpt_jax.model import AOGPT
 from aogpt_jax.sampling import tokens as tokens_lib
+from aogpt_jax.sampling.state import Draw
 
 
 def _slot(tokens: jax.Array, r: jax.Array):
@@ -25,8 +26,7 @@ def _slot(tokens: jax.Array, r: jax.Array):
   return tok, pos, orders_lib.slot_target(identity, r)
 
 
-def sample_ar(model: AOGPT, tokens0, prefix_len, tok_keys, *, prefill: int, temperature: float,
-              top_p: float, top_p_rule: str, greedy: bool, debug: bool):
+def sample_ar(model: AOGPT, tokens0, prefix_len, tok_keys, prefill: int, draw: Draw):
   """Traced body: tokens0 int32 [B, n] (prompt tokens in place), prefix_len int32 [B];
   ``prefill`` = min prefix length (static). Returns (tokens, per-step logits [n-P, B, V])."""
   batch, n = tokens0.shape
@@ -36,7 +36,7 @@ def sample_ar(model: AOGPT, tokens0, prefix_len, tok_keys, *, prefill: int, temp
     r = jnp.broadcast_to(jnp.arange(prefill, dtype=jnp.int32), (batch, prefill))
     tok, pos, tgt = _slot(tokens0, r)
     mask = kk[None, None, :] <= r[:, :, None]
-    _, cache = model.encode(tok, pos, tgt, mask=mask, cache=cache, write_index=r)
+    _, cache = model.hidden_slots(tok, pos, tgt, mask=mask, cache=cache, write_index=r)
 
   def step(carry, x):
     cache, tokens = carry
@@ -44,13 +44,12 @@ def sample_ar(model: AOGPT, tokens0, prefix_len, tok_keys, *, prefill: int, temp
     rr = jnp.full((batch, 1), r, jnp.int32)
     tok, pos, tgt = _slot(tokens, rr)
     mask = kk[None, None, :] <= rr[:, :, None]
-    hidden, cache = model.encode(tok, pos, tgt, mask=mask, cache=cache, write_index=rr)
+    hidden, cache = model.hidden_slots(tok, pos, tgt, mask=mask, cache=cache, write_index=rr)
     logits = model.head(hidden, tgt)                          # [B, 1, V]
     commit = jnp.where(r < prefix_len, n, r)[:, None]         # prompt positions keep their token
     tokens, out = tokens_lib.draw_and_commit(tokens, logits, keys[:, None], commit,
-                                             temperature=temperature, top_p=top_p,
-                                             top_p_rule=top_p_rule, greedy=greedy, debug=debug)
-    return (cache, tokens), (out[:, 0] if debug else None)
+                                             **draw.kwargs())
+    return (cache, tokens), (out[:, 0] if draw.debug else None)
 
   steps = jnp.arange(prefill, n, dtype=jnp.int32)
   keys = tokens_lib.token_keys(tok_keys, jnp.broadcast_to(steps, (batch, n - prefill))).T

@@ -42,10 +42,12 @@ import functools
 
 import jax
 import jax.numpy as jnp
+from flax import struct
 
 from aogpt_jax import orders as orders_lib
 from aogpt_jax.model import AOGPT, NO_TARGET
 from aogpt_jax.sampling import tokens as tokens_lib
+from aogpt_jax.sampling.state import Draw, Passes, PassShape
 
 
 def parallel_generation_mask(known: jax.Array, n: int, queries: int) -> jax.Array:
@@ -65,14 +67,23 @@ def parallel_generation_mask(known: jax.Array, n: int, queries: int) -> jax.Arra
   return rank_rows | query_rows
 
 
-def pass_layout(order, known, q0, k, cstart, ccount, *, block: int, cache_len: int) -> dict:
-  """The token-independent part of one pass's block (all [B, S] int32), for a step with
-  ``known`` committed tokens (the frontier, `StepPlan.m`): queries q0..q0+k-1 of the step at
-  block positions 0..k-1, catch-up rank-slots cstart..cstart+ccount-1 after them,
-  padding after that. ``prev``: where each slot's token is read from (START where ``rank0``);
-  ``pos``/``tgt``: position rows and targets; ``write``: cache index (padding: K, dropped);
-  ``lim``: the slot sees cache indices < lim and its own ``write`` (padding: nothing);
-  ``commit``: where a query's sampled token goes (n: nowhere)."""
+@struct.dataclass
+class PassLayout:
+  """The token-independent part of one pass's block, all int32 [B, S] (bool for ``rank0``)."""
+  prev: jax.Array     # where each slot's token is read from ...
+  rank0: jax.Array    # ... or START (rank-slot 0)
+  pos: jax.Array      # position-embedding rows
+  tgt: jax.Array      # target positions (NO_TARGET for padding)
+  write: jax.Array    # cache index written (padding: K, dropped)
+  lim: jax.Array      # the slot sees cache indices < lim and its own ``write``
+  commit: jax.Array   # where a query's sampled token goes (n: nowhere)
+
+
+def pass_layout(order, known, q0, k, cstart, ccount, *, block: int,
+                cache_len: int) -> PassLayout:
+  """The layout of one pass for a step with ``known`` committed tokens (the frontier,
+  `StepPlan.m`): queries q0..q0+k-1 of the step at block positions 0..k-1, catch-up rank-slots
+  cstart..cstart+ccount-1 after them, padding after that."""
   n = order.shape[1]
   qrank = orders_lib.query_ranks(known, q0, block)        # rank each query predicts
   j = jnp.arange(block, dtype=jnp.int32)[None, :]
@@ -86,53 +97,53 @@ def pass_layout(order, known, q0, k, cstart, ccount, *, block: int, cache_len: i
   prev, pos = orders_lib.rank_slot_source(order, rank)
   write = jnp.where(is_q & (q0 + j > 0), n + j, rank)    # only query 0 of a step commits
   i32 = lambda x: x.astype(jnp.int32)
-  return dict(prev=prev, rank0=rank == 0, pos=pos,
-              tgt=i32(jnp.where(valid, tgt, NO_TARGET)),
-              write=i32(jnp.where(valid, write, cache_len)), lim=i32(jnp.where(valid, rank, 0)),
-              commit=i32(jnp.where(is_q, tgt, n)))
+  return PassLayout(prev=prev, rank0=rank == 0, pos=pos,
+                    tgt=i32(jnp.where(valid, tgt, NO_TARGET)),
+                    write=i32(jnp.where(valid, write, cache_len)),
+                    lim=i32(jnp.where(valid, rank, 0)), commit=i32(jnp.where(is_q, tgt, n)))
 
 
-def block_inputs(lay: dict, tokens: jax.Array, cache_len: int):
+def block_inputs(lay: PassLayout, tokens: jax.Array, cache_len: int):
   """Slot tokens [B, S] (read from the current tokens) and the mask [B, S, K] of a pass."""
-  tok = orders_lib.rank_slot_tokens(tokens, lay["prev"], lay["rank0"])
+  tok = orders_lib.rank_slot_tokens(tokens, lay.prev, lay.rank0)
   kk = jnp.arange(cache_len, dtype=jnp.int32)[None, None, :]
-  mask = (kk < lay["lim"][:, :, None]) | (kk == lay["write"][:, :, None])
+  mask = (kk < lay.lim[:, :, None]) | (kk == lay.write[:, :, None])
   return tok, mask
 
 
-def sample_cached(model: AOGPT, order, tokens0, prompt_len, tok_keys, xs, *, block: int,
-                  queries: int, prefill: int, temperature: float, top_p: float,
-                  top_p_rule: str, greedy: bool, debug: bool):
-  """Traced body of the KV-cached sampler. ``xs`` = (m, q0, k, cstart, ccount) int32 [P, B].
-  Returns (tokens [B, n], per-pass query logits [P, B, Q, V] if ``debug`` else None).
+def sample_cached(model: AOGPT, order, tokens0, prompt_len, tok_keys, passes: Passes,
+                  shape: PassShape, draw: Draw):
+  """Traced body of the KV-cached sampler over ``passes`` (int32 [P, B] each).
+  Returns (tokens [B, n], per-pass query logits [P, B, Q, V] if ``draw.debug`` else None).
 
   Everything that does not depend on sampled tokens (slot positions, targets, cache indices,
   mask limits, the keys of every query) is computed for all passes before the scan; a scan
   iteration only gathers the slot tokens, runs the model and draws the queries' tokens."""
   batch, n = order.shape
-  draw = dict(temperature=temperature, top_p=top_p, top_p_rule=top_p_rule, greedy=greedy,
-              debug=debug)
-  cache_len = n + block
+  queries = shape.queries
+  cache_len = n + shape.block
   cache = model.init_cache(batch, cache_len)
-  if prefill:
+  if shape.prefill:
     zeros = jnp.zeros_like(prompt_len)
-    lay = pass_layout(order, prompt_len, zeros, zeros, zeros, prompt_len, block=prefill,
+    lay = pass_layout(order, prompt_len, zeros, zeros, zeros, prompt_len, block=shape.prefill,
                       cache_len=cache_len)
     tok, mask = block_inputs(lay, tokens0, cache_len)
-    _, cache = model.encode(tok, lay["pos"], lay["tgt"], mask=mask, cache=cache,
-                            write_index=lay["write"])
-  layouts = jax.vmap(functools.partial(pass_layout, order, block=block, cache_len=cache_len))(*xs)
-  keys = jax.vmap(lambda c: tokens_lib.token_keys(tok_keys, c))(layouts["commit"][:, :, :queries])
+    _, cache = model.hidden_slots(tok, lay.pos, lay.tgt, mask=mask, cache=cache,
+                                  write_index=lay.write)
+  layouts = jax.vmap(functools.partial(pass_layout, order, block=shape.block,
+                                       cache_len=cache_len))(
+      passes.m, passes.q0, passes.k, passes.cstart, passes.ccount)
+  keys = jax.vmap(lambda c: tokens_lib.token_keys(tok_keys, c))(layouts.commit[:, :, :queries])
 
   def step(carry, x):
     cache, tokens = carry
     lay, qkeys = x
     tok, mask = block_inputs(lay, tokens, cache_len)
-    hidden, cache = model.encode(tok, lay["pos"], lay["tgt"], mask=mask, cache=cache,
-                                 write_index=lay["write"])
-    logits = model.head(hidden[:, :queries], lay["tgt"][:, :queries])
-    tokens, out = tokens_lib.draw_and_commit(tokens, logits, qkeys, lay["commit"][:, :queries],
-                                             **draw)
+    hidden, cache = model.hidden_slots(tok, lay.pos, lay.tgt, mask=mask, cache=cache,
+                                       write_index=lay.write)
+    logits = model.head(hidden[:, :queries], lay.tgt[:, :queries])
+    tokens, out = tokens_lib.draw_and_commit(tokens, logits, qkeys, lay.commit[:, :queries],
+                                             **draw.kwargs())
     return (cache, tokens), out
 
   (_, tokens), logits = jax.lax.scan(step, (cache, tokens0), (layouts, keys))
@@ -163,23 +174,20 @@ def full_step_logits(model: AOGPT, order, tokens, known, q0, k, *, queries: int)
   the queries' target positions and validity [B, Q]."""
   n = order.shape[1]
   tok, pos, tgt, mask, qpos, is_q = full_step_slots(order, tokens, known, q0, k, queries=queries)
-  hidden, _ = model.encode(tok, pos, tgt, mask=mask)
+  hidden, _ = model.hidden_slots(tok, pos, tgt, mask=mask)
   return model.head(hidden[:, n:], tgt[:, n:]), qpos, is_q
 
 
-def sample_uncached(model: AOGPT, order, tokens0, prompt_len, tok_keys, xs, *, block: int,
-                    queries: int, prefill: int, temperature: float, top_p: float,
-                    top_p_rule: str, greedy: bool, debug: bool):
-  """Same plan and keys as `sample_cached`, but every step re-reads the whole sequence."""
-  del prompt_len, block, prefill
+def sample_uncached(model: AOGPT, order, tokens0, tok_keys, passes: Passes, queries: int,
+                    draw: Draw):
+  """Same plan and keys as `sample_cached`, but every step re-reads the whole sequence (the
+  prompt is in ``tokens0`` at ranks < m; no block, no prefill)."""
 
-  def step(tokens, x):
-    known, q0, k, _, _ = x
-    logits, qpos, is_q = full_step_logits(model, order, tokens, known, q0, k, queries=queries)
+  def step(tokens, p):
+    logits, qpos, is_q = full_step_logits(model, order, tokens, p.m, p.q0, p.k, queries=queries)
     return tokens_lib.draw_and_commit(
         tokens, logits, tokens_lib.token_keys(tok_keys, qpos),
-        jnp.where(is_q, qpos, order.shape[1]), temperature=temperature, top_p=top_p,
-        top_p_rule=top_p_rule, greedy=greedy, debug=debug)
+        jnp.where(is_q, qpos, order.shape[1]), **draw.kwargs())
 
-  tokens, logits = jax.lax.scan(step, tokens0, xs)
+  tokens, logits = jax.lax.scan(step, tokens0, passes)
   return tokens, logits

@@ -15,8 +15,8 @@ set (the MDM factorisation of a step). Nothing is cached: every step re-reads th
 sequence, T forwards of n positions in all (T*n position-passes, against about n slot-passes for
 the KV-cached AO-GPT sampler): the cost the paper's Figure 5 compares.
 
-The plan has one pass per step (`sampler.plan(..., method="encoder")`): ``xs`` = (m, q0, k,
-cstart, ccount) int32 [P, B] with q0 = 0 (catch-up fields unused); rows with fewer non-empty
+The plan has one pass per step (`sampler.plan(..., method="encoder")`): `state.Passes` (m, q0,
+k, cstart, ccount, int32 [P, B]) with q0 = 0 (catch-up fields unused); rows with fewer non-empty
 steps run trailing no-op passes (k = 0). Steps that reveal nothing are skipped, as in the AO-GPT
 sampler: with a time-independent model they change nothing.
 """
@@ -30,6 +30,7 @@ from aogpt_jax import mdm
 from aogpt_jax import orders as orders_lib
 from aogpt_jax.model import AOGPT
 from aogpt_jax.sampling import tokens as tokens_lib
+from aogpt_jax.sampling.state import Draw, Passes
 
 
 def query_positions(order: jax.Array, known: jax.Array, q0: jax.Array, k: jax.Array, *,
@@ -47,15 +48,14 @@ def step_logits(model: AOGPT, tokens: jax.Array, rank: jax.Array, known: jax.Arr
   return mdm.masked_logits(model, tokens, rank >= known[:, None], qpos)
 
 
-def sample_encoder(model: AOGPT, order, tokens0, prompt_len, tok_keys, xs, *, block: int,
-                   queries: int, prefill: int, temperature: float, top_p: float,
-                   top_p_rule: str, greedy: bool, debug: bool):
-  """Traced body of the encoder sampler (same signature as `diffusion.sample_cached`).
-  Returns (tokens [B, n], per-pass logits [P, B, Q, V] if ``debug`` else None)."""
-  del prompt_len, block, prefill            # the prompt is in tokens0 at ranks < m
+def sample_encoder(model: AOGPT, order, tokens0, tok_keys, passes: Passes, queries: int,
+                   draw: Draw):
+  """Traced body of the encoder sampler (the prompt is in tokens0 at ranks < m; the catch-up
+  fields of ``passes`` are unused). Returns (tokens [B, n], per-pass logits [P, B, Q, V] if
+  ``draw.debug`` else None)."""
   n = order.shape[1]
   rank = orders_lib.ranks(order)
-  known, q0, k = xs[0], xs[1], xs[2]
+  known, q0, k = passes.m, passes.q0, passes.k
   qpos, is_q = jax.vmap(lambda a, b, c: query_positions(order, a, b, c, queries=queries))(
       known, q0, k)                                                    # [P, B, Q]
   keys = jax.vmap(lambda p: tokens_lib.token_keys(tok_keys, p))(qpos)
@@ -64,9 +64,7 @@ def sample_encoder(model: AOGPT, order, tokens0, prompt_len, tok_keys, xs, *, bl
   def step(tokens, x):
     known_p, qp, ci, ki = x
     logits = step_logits(model, tokens, rank, known_p, qp)
-    return tokens_lib.draw_and_commit(tokens, logits, ki, ci, temperature=temperature,
-                                      top_p=top_p, top_p_rule=top_p_rule, greedy=greedy,
-                                      debug=debug)
+    return tokens_lib.draw_and_commit(tokens, logits, ki, ci, **draw.kwargs())
 
   tokens, logits = jax.lax.scan(step, tokens0, (known, qpos, commit, keys))
   return tokens, logits

@@ -33,14 +33,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from aogpt_jax.layers import check_choice
+from aogpt_jax.sampling.state import Passes, PassShape
+
 SCHEDULES = ("linear", "cosine")
 COUNT_MODES = ("deterministic", "stochastic")
 
 
 def noise_schedule(name: str, steps: int) -> np.ndarray:
   """float64 ``t[0..T]`` with ``t[0] = 1``, ``t[T] = 0``, strictly decreasing."""
-  if name not in SCHEDULES:
-    raise ValueError(f"sample.schedule: must be one of {SCHEDULES}, got {name!r}")
+  check_choice("sample.schedule", name, SCHEDULES)
   if steps < 1:
     raise ValueError(f"sample.steps: must be >= 1, got {steps}")
   s = np.arange(steps + 1, dtype=np.float64) / steps
@@ -111,6 +113,13 @@ class StepPlan:
 
   def xs(self) -> tuple[np.ndarray, ...]:
     return self.m, self.q0, self.k, self.cstart, self.ccount
+
+  def passes(self) -> Passes:
+    """The scan inputs of the samplers (device arrays)."""
+    return Passes(*(jnp.asarray(a) for a in self.xs()))
+
+  def shape(self) -> PassShape:
+    return PassShape(block=self.block, queries=self.queries, prefill=self.prefill)
 
   def stats(self) -> dict:
     """Padding waste: the fraction of computed slot-passes that are padding."""

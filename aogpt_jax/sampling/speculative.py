@@ -124,8 +124,9 @@ def _round(model, order, tok_keys, filt, carry, *, K: int, kmax: int, cache_len:
   write = jnp.where(valid, jnp.concatenate(
       [crank, jnp.broadcast_to(scratch, (batch, K * E))], axis=1), cache_len)
   mask = ((kk < src[:, :, None]) | (kk == write[:, :, None])) & valid[:, :, None]
-  hidden, cache = model.encode(tok, pos, jnp.where(valid, tgt_pos, NO_TARGET).astype(jnp.int32),
-                               mask=mask, cache=cache, write_index=write)
+  hidden, cache = model.hidden_slots(
+      tok, pos, jnp.where(valid, tgt_pos, NO_TARGET).astype(jnp.int32), mask=mask, cache=cache,
+      write_index=write)
   raw_p = model.head(hidden[:, :K], tgt_pos[:, :K])
   logp = filt(raw_p)                               # p_i: rank c+i given ranks < c+i
   v = logp.shape[-1]
@@ -207,7 +208,7 @@ def sample_speculative(model: AOGPT, order, tokens0, prompt_len, tok_keys, *, dr
   tgt = jnp.where(ok, order, NO_TARGET).astype(jnp.int32)
   write = jnp.where(ok, r, cache_len)
   mask = ((kk < r[:, :, None]) | (kk == write[:, :, None])) & ok[:, :, None]
-  _, cache = model.encode(tok, pos, tgt, mask=mask, cache=cache, write_index=write)
+  _, cache = model.hidden_slots(tok, pos, tgt, mask=mask, cache=cache, write_index=write)
   v = model.cfg.vocab_size
   trace = None
   if debug:

@@ -1,0 +1,148 @@
+"""The transformer block of AO-GPT: attention (with the KV-cache write), MLP, and the pre-norm
+block with its target-position conditioning (adaLN modulation or a per-block target embedding).
+
+`model.AOGPT` stacks these; the parameter names (``attn.c_attn``, ``mlp.c_fc``, ``adaLN``,
+``wtpe``) are those of the published checkpoints and must not change. ``cfg`` is always a
+`model.ModelConfig` (not imported here: model.py imports this module).
+"""
+
+from __future__ import annotations
+
+import math
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from aogpt_jax.layers import (BATCH, HEADS, MLP_ACT, Dense, Embed, Norm, attention, constrain,
+                              resolve_attention_impl)
+
+
+def dropout(x: jax.Array, rate: float, key: jax.Array | None) -> jax.Array:
+  if key is None or rate == 0.0:
+    return x
+  keep = jax.random.bernoulli(key, 1.0 - rate, x.shape)
+  return jnp.where(keep, x / (1.0 - rate), 0).astype(x.dtype)
+
+
+def fold_key(key: jax.Array | None, *data: int) -> jax.Array | None:
+  if key is None:
+    return None
+  for d in data:
+    key = jax.random.fold_in(key, d)
+  return key
+
+
+def table_lookup(table: jax.Array, ids: jax.Array) -> jax.Array:
+  """Rows of ``table`` with ids == NO_TARGET mapped to a zero row (zero conditioning)."""
+  full = jnp.concatenate([table, jnp.zeros((1, table.shape[1]), table.dtype)], axis=0)
+  return jnp.take(full, jnp.where(ids < 0, table.shape[0], ids), axis=0)
+
+
+class Attention(nnx.Module):
+
+  def __init__(self, cfg, *, rngs: nnx.Rngs, dtype, param_dtype):
+    d, std = cfg.n_embd, cfg.init_std
+    kw = dict(rngs=rngs, use_bias=cfg.bias, dtype=dtype, param_dtype=param_dtype,
+              truncation=cfg.init_truncation)
+    self.c_attn = Dense(d, 3 * d, axes=("embed", "qkv"), std=std, **kw)
+    self.c_proj = Dense(d, d, axes=("heads", "embed"), std=std / math.sqrt(2 * cfg.n_layer), **kw)
+    if cfg.qk_norm:
+      self.q_norm = Norm(cfg.head_dim, kind="rmsnorm", axes=("head_dim",), dtype=dtype)
+      self.k_norm = Norm(cfg.head_dim, kind="rmsnorm", axes=("head_dim",), dtype=dtype)
+    self.n_head, self.head_dim, self.qk_norm = cfg.n_head, cfg.head_dim, cfg.qk_norm
+    self.impl, self.block, self.dtype = cfg.attention_impl, cfg.attention_block, dtype
+
+  def __call__(self, x, *, mask, cache, write_index):
+    b, s, d = x.shape
+    qkv = self.c_attn(x).reshape(b, s, 3, self.n_head, self.head_dim)
+    q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+    if self.qk_norm:
+      q, k = self.q_norm(q), self.k_norm(k)
+    q, k, v = (constrain(t, (BATCH, None, HEADS, None)) for t in (q, k, v))
+    new_cache = None
+    if cache is not None:
+      # Write this block's keys and values into the preallocated cache (indices past its end
+      # are dropped), then attend over the whole cache under the caller's mask.
+      ck, cv = cache
+      rows = jnp.arange(b)[:, None]
+      ck = ck.at[rows, write_index].set(k.astype(ck.dtype), mode="drop")
+      cv = cv.at[rows, write_index].set(v.astype(cv.dtype), mode="drop")
+      new_cache = (ck, cv)
+      k, v = ck.astype(self.dtype), cv.astype(self.dtype)
+    impl = resolve_attention_impl(self.impl, self.dtype, self.head_dim,
+                                  masked=not (mask is None or isinstance(mask, str)),
+                                  seq_q=q.shape[1], seq_k=k.shape[1])
+    y = attention(q, k, v, mask=mask, impl=impl, block=self.block)
+    y = constrain(y, (BATCH, None, HEADS, None))
+    return self.c_proj(y.reshape(b, s, d)), new_cache
+
+
+class MLP(nnx.Module):
+
+  def __init__(self, cfg, *, rngs: nnx.Rngs, dtype, param_dtype):
+    d, h, std = cfg.n_embd, cfg.mlp_ratio * cfg.n_embd, cfg.init_std
+    kw = dict(rngs=rngs, use_bias=cfg.bias, dtype=dtype, param_dtype=param_dtype,
+              truncation=cfg.init_truncation)
+    self.c_fc = Dense(d, h, axes=("embed", "mlp"), std=std, **kw)
+    self.c_proj = Dense(h, d, axes=("mlp", "embed"), std=std / math.sqrt(2 * cfg.n_layer), **kw)
+
+  def __call__(self, x):
+    h = constrain(self.c_fc(x), (BATCH, None, MLP_ACT))
+    return self.c_proj(jax.nn.gelu(h, approximate=False))
+
+
+class Block(nnx.Module):
+  """Pre-norm block; with ``target='adaln'`` the norms are modulated and the branches gated:
+  ``x = x + gate_a * Attn(norm(x) * (1 + scale_a) + shift_a)``, the same for the MLP."""
+
+  def __init__(self, cfg, *, rngs: nnx.Rngs, dtype, param_dtype):
+    # Norms return fp32 (the residual stream's dtype); Dense casts its input to ``dtype``.
+    nk = dict(kind=cfg.norm, use_bias=cfg.bias, dtype=jnp.float32, param_dtype=param_dtype)
+    self.ln_1 = Norm(cfg.n_embd, **nk)
+    self.attn = Attention(cfg, rngs=rngs, dtype=dtype, param_dtype=param_dtype)
+    self.ln_2 = Norm(cfg.n_embd, **nk)
+    self.mlp = MLP(cfg, rngs=rngs, dtype=dtype, param_dtype=param_dtype)
+    self.target, self.dropout = cfg.target, cfg.dropout
+    if cfg.target == "adaln":
+      self.adaLN = Dense(cfg.target_dim, 6 * cfg.n_embd, axes=("cond", "mod"), rngs=rngs,
+                         std=cfg.init_std, zero_init=cfg.zero_init_modulation, dtype=dtype,
+                         param_dtype=param_dtype, truncation=cfg.init_truncation)
+    elif cfg.target == "per_block":
+      self.wtpe = Embed(cfg.block_size, cfg.n_embd, axes=(None, "embed"), rngs=rngs,
+                        std=cfg.init_std, dtype=dtype, param_dtype=param_dtype,
+                        truncation=cfg.init_truncation)
+
+  def __call__(self, x, slot_tgt, cond_table, *, mask, cache, write_index, dropout_key):
+    if self.target == "per_block":
+      x = x + table_lookup(self.wtpe.embedding[...], slot_tgt).astype(x.dtype)
+    if self.target == "adaln":
+      mod = modulation(self.adaLN, cond_table, slot_tgt)
+      sa, ca, ga, sm, cm, gm = jnp.split(mod, 6, axis=-1)
+      h, new_cache = self.attn(self.ln_1(x) * (1 + ca) + sa, mask=mask, cache=cache,
+                               write_index=write_index)
+      x = x + ga * dropout(h, self.dropout, fold_key(dropout_key, 0))
+      h = self.mlp(self.ln_2(x) * (1 + cm) + sm)
+      return x + gm * dropout(h, self.dropout, fold_key(dropout_key, 1)), new_cache
+    h, new_cache = self.attn(self.ln_1(x), mask=mask, cache=cache, write_index=write_index)
+    x = x + dropout(h, self.dropout, fold_key(dropout_key, 0))
+    h = self.mlp(self.ln_2(x))
+    return x + dropout(h, self.dropout, fold_key(dropout_key, 1)), new_cache
+
+
+def modulation(dense: Dense, cond_table: jax.Array, slot_tgt: jax.Array) -> jax.Array:
+  """``dense(SiLU(cond[slot_tgt]))`` with zero conditioning for NO_TARGET.
+
+  The conditioning depends only on the target position, so when there are more slots than
+  table rows the projection is computed once per table row and gathered (exactly the same
+  numbers, a fraction of the FLOPs at training batch sizes).
+  """
+  if slot_tgt.size > cond_table.shape[0] + 1:
+    full = jnp.concatenate([cond_table, jnp.zeros((1, cond_table.shape[1]), cond_table.dtype)])
+    rows = dense(jax.nn.silu(full))
+    return jnp.take(rows, jnp.where(slot_tgt < 0, cond_table.shape[0], slot_tgt), axis=0)
+  return dense(jax.nn.silu(table_lookup(cond_table, slot_tgt)))
+
+
+def run_block(block, x, slot_tgt, cond_table, mask, cache, write_index, dropout_key):
+  return block(x, slot_tgt, cond_table, mask=mask, cache=cache, write_index=write_index,
+               dropout_key=dropout_key)

@@ -1,0 +1,49 @@
+"""Split the graph definition, then jit: the one way this package jits a function of a model.
+
+An NNX model is a Python object; ``jax.jit`` needs arrays. `jit` turns ``fn(model, *args)``
+into a jitted ``fn(graphdef, state, *args)`` whose graph definition is a static argument (one
+compile per model architecture and static setting) and whose state is traced; `call` splits a
+model and calls it::
+
+    @model_jit.jit("order_name")
+    def _nll(model, tokens, *, order_name): ...
+
+    nll = model_jit.call(_nll, m, tokens, order_name="uniform")
+
+The jitted function keeps jax.jit's methods (``lower``, ``_cache_size``), so benchmarks and
+tests can lower or count compiles with an explicit ``(graphdef, state)``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import jax
+from flax import nnx
+
+
+def jit(*static_argnames: str) -> Callable[[Callable], Any]:
+  """Decorator: ``fn(model, *args, **kw)`` -> jitted ``fn(graphdef, state, *args, **kw)`` with
+  ``graphdef`` and ``static_argnames`` static."""
+  def wrap(fn):
+    def jitted(graphdef, state, *args, **kw):
+      return fn(nnx.merge(graphdef, state), *args, **kw)
+    # Not functools.wraps: jax.jit reads the signature to find ``graphdef``.
+    jitted.__name__, jitted.__qualname__, jitted.__doc__ = fn.__name__, fn.__qualname__, fn.__doc__
+    return jax.jit(jitted, static_argnames=("graphdef", *static_argnames))
+  return wrap
+
+
+def call(jitted, model: nnx.Module, *args, **kw):
+  """``jitted(graphdef, state, *args, **kw)`` for ``model`` (also works on ``jitted.lower``)."""
+  graphdef, state = nnx.split(model)
+  return jitted(graphdef, state, *args, **kw)
+
+
+def compile_ahead(jitted, model: nnx.Module, *args, **kw) -> Callable[[], Any]:
+  """Lowers and compiles ``jitted`` for ``model`` and these arguments now; returns a function of
+  no arguments that runs the compiled code on them (compile time apart from run time)."""
+  graphdef, state = nnx.split(model)
+  compiled = jitted.lower(graphdef, state, *args, **kw).compile()
+  return lambda: compiled(state, *args)
+

@@ -1,0 +1,133 @@
+"""The training objectives, one registry entry each: what a run with ``objective=NAME`` trains,
+how its held-out loss is measured and reported, and which sampler and evaluator fit its model.
+
+    ao   any-order autoregression (AO-GPT, sigma-GPT, GPT): NLL under an order (model.loss)
+    mdm  the encoder-only masked diffusion baseline: the ELBO of Eq. 1 (mdm.py)
+
+The trainer (train.py, train_loop.py) calls `get(cfg.objective)` and never tests the name; the
+keys ``sample.method`` and ``evaluate.model_kind`` follow from the objective unless a run sets
+them (`config.follow_objective` fills them in and refuses a value that does not fit).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from aogpt_jax import mdm as mdm_lib
+from aogpt_jax import model as model_lib
+from aogpt_jax import orders as orders_lib
+
+# (label, order name, sorted kwargs) of one held-out loss (`train.heldout_orders`).
+HeldoutOrders = tuple[tuple[str, str, tuple], ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class Objective:
+  """One training objective.
+
+  loss(m, tokens, order, mask_key, dropout_key) -> (mean loss to differentiate, metric sums
+      with the keys of `model.loss_metrics`);
+  heldout(m, tokens [B, n], weight [B], key, orders) -> weighted NLL sums of one held-out batch
+      (``tokens``: the number of scored tokens);
+  report(sums, orders) -> the ``eval/...`` scalars from the summed `heldout` outputs;
+  model_config(ModelConfig) -> the config of the model it trains;
+  sample_methods / model_kinds: the ``sample.method`` / ``evaluate.model_kind`` values that fit
+      its model, the first of each being the default.
+  """
+  name: str
+  description: str          # what a run with this objective trains, for messages
+  loss: Callable
+  heldout: Callable
+  report: Callable
+  model_config: Callable
+  sample_methods: tuple[str, ...]
+  model_kinds: tuple[str, ...]
+
+  def follows(self, key: str) -> tuple[str, ...]:
+    """The values of ``key`` (``sample.method`` or ``evaluate.model_kind``) that fit."""
+    return {"sample.method": self.sample_methods, "evaluate.model_kind": self.model_kinds}[key]
+
+
+# ----------------------------------------------------------------------------- ao
+
+
+def _ao_loss(m, tokens, order, mask_key, dropout_key):
+  del mask_key
+  mean_nll, per_token = model_lib.loss(m, tokens, order, dropout_key=dropout_key)
+  return mean_nll, model_lib.loss_metrics(per_token, order)
+
+
+def _ao_heldout(m, tokens, weight, key, orders: HeldoutOrders):
+  b, n = tokens.shape
+  out = {"tokens": jnp.sum(weight) * n}
+  for label, name, kwargs in orders:
+    order = orders_lib.sample(name, key, b, n, **dict(kwargs))
+    _, per_token = model_lib.loss(m, tokens, order)
+    out[f"nll_{label}"] = jnp.sum(per_token * weight[:, None])
+  return out
+
+
+def _ao_report(sums, orders: HeldoutOrders):
+  n = max(sums.get("tokens", 0.0), 1.0)
+  return {f"eval/loss_{label}": sums[f"nll_{label}"] / n for label, _, _ in orders}
+
+
+# ----------------------------------------------------------------------------- mdm
+
+
+def mdm_metrics(terms: jax.Array, n: int) -> dict[str, jax.Array]:
+  """The keys of `model.loss_metrics` for the encoder: ``nll_sum`` is the sum of the ELBO terms
+  (a bound on the NLL); there are no L2R / random-order rows."""
+  zero = jnp.zeros((), jnp.float32)
+  return {"nll_sum": jnp.sum(terms), "token_count": jnp.asarray(terms.size * n, jnp.float32),
+          "nll_sum_l2r": zero, "token_count_l2r": zero, "nll_sum_random": zero,
+          "token_count_random": zero}
+
+
+def _mdm_loss(m, tokens, order, mask_key, dropout_key):
+  del order
+  loss, terms = mdm_lib.mdm_loss(m, tokens, mask_key, dropout_key=dropout_key)
+  return loss, mdm_metrics(terms, tokens.shape[1])
+
+
+def _mdm_heldout(m, tokens, weight, key, orders: HeldoutOrders):
+  del orders
+  b, n = tokens.shape
+  t, masked = mdm_lib.draw_masks(key, b, n)
+  return {"tokens": jnp.sum(weight) * n,
+          "nll_elbo": jnp.sum(mdm_lib.weighted_nll(m, tokens, masked, t) * weight)}
+
+
+def _mdm_report(sums, orders: HeldoutOrders):
+  del orders
+  return {"eval/elbo": sums["nll_elbo"] / max(sums.get("tokens", 0.0), 1.0)}
+
+
+REGISTRY: dict[str, Objective] = {
+    "ao": Objective("ao", "an AO-GPT (objective=ao)", _ao_loss, _ao_heldout, _ao_report,
+                    model_config=lambda mc: mc,
+                    sample_methods=("diffusion", "ar", "uncached", "speculative"),
+                    model_kinds=("aogpt",)),
+    "mdm": Objective("mdm", "an encoder (objective=mdm)", _mdm_loss, _mdm_heldout, _mdm_report,
+                     model_config=mdm_lib.encoder_config, sample_methods=("encoder",),
+                     model_kinds=("encoder",)),
+}
+NAMES = tuple(REGISTRY)
+
+
+def get(name: str) -> Objective:
+  if name not in REGISTRY:
+    raise ValueError(f"objective: must be one of {NAMES}, got {name!r}")
+  return REGISTRY[name]
+
+
+def merged_loss(params, graphdef: nnx.GraphDef, tokens, order, mask_key, dropout_key,
+                objective: str):
+  """`Objective.loss` of the model ``nnx.merge(graphdef, params)`` (the function to
+  differentiate with respect to ``params``)."""
+  return get(objective).loss(nnx.merge(graphdef, params), tokens, order, mask_key, dropout_key)
