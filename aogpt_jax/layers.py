@@ -120,6 +120,14 @@ def constrain(x: jax.Array, axes: Axes) -> jax.Array:
   return _constrain_fn[-1](x, axes) if _constrain_fn else x
 
 
+def row_set(x: jax.Array, index: jax.Array, update: jax.Array) -> jax.Array:
+  """``x[b, index[b, q]] = update[b, q]`` for every row b (indices past the end are dropped),
+  written per row (vmap) so the scatter keeps the batch as a batching dimension: with rows
+  split over the data axes every device writes its own rows, no all-gather of the updates
+  (a scatter indexed by an explicit row iota makes XLA's SPMD partitioner gather them)."""
+  return jax.vmap(lambda r, i, u: r.at[i].set(u.astype(r.dtype), mode="drop"))(x, index, update)
+
+
 # ----------------------------------------------------------------------------- attention
 
 ATTENTION_IMPLS = ("auto", "xla", "cudnn", "splash", "blockwise")

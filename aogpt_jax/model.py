@@ -36,7 +36,8 @@ from flax import nnx
 from aogpt_jax import cross_entropy
 from aogpt_jax import orders as orders_lib
 from aogpt_jax.layers import (ATTENTION_IMPLS, BATCH, HEADS, MLP_ACT, Dense, Embed, Norm,
-                              attention, constrain, matmul, resolve_attention_impl, trunc_normal)
+                              attention, constrain, matmul, resolve_attention_impl, row_set,
+                              trunc_normal)
 
 TARGETS = ("adaln", "sigma_gpt", "repeat", "per_block", "none")
 START = orders_lib.START          # slot token id meaning "the START vector"
@@ -197,9 +198,7 @@ class Attention(nnx.Module):
       # Write this block's keys and values into the preallocated cache (indices past its end
       # are dropped), then attend over the whole cache under the caller's mask.
       ck, cv = cache
-      rows = jnp.arange(b)[:, None]
-      ck = ck.at[rows, write_index].set(k.astype(ck.dtype), mode="drop")
-      cv = cv.at[rows, write_index].set(v.astype(cv.dtype), mode="drop")
+      ck, cv = row_set(ck, write_index, k), row_set(cv, write_index, v)
       new_cache = (ck, cv)
       k, v = ck.astype(self.dtype), cv.astype(self.dtype)
     impl = resolve_attention_impl(self.impl, self.dtype, self.head_dim,
