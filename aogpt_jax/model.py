@@ -36,8 +36,8 @@ from flax import nnx
 from aogpt_jax import cross_entropy
 from aogpt_jax import orders as orders_lib
 from aogpt_jax.layers import (ATTENTION_IMPLS, BATCH, HEADS, MLP_ACT, Dense, Embed, Norm,
-                              attention, constrain, matmul, resolve_attention_impl, row_set,
-                              trunc_normal)
+                              attention, constrain, dense_heads, matmul, resolve_attention_impl,
+                              row_set, trunc_normal)
 
 TARGETS = ("adaln", "sigma_gpt", "repeat", "per_block", "none")
 START = orders_lib.START          # slot token id meaning "the START vector"
@@ -188,7 +188,7 @@ class Attention(nnx.Module):
 
   def __call__(self, x, *, mask, cache, write_index):
     b, s, d = x.shape
-    qkv = self.c_attn(x).reshape(b, s, 3, self.n_head, self.head_dim)
+    qkv = dense_heads(self.c_attn, x, 3, self.n_head, self.head_dim)
     q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
     if self.qk_norm:
       q, k = self.q_norm(q), self.k_norm(k)

@@ -40,9 +40,11 @@ _BYTES = {"bf16": 2, "f16": 2, "f32": 4, "s32": 4, "u32": 4, "pred": 1, "s8": 1,
           "f64": 8, "s64": 8}
 
 
-def collectives(hlo: str) -> dict[str, dict[str, int]]:
-  """{kind: {"count": c, "bytes": result bytes summed}} over the compiled HLO text."""
-  out: dict[str, dict[str, int]] = {}
+_OP_NAME = re.compile(r'op_name="([^"]*)"')
+
+
+def _ops(hlo: str):
+  """(kind, result bytes, source op_name) of every collective in the compiled HLO text."""
   for line in hlo.splitlines():
     m = _COLL.search(line)
     if not m or " = " not in line:
@@ -55,10 +57,29 @@ def collectives(hlo: str) -> dict[str, dict[str, int]]:
       for d in filter(None, dims.split(",")):
         size *= int(d)
       nbytes += size * _BYTES[dt]
-    e = out.setdefault(m.group(1), {"count": 0, "bytes": 0})
+    name = _OP_NAME.search(line)
+    yield m.group(1), nbytes, name.group(1)[:160] if name else "?"
+
+
+def collectives(hlo: str) -> dict[str, dict[str, int]]:
+  """{kind: {"count": c, "bytes": result bytes summed}} over the compiled HLO text."""
+  out: dict[str, dict[str, int]] = {}
+  for kind, nbytes, _ in _ops(hlo):
+    e = out.setdefault(kind, {"count": 0, "bytes": 0})
     e["count"] += 1
     e["bytes"] += nbytes
   return out
+
+
+def collective_sources(hlo: str, top: int = 8) -> list[dict]:
+  """The ``top`` (kind, source op) groups by bytes: which jax operation issues them."""
+  groups: dict[tuple[str, str], list[int]] = {}
+  for kind, nbytes, name in _ops(hlo):
+    g = groups.setdefault((kind, name), [0, 0])
+    g[0] += 1
+    g[1] += nbytes
+  ranked = sorted(groups.items(), key=lambda kv: -kv[1][1])[:top]
+  return [{"kind": k, "op": n, "count": c, "bytes": b} for (k, n), (c, b) in ranked]
 
 
 def measure(lower) -> dict:
@@ -68,8 +89,10 @@ def measure(lower) -> dict:
   t1 = time.perf_counter()
   compiled = lowered.compile()
   t2 = time.perf_counter()
-  return {**metrics.compiled_memory(compiled), "lower_s": round(t1 - t0, 2), "compile_s": round(t2 - t1, 2),
-          "collectives": collectives(compiled.as_text())}
+  hlo = compiled.as_text()
+  return {**metrics.compiled_memory(compiled), "lower_s": round(t1 - t0, 2),
+          "compile_s": round(t2 - t1, 2), "collectives": collectives(hlo),
+          "collective_sources": collective_sources(hlo)}
 
 
 def setup(size: str, data: int, fsdp: int, tensor: int, per_device: int, seq_len: int,

@@ -58,6 +58,7 @@ def extrapolate(r1: dict, r2: dict, layers: int) -> dict:
   out["n_layer"] = layers
   out["compiled"] = f"L=1,2 -> {layers} (linear)"
   out["compile_s"] = r2["compile_s"]
+  out["collective_sources_compiled"] = "L=2"
   out["fits_h100_80gb"], out["fits_tpu_v5e_16gb"] = (out["peak_bytes"] <= H100,
                                                      out["peak_bytes"] <= V5E)
   return out
