@@ -149,7 +149,7 @@ def sample_lower(cfg, mc, mesh, seq_len: int, batch: int, steps: int):
   abstract = (args[0], params, order, tokens0, plen, keys, xs)
 
   def lower():
-    with tokens_lib.exact_sampling():
+    with tokens_lib.exact_sampling(), _constraints(cfg, mesh):
       return sampler_lib._run_jit.lower(*abstract, **kw)
   return lower
 
@@ -166,9 +166,20 @@ def ensemble_lower(cfg, mc, mesh, seq_len: int, items: int, blocks: int):
   seed = jax.ShapeDtypeStruct((), jnp.uint32, sharding=rep)
   item_b, item_j = (_batch_struct(mesh, (items,), i32) for _ in range(2))
   item_r = _batch_struct(mesh, (items, group.ranks.shape[1]), i32)
-  return lambda: ensembles._packed_logp.lower(
-      graphdef, params, tokens, sigma, ids, seed, item_b, item_j, item_r,
-      row_len=group.row_len, masked=group.masked)
+  def lower():
+    with _constraints(cfg, mesh):
+      return ensembles._packed_logp.lower(graphdef, params, tokens, sigma, ids, seed, item_b,
+                                          item_j, item_r, row_len=group.row_len,
+                                          masked=group.masked)
+  return lower
+
+
+def _constraints(cfg, mesh):
+  """The training step's activation constraints (batch over the batch axes, heads over tensor)
+  while tracing the sampler / evaluator: without them XLA keeps FSDP-sharded kernels in place
+  and all-reduces partial activations instead (64-way FSDP ensemble call: 252 GiB of
+  all-reduces per device, against the kernels' all-gathers)."""
+  return sharding_lib.activation_constraints(mesh, config_lib.rules(cfg))
 
 
 def compile_program(program: str, size: str, data: int, fsdp: int, tensor: int,
