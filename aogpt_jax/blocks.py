@@ -14,7 +14,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from aogpt_jax.layers import (BATCH, HEADS, MLP_ACT, Dense, Embed, Norm, attention, constrain,
-                              resolve_attention_impl)
+                              dense_heads, resolve_attention_impl, row_set)
 
 
 def dropout(x: jax.Array, rate: float, key: jax.Array | None) -> jax.Array:
@@ -54,7 +54,7 @@ class Attention(nnx.Module):
 
   def __call__(self, x, *, mask, cache, write_index):
     b, s, d = x.shape
-    qkv = self.c_attn(x).reshape(b, s, 3, self.n_head, self.head_dim)
+    qkv = dense_heads(self.c_attn, x, 3, self.n_head, self.head_dim)
     q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
     if self.qk_norm:
       q, k = self.q_norm(q), self.k_norm(k)
@@ -64,9 +64,7 @@ class Attention(nnx.Module):
       # Write this block's keys and values into the preallocated cache (indices past its end
       # are dropped), then attend over the whole cache under the caller's mask.
       ck, cv = cache
-      rows = jnp.arange(b)[:, None]
-      ck = ck.at[rows, write_index].set(k.astype(ck.dtype), mode="drop")
-      cv = cv.at[rows, write_index].set(v.astype(cv.dtype), mode="drop")
+      ck, cv = row_set(ck, write_index, k), row_set(cv, write_index, v)
       new_cache = (ck, cv)
       k, v = ck.astype(self.dtype), cv.astype(self.dtype)
     impl = resolve_attention_impl(self.impl, self.dtype, self.head_dim,

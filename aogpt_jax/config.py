@@ -83,10 +83,12 @@ def default_config() -> config_dict.ConfigDict:
   ))
 
   c.mesh = config_dict.ConfigDict(dict(data=-1, fsdp=1, tensor=1))
-  # Logical parameter axis -> mesh axes ("" = replicated, "a,b" = over both).
+  # Logical parameter axis -> mesh axes ("" = replicated, "a,b" = over both). ``mod`` (adaLN)
+  # stays replicated: its rows are computed once per target position and gathered per slot, so
+  # splitting its columns over tensor made every layer all-gather a [B, n, 6d] activation.
   c.mesh.rules = config_dict.ConfigDict(dict(
       vocab="tensor", embed="fsdp", qkv="tensor", heads="tensor", mlp="tensor",
-      cond="", mod="tensor", norm="", head_dim=""))
+      cond="", mod="", norm="", head_dim=""))
 
   c.data = data_config.default_config()   # fields: aogpt_jax/data/config.py
 

@@ -129,6 +129,29 @@ def constrain(x: jax.Array, axes: Axes) -> jax.Array:
   return _constrain_fn[-1](x, axes) if _constrain_fn else x
 
 
+def row_set(x: jax.Array, index: jax.Array, update: jax.Array) -> jax.Array:
+  """``x[b, index[b, q]] = update[b, q]`` for every row b (indices past the end are dropped),
+  written per row (vmap) so the scatter keeps the batch as a batching dimension: with rows
+  split over the data axes every device writes its own rows, no all-gather of the updates
+  (a scatter indexed by an explicit row iota makes XLA's SPMD partitioner gather them)."""
+  return jax.vmap(lambda r, i, u: r.at[i].set(u.astype(r.dtype), mode="drop"))(x, index, update)
+
+
+def dense_heads(dense: Dense, x: jax.Array, groups: int, n_head: int, head_dim: int) -> jax.Array:
+  """``dense(x)`` [B, S, groups * heads * head_dim] as [B, S, groups, heads, head_dim], with the
+  kernel viewed as [d, groups, heads, head_dim] BEFORE the product and pinned to the heads'
+  mesh axes: under tensor parallelism XLA then reshards the (small) kernel by heads instead of
+  the [B, S, 3d] activations, whose contiguous column blocks (q|k|v) do not line up with the
+  head shards (collective-permutes and all-to-alls of activations in every layer)."""
+  dt = dense.dtype
+  w = dense.kernel[...].astype(dt).reshape(x.shape[-1], groups, n_head, head_dim)
+  w = constrain(w, (None, None, HEADS, None))
+  y = jnp.einsum("nd,dthe->nthe", x.astype(dt).reshape(-1, x.shape[-1]), w)
+  if dense.bias is not None:
+    y = y + dense.bias[...].astype(dt).reshape(groups, n_head, head_dim)
+  return y.reshape(*x.shape[:-1], groups, n_head, head_dim)
+
+
 # ----------------------------------------------------------------------------- attention
 
 ATTENTION_IMPLS = ("auto", "xla", "cudnn", "splash", "blockwise")

@@ -226,3 +226,37 @@ def mfu(flops_per_step: float, steps_per_sec: float, n_devices: int | None = Non
   if peak is None:
     return None
   return flops_per_step * steps_per_sec / (peak * (n_devices or jax.device_count()))
+
+
+# ----------------------------------------------------------------------------- memory
+
+
+def compiled_memory(compiled) -> dict[str, int]:
+  """XLA's per-device memory analysis of a compiled program (``jit(f).lower(...).compile()``):
+  arguments, outputs, aliased (donated) bytes, temporaries, and the peak estimate arguments +
+  temporaries + outputs not aliased to arguments."""
+  mem = compiled.memory_analysis()
+  args, outs, temps = (int(mem.argument_size_in_bytes), int(mem.output_size_in_bytes),
+                       int(mem.temp_size_in_bytes))
+  alias = int(getattr(mem, "alias_size_in_bytes", 0))
+  return {"argument_bytes": args, "output_bytes": outs, "alias_bytes": alias,
+          "temp_bytes": temps, "peak_bytes": args + temps + max(outs - alias, 0)}
+
+
+def device_bytes_limit(device=None) -> int | None:
+  """The device's memory limit from ``memory_stats()`` (GPU, TPU); None where unknown (CPU)."""
+  try:
+    stats = (device or jax.devices()[0]).memory_stats() or {}
+  except Exception:  # noqa: BLE001 - backends without memory stats
+    return None
+  return stats.get("bytes_limit")
+
+
+def memory_line(mesh, mem: dict[str, int], limit: int | None) -> str:
+  """One log line: the mesh and the compiled train step's memory estimate per device."""
+  g = lambda b: f"{b / 2**30:.2f} GiB"
+  fit = "device limit unknown" if not limit else (
+      f"{100 * mem['peak_bytes'] / limit:.0f}% of the {g(limit)} device limit")
+  return (f"mesh {dict(mesh.shape)} over {mesh.size} {jax.devices()[0].device_kind} devices; "
+          f"train step memory estimate per device (XLA): arguments {g(mem['argument_bytes'])} + "
+          f"temporaries {g(mem['temp_bytes'])} -> peak ~{g(mem['peak_bytes'])} ({fit})")

@@ -244,6 +244,15 @@ def _log_overview(params, cfg, model_cfg, mesh) -> None:
                cfg.batch_size * cfg.seq_len, cfg.batch_size, cfg.seq_len, cfg.microbatches)
 
 
+def _compile_step(trainer, state, batch):
+  """The train step compiled ahead of time for this state and batch; logs the mesh and XLA's
+  per-device memory estimate of the step (one line, before the first step runs)."""
+  compiled = trainer.step.lower(state, batch).compile()
+  mem = metrics_lib.compiled_memory(compiled)
+  logging.info("%s", metrics_lib.memory_line(trainer.mesh, mem, metrics_lib.device_bytes_limit()))
+  return compiled
+
+
 def _loop(cfg, trainer, state, start: int, data_iter, ckpt, writer, meta) -> dict[str, float]:
   total = cfg.total_steps
   flops = metrics_lib.train_flops_per_step(trainer.model_cfg, cfg.batch_size, cfg.seq_len,
@@ -273,12 +282,13 @@ def _loop(cfg, trainer, state, start: int, data_iter, ckpt, writer, meta) -> dic
       first = step == start
       if first:   # compilation is not training time
         t = time.perf_counter()
-        state, m = trainer.step(state, batch)
+        step_fn = _compile_step(trainer, state, batch)
+        state, m = step_fn(state, batch)
         jax.block_until_ready(m)
         logging.info("first step (compilation included) took %.1fs", time.perf_counter() - t)
         progress.restart(start + 1)
       else:
-        state, m = trainer.step(state, batch)
+        state, m = step_fn(state, batch)
       step += 1
       drain()                 # the previous step's metrics, while this one runs
       pending = (step, m)

@@ -9,7 +9,9 @@ The step is the trainer's own jitted step (same sharding, donation, accumulation
 tokens, so data loading is not measured. Works unchanged on CPU, GPU and TPU; sizes come from
 the config and ``--config.*`` overrides. Prints one JSON object and writes it to ``--out``
 (default benchmarks/results/train_step_<config>_<platform>.json). MFU uses the dense bf16 peak
-of the device (metrics.peak_flops; AOGPT_PEAK_TFLOPS overrides) and is null on CPU.
+of the device (metrics.peak_flops; AOGPT_PEAK_TFLOPS overrides) and is null on CPU. Memory per
+device: XLA's estimate of the compiled step (`xla_memory`) and the measured peak
+(`measured_peak_bytes`, from `memory_stats()`; null on CPU).
 """
 
 from __future__ import annotations
@@ -56,17 +58,20 @@ def main(argv) -> None:
     trainer = train_lib.build(cfg, mc, mesh)
     state = trainer.init()
     t = time.perf_counter()
-    state, m = trainer.step(state, batch())
+    b = batch()
+    step = trainer.step.lower(state, b).compile()   # the estimate next to the measured peak
+    xla_memory = metrics_lib.compiled_memory(step)
+    state, m = step(state, b)
     jax.block_until_ready(m)
     compile_s = time.perf_counter() - t
     for _ in range(_WARMUP.value):
-      state, m = trainer.step(state, batch())
+      state, m = step(state, batch())
     jax.block_until_ready(m)
     times = []
     for _ in range(_STEPS.value):
       b = batch()
       t = time.perf_counter()
-      state, m = trainer.step(state, b)
+      state, m = step(state, b)
       jax.block_until_ready(m)
       times.append(time.perf_counter() - t)
 
@@ -74,6 +79,10 @@ def main(argv) -> None:
   flops = metrics_lib.train_flops_per_step(mc, cfg.batch_size, cfg.seq_len, cfg.microbatches)
   mfu = metrics_lib.mfu(flops, 1.0 / step_s)
   dev = jax.devices()[0]
+  try:
+    measured_peak = (dev.memory_stats() or {}).get("peak_bytes_in_use")
+  except Exception:  # noqa: BLE001 - backends without memory stats (CPU)
+    measured_peak = None
   n_params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(trainer.abstract_state["params"]))
   result = {
       "config_args": [a for a in sys.argv[1:] if a.startswith("--config")],
@@ -91,6 +100,9 @@ def main(argv) -> None:
       "model_flops_per_step": flops, "achieved_tflops": flops / step_s / 1e12,
       "peak_tflops_per_device": (metrics_lib.peak_flops() or 0) / 1e12 or None,
       "mfu": mfu, "jax": jax.__version__,
+      # Per device: XLA's estimate of the compiled step and the allocator's measured peak
+      # (jax Device.memory_stats; null on CPU).
+      "xla_memory": xla_memory, "measured_peak_bytes": measured_peak,
   }
   text = json.dumps(result, indent=2)
   print(text)

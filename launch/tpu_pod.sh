@@ -8,9 +8,12 @@
 # bucket): all hosts write their shards of each checkpoint into it. The repository must already
 # be at ~/aogpt_jax on every worker (see launch/README.md for the one-time set-up); rerunning the
 # same command resumes from the newest checkpoint.
+# Before the first step every process logs one line with the mesh and XLA's per-device memory
+# estimate of the compiled train step; this script waits for worker 0's and prints it
+# (AOGPT_WAIT_S, default 1800 s; 0 = do not wait).
 set -euo pipefail
 if [[ $# -lt 4 ]]; then
-  sed -n '2,11p' "$0"; exit 2
+  sed -n '2,14p' "$0"; exit 2
 fi
 TPU_NAME=$1; ZONE=$2; CONFIG=$3; WORKDIR=$4; shift 4
 EXTRA=""
@@ -22,3 +25,10 @@ gcloud compute tpus tpu-vm ssh "$TPU_NAME" --zone "$ZONE" --worker=all --command
   AOGPT_DISTRIBUTED=1 nohup python -m aogpt_jax.main --config=$CONFIG --workdir=$WORKDIR $EXTRA \
     > ~/aogpt_train_\$(hostname).log 2>&1 &
   echo started on \$(hostname)"
+WAIT=${AOGPT_WAIT_S:-1800}
+if [[ $WAIT != 0 ]]; then
+  echo "waiting for the mesh and memory estimate (compiling; Ctrl-C does not stop training)..."
+  gcloud compute tpus tpu-vm ssh "$TPU_NAME" --zone "$ZONE" --worker=0 --command "
+    timeout $WAIT bash -c 'until grep -h -m1 \"train step memory estimate\" ~/aogpt_train_*.log; do
+      sleep 10; done'" || echo "no memory line yet: see ~/aogpt_train_<host>.log on worker 0"
+fi

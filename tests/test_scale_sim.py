@@ -1,10 +1,12 @@
 """benchmarks/scale_sim.py on tiny shapes: FSDP shrinks per-device state ~1/N, the HLO collective
-parser counts bytes of tuple results, and pure data parallelism all-reduces the gradients."""
+parser counts bytes of tuple results, pure data parallelism all-reduces the gradients and its
+sampler forward needs no collective, and the depth extrapolation is linear."""
 
 import pathlib
 import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "benchmarks"))
+import scale_programs  # noqa: E402
 import scale_sim  # noqa: E402
 
 SMALL = {"n_layer": 1, "vocab_size": 256, "valid_vocab_size": 256}
@@ -14,7 +16,7 @@ def test_collective_parser_counts_tuple_bytes():
   hlo = ("  %ar = (f32[4,8]{1,0}, /*index=1*/bf16[2]{0}) all-reduce(%a, %b), to_apply=%add\n"
          "  %ag = bf16[16,32]{1,0} all-gather-start(%x), dimensions={0}\n"
          "  %y = f32[3]{0} add(%a, %b)\n")
-  assert scale_sim.collectives(hlo) == {"all-reduce": {"count": 1, "bytes": 4 * 32 + 2 * 2},
+  assert scale_programs.collectives(hlo) == {"all-reduce": {"count": 1, "bytes": 4 * 32 + 2 * 2},
                                         "all-gather": {"count": 1, "bytes": 2 * 16 * 32}}
 
 
@@ -28,10 +30,31 @@ def test_fsdp_shrinks_state_and_data_parallel_reduces_grads():
   assert "all-gather" in fs["collectives"]
 
 
+def test_data_parallel_sampler_issues_no_collective():
+  # Parameters replicated, rows split over the data axis: the cached sampler's scan (the
+  # forward passes) runs without a single collective.
+  r = scale_sim.compile_program("sample", "tiny", 8, 1, 1, 1, 32, SMALL, sample_per_device=1,
+                                sample_steps=4)
+  assert r["collectives"] == {}, r["collectives"]
+  assert r["shape"] == "8x32, T=4"
+
+
+def test_extrapolate_is_linear_in_layers():
+  def row(b, c):
+    return {"argument_bytes": b, "output_bytes": b, "alias_bytes": b, "temp_bytes": 2 * b,
+            "peak_bytes": 3 * b, "compile_s": c, "n_layer": 0,
+            "collectives": {"all-gather": {"count": b // 10, "bytes": b}}}
+  r = scale_sim.extrapolate(row(100, 1.0), row(150, 2.0), 12)
+  assert (r["argument_bytes"], r["temp_bytes"], r["peak_bytes"]) == (650, 1300, 1950)
+  assert r["collectives"]["all-gather"] == {"count": 65, "bytes": 650}
+  assert r["n_layer"] == 12 and r["compiled"] == "L=1,2 -> 12 (linear)" and r["compile_s"] == 2.0
+
+
 def test_table_names_each_rows_settings():
-  row = {"size": "small", "mesh": {"data": 1, "fsdp": 8, "tensor": 1},
+  row = {"program": "train", "size": "small", "compiled": "L=12", "mesh": {"data": 1, "fsdp": 8, "tensor": 1},
          "overrides": {"attention_impl": "blockwise", "remat": True}, "argument_bytes": 2**30,
          "temp_bytes": 2**31, "peak_bytes": 3 * 2**30, "fits_h100_80gb": True,
          "fits_tpu_v5e_16gb": True, "compile_s": 1.5, "collectives": {}}
   line = scale_sim.table([row]).splitlines()[-1]
-  assert line.startswith("| small | 1,8,1 | attention_impl=blockwise remat=True | 1.00 | 2.00 |")
+  assert line.startswith("| train | small | 1,8,1 | attention_impl=blockwise remat=True | L=12 | "
+                         "1.00 | 2.00 |")

@@ -1,6 +1,7 @@
 """The pure train step: learning, EMA, weight-decay mask, schedule, gradient accumulation and
 sharding, each checked against an independent computation."""
 
+import logging
 import math
 
 import jax
@@ -221,3 +222,16 @@ def test_heldout_eval_includes_a_fixed_training_order(cache_dir):
   _, per_token = model_lib.loss(m, jnp.asarray(tokens), order)
   np.testing.assert_allclose(out["nll_train_order"], float(jnp.sum(per_token)), rtol=1e-5)
   assert not np.isclose(out["nll_train_order"], out["nll_random"])
+
+
+def test_train_logs_mesh_and_memory_estimate_before_the_first_step(cache_dir, tmp_path, caplog):
+  from aogpt_jax import train_loop
+  caplog.set_level(logging.INFO)
+  train_loop.train(tiny_config(cache_dir, total_steps=1, checkpoint_every=0), str(tmp_path / "w"))
+  msgs = [r.getMessage() for r in caplog.records]
+  mem = [i for i, m in enumerate(msgs) if "train step memory estimate per device (XLA)" in m]
+  first = [i for i, m in enumerate(msgs) if m.startswith("first step (compilation included)")]
+  assert len(mem) == 1 and first and mem[0] < first[0], msgs
+  line = msgs[mem[0]]
+  assert f"mesh {{'data': {jax.device_count()}, 'fsdp': 1, 'tensor': 1}}" in line, line
+  assert "temporaries" in line and "peak ~" in line and "device limit unknown" in line, line

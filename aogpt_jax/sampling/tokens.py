@@ -33,6 +33,8 @@ import contextlib
 import jax
 import jax.numpy as jnp
 
+from aogpt_jax import layers
+
 ORDER_STREAM, COUNT_STREAM, TOKEN_STREAM = 0, 1, 2
 
 
@@ -179,8 +181,7 @@ def sample_tokens(logits: jax.Array, keys: jax.Array, *, temperature: float = 1.
 def commit_tokens(tokens: jax.Array, commit: jax.Array, new: jax.Array) -> jax.Array:
   """Writes drawn tokens ``new`` [B, Q] at original positions ``commit`` [B, Q] of ``tokens``
   [B, n] (index n: dropped)."""
-  rows = jnp.arange(tokens.shape[0], dtype=jnp.int32)[:, None]
-  return tokens.at[rows, commit].set(new, mode="drop")
+  return layers.row_set(tokens, commit, new)
 
 
 def draw_and_commit(tokens: jax.Array, logits: jax.Array, keys: jax.Array, commit: jax.Array, *,

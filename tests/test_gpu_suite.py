@@ -1,0 +1,41 @@
+"""benchmarks/gpu_suite.sh parses and refuses unknown arguments; gpu_suite_report.py turns the
+suite's JSON files into one JSON and a Markdown table (the full --dry-run takes minutes on the
+2-core box and is run by hand: `benchmarks/gpu_suite.sh --dry-run`)."""
+
+import json
+import pathlib
+import subprocess
+import sys
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+SUITE = REPO / "benchmarks" / "gpu_suite.sh"
+
+
+def test_suite_script_parses_and_names_a_bad_argument():
+  subprocess.run(["bash", "-n", str(SUITE)], check=True)
+  p = subprocess.run(["bash", str(SUITE), "--fast"], capture_output=True, text=True)
+  assert p.returncode == 2 and "unknown argument --fast" in p.stderr
+
+
+def test_report_collects_every_number(tmp_path):
+  train = {"batch_size": 16, "seq_len": 1024, "devices": 1, "step_s_median": 0.5,
+           "tokens_per_s": 32768.0, "mfu": 0.41, "device_kind": "NVIDIA H100 80GB HBM3",
+           "xla_memory": {"peak_bytes": 30 * 2**30}, "measured_peak_bytes": 28 * 2**30}
+  (tmp_path / "train_small_cudnn.json").write_text(json.dumps(train))
+  (tmp_path / "scale_sim_small.json").write_text(json.dumps({"rows": [{"peak_bytes": 2**35}]}))
+  (tmp_path / "sample_speed.json").write_text(json.dumps({
+      "preset": "small", "length": 1024, "batch": 32, "rows": [
+          {"method": "ar", "run_s": 2.0},
+          {"method": "diffusion", "steps": 256, "run_s": 1.0, "tokens_per_s": 32768.0,
+           "encoder_over_diffusion_speedup": 7.5, "vs_ar_time_ratio": 0.5}]}))
+  (tmp_path / "eval_cost.json").write_text(json.dumps({
+      "preset": "small", "n": 1024, "max_m": 8, "ranks_scored": 64,
+      "fast": {"wall_s": 3.0}, "naive": {"wall_s": 30.0}, "speedup_wall": 10.0}))
+  p = subprocess.run([sys.executable, str(REPO / "benchmarks" / "gpu_suite_report.py"),
+                      str(tmp_path)], capture_output=True, text=True, check=True)
+  assert "Machine: NVIDIA H100 80GB HBM3" in p.stdout
+  for part in ("MFU 41.0%", "measured peak 28.00 GiB; XLA estimate on this device 30.00 GiB; "
+               "scale_sim (XLA:CPU, attention xla) 32.00 GiB", "encoder MDM / ours = 7.5x",
+               "ours / AR = 0.5", "3.00 s (naive published-style 30.00 s, 10.0x)"):
+    assert part in p.stdout, p.stdout
+  assert len(json.loads((tmp_path / "gpu_suite.json").read_text())["rows"]) == 4
