@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-from typing import Sequence
+from typing import Any, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -127,6 +127,14 @@ def activation_sharding(fn):
 def constrain(x: jax.Array, axes: Axes) -> jax.Array:
   """Pins activation ``x`` to the mesh axes of its logical ``axes`` (no-op without a mesh)."""
   return _constrain_fn[-1](x, axes) if _constrain_fn else x
+
+
+def activation_placement(axes: Axes, shape) -> tuple[Any, Any] | None:
+  """``(mesh, PartitionSpec)`` of an activation with logical ``axes`` and ``shape`` under the
+  active constraints (None outside them): what a kernel XLA cannot partition (Pallas) needs to
+  run per shard under ``shard_map``."""
+  placement = getattr(_constrain_fn[-1], "placement", None) if _constrain_fn else None
+  return None if placement is None else placement(axes, shape)
 
 
 def row_set(x: jax.Array, index: jax.Array, update: jax.Array) -> jax.Array:

@@ -213,5 +213,6 @@ def activation_constraints(mesh, rules):
   def fn(x, axes):
     return jax.lax.with_sharding_constraint(
         x, NamedSharding(mesh, logical_to_spec(axes, x.shape, act, mesh)))
+  fn.placement = lambda axes, shape: (mesh, logical_to_spec(axes, shape, act, mesh))
   with layers.activation_sharding(fn):
     yield

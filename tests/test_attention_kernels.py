@@ -136,3 +136,32 @@ def test_selection(monkeypatch, caplog):
     model.preset("tiny", attention_impl="pallas")
   with pytest.raises(ValueError, match="model.attention_block"):
     model.preset("tiny", attention_block=0)
+
+
+def test_splash_runs_per_shard_under_a_mesh():
+  """In a sharded step the Pallas call runs inside shard_map (batch over data x fsdp, heads over
+  tensor; XLA cannot partition it), with the same numbers as the XLA path on one device."""
+  from aogpt_jax import config as config_lib
+  from aogpt_jax import sharding as sharding_lib
+  cfg = config_lib.default_config()
+  cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor = 2, 2, 2
+  mesh = sharding_lib.make_mesh(cfg, devices=jax.devices()[:8])
+  rules = config_lib.rules(cfg)
+  q, k, v = _qkv(4, 128, 128, n=2, h=64, seed=4)
+  y0, g0 = _out_and_grads("xla", q, k, v, None)
+
+  def sharded(q, k, v):
+    with sharding_lib.activation_constraints(mesh, rules):
+      return _splash_vjp(q, k, v)
+  assert "shard_map" in str(jax.make_jaxpr(sharded)(q, k, v))
+  y1, g1 = jax.jit(sharded)(q, k, v)
+  np.testing.assert_allclose(y1, y0, rtol=1e-5, atol=1e-5)
+  for a, b in zip(g1, g0):
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+
+
+def _splash_vjp(q, k, v):
+  w = jax.random.normal(jax.random.key(9), q.shape)      # the cotangent of _out_and_grads
+  out, vjp = jax.vjp(lambda q, k, v: layers.attention(q, k, v, mask=None,
+                                                       impl="splash_interpret"), q, k, v)
+  return out, vjp(w)
