@@ -20,7 +20,6 @@ import time
 
 import jax
 import numpy as np
-import orbax.checkpoint as ocp
 import pytest
 from absl import flags
 
@@ -32,7 +31,7 @@ from aogpt_jax import train as train_lib
 from aogpt_jax import train_loop
 
 from trainer_util import REPO, checkpoint_steps, cli_args, cpu_env, start, tiny_config, wait_for
-from trainer_util import run as run_cli
+from trainer_util import run as run_cli, saved_state
 
 LONG = dict(total_steps=100000, checkpoint_every=4, log_every=4, eval_every=0)
 
@@ -306,22 +305,11 @@ app.run(main.main, flags_parser=main.parse_flags)
 KILLED = dict(total_steps=6, checkpoint_every=2, log_every=2, eval_every=0)
 
 
-def _saved_state(workdir, step):
-  mngr = ocp.CheckpointManager(pathlib.Path(workdir) / "checkpoints",
-                               options=ocp.CheckpointManagerOptions(read_only=True))
-  items = {k: ocp.args.StandardRestore() for k in ("params", "opt_state", "ema", "train")}
-  try:
-    r = mngr.restore(step, args=ocp.args.Composite(**items))
-    return {k: jax.device_get(r[k]) for k in items}
-  finally:
-    mngr.close()
-
-
 @pytest.fixture(scope="module")
 def uninterrupted(cache_dir, tmp_path_factory):
   work = tmp_path_factory.mktemp("uninterrupted")
   run_cli(cli_args(cache_dir, work, **KILLED), work / "log")
-  return _saved_state(work, 6)
+  return saved_state(work, 6)
 
 
 @pytest.mark.parametrize("async_save", [True, False])
@@ -349,7 +337,7 @@ def test_kill9_between_commit_and_manifest_resumes_exactly(cache_dir, uninterrup
     assert "checkpoints/4 has no checksum manifest" in resumed.stderr, resumed.stderr[-3000:]
   assert f"resumed from {work}/checkpoints/{2 if async_save else 4}\n" in resumed.stderr, \
       resumed.stderr[-3000:]
-  jax.tree.map(np.testing.assert_array_equal, _saved_state(work, 6), uninterrupted)
+  jax.tree.map(np.testing.assert_array_equal, saved_state(work, 6), uninterrupted)
   assert checkpoint_lib.verify_manifest(work / "checkpoints/6")
 
 

@@ -11,14 +11,13 @@ import time
 
 import jax
 import numpy as np
-import orbax.checkpoint as ocp
 import pytest
 
 from aogpt_jax import checkpoint as checkpoint_lib
 from aogpt_jax import data as data_lib
 from aogpt_jax import train_loop
-from trainer_util import (REPO, checkpoint_steps, cli_args, cpu_env, run, start, tiny_config,
-                          wait_for)
+from trainer_util import (REPO, checkpoint_steps, cli_args, cpu_env, run, saved_state, start,
+                          tiny_config, wait_for)
 
 TOTAL = 96
 RUN = dict(total_steps=TOTAL, checkpoint_every=4, log_every=8, eval_every=0,
@@ -40,17 +39,6 @@ def _steps(workdir) -> list[int]:
 
 def _wait_for(predicate, proc, timeout=120.0):
   return wait_for(predicate, proc, timeout)
-
-
-def _final_state(workdir, step):
-  mngr = ocp.CheckpointManager(workdir / "checkpoints",
-                               options=ocp.CheckpointManagerOptions(read_only=True))
-  items = {k: ocp.args.StandardRestore() for k in ("params", "opt_state", "ema", "train")}
-  try:
-    r = mngr.restore(step, args=ocp.args.Composite(**items))
-    return {k: jax.device_get(r[k]) for k in items}
-  finally:
-    mngr.close()
 
 
 def _metric_steps(workdir):
@@ -89,7 +77,7 @@ def test_sigkill_then_sigterm_then_finish_equals_uninterrupted(cache_dir, tmp_pa
   run(cli_args(cache_dir, work, **RUN), tmp_path / "finished.log")
   assert _steps(work)[-1] == TOTAL and {32, 64} <= set(_steps(work))   # keep_every
   assert len(_steps(work)) <= 3 + 2          # the last 3 plus the multiples of 32
-  got, want = _final_state(work, TOTAL), _final_state(ref, TOTAL)
+  got, want = saved_state(work, TOTAL), saved_state(ref, TOTAL)
   jax.tree.map(lambda a, b: np.testing.assert_array_equal(a, b, err_msg=f"seed {seed}"), got,
                want)                  # bitwise, not just close
   assert int(got["train"]["step"]) == TOTAL

@@ -149,9 +149,9 @@ def test_one_pass_per_round_all_accepted(monkeypatch):
   nnx.update(m, jax.tree.map(jnp.zeros_like, nnx.state(m, nnx.Param)))
   m.lm_head.bias[...] = jax.random.normal(jax.random.key(0), m.lm_head.bias.shape)
   calls = []
-  encode = model_lib.AOGPT.encode
-  monkeypatch.setattr(model_lib.AOGPT, "encode",
-                      lambda *a, **kw: calls.append(1) or encode(*a, **kw))
+  hidden_slots = model_lib.AOGPT.hidden_slots
+  monkeypatch.setattr(model_lib.AOGPT, "hidden_slots",
+                      lambda *a, **kw: calls.append(1) or hidden_slots(*a, **kw))
   n, batch = 12, 3
   order = jnp.broadcast_to(jnp.arange(n, dtype=jnp.int32), (batch, n))
   keys = tokens_lib.stream(tokens_lib.sample_keys(jax.random.key(1), batch), tokens_lib.TOKEN_STREAM)

@@ -9,6 +9,8 @@ import subprocess
 import sys
 import time
 
+import jax
+import orbax.checkpoint as ocp
 from ml_collections import config_dict
 
 from aogpt_jax import config as config_lib
@@ -87,3 +89,16 @@ def wait_for(predicate, proc, timeout: float = 120.0) -> bool:
       raise TimeoutError("the run did not get there in time")
     time.sleep(0.05)
   return True
+
+
+def saved_state(workdir, step) -> dict:
+  """The params, optimizer state, EMA and train state saved at STEP under WORKDIR/checkpoints,
+  on the host (read-only: nothing in the run is changed)."""
+  mngr = ocp.CheckpointManager(pathlib.Path(workdir) / "checkpoints",
+                               options=ocp.CheckpointManagerOptions(read_only=True))
+  items = {k: ocp.args.StandardRestore() for k in ("params", "opt_state", "ema", "train")}
+  try:
+    r = mngr.restore(step, args=ocp.args.Composite(**items))
+    return {k: jax.device_get(r[k]) for k in items}
+  finally:
+    mngr.close()
