@@ -214,14 +214,31 @@ def draw_and_commit(tokens: jax.Array, logits: jax.Array, keys: jax.Array, commi
   return commit_tokens(tokens, commit, new), (logits if debug else None)
 
 
+CDF_BLOCK = 128   # inverse_cdf: tokens per block of the two-level CDF
+
+
 def inverse_cdf(x: jax.Array, u: jax.Array) -> jax.Array:
   """The token whose CDF interval holds ``u`` (float64 [...], in [0, 1)) under ``softmax(x)``
-  (float64 logits [..., V]): the count of CDF entries ``<= u * total``, so zero-probability
-  tokens (empty intervals) are never returned."""
-  w = jnp.exp(x - jnp.max(x, axis=-1, keepdims=True))
-  cdf = jnp.cumsum(w, axis=-1)
-  target = u[..., None] * cdf[..., -1:]
-  idx = jnp.sum(cdf <= target, axis=-1)
-  # u * total can round up to total when u is within 2^-53 of 1: stay on the last possible token.
-  last = x.shape[-1] - 1 - jnp.argmax((w > 0)[..., ::-1], axis=-1)
-  return jnp.minimum(idx, last).astype(jnp.int32)
+  (float64 logits [..., V]), zero-probability tokens (empty intervals) never returned.
+
+  Two-level CDF (XLA:CPU's cumsum over V costs ~7 passes): the CDF at token i of block b is
+  ``P[b] + cumsum(w in block b)[i]`` with ``P`` the exclusive cumsum of the `CDF_BLOCK`-token
+  block sums; the block is the first one whose end ``P[b + 1]`` exceeds ``u * P[-1]`` (so it holds
+  mass), the token the count of its CDF entries ``<= u * P[-1]``, kept on the block's last token
+  of positive mass."""
+  lead, v = x.shape[:-1], x.shape[-1]
+  nb = -(-v // CDF_BLOCK)
+  x = jnp.pad(x, [(0, 0)] * len(lead) + [(0, nb * CDF_BLOCK - v)], constant_values=-jnp.inf)
+  w = jnp.exp(x - jnp.max(x, axis=-1, keepdims=True)).reshape(*lead, nb, CDF_BLOCK)
+  mass = jnp.sum(w, axis=-1)
+  ends = jnp.cumsum(mass, axis=-1)                                   # P[1..nb]
+  target = u[..., None] * ends[..., -1:]
+  # u * total can round up to total when u is within 2^-53 of 1: stay on the last live block.
+  last_block = nb - 1 - jnp.argmax((mass > 0)[..., ::-1], axis=-1)
+  b = jnp.minimum(jnp.sum(ends <= target, axis=-1), last_block)
+  start = jnp.where(b > 0, jnp.take_along_axis(ends, jnp.maximum(b - 1, 0)[..., None], axis=-1)[
+      ..., 0], 0.0)
+  wb = jnp.take_along_axis(w, b[..., None, None], axis=-2)[..., 0, :]    # [..., CDF_BLOCK]
+  idx = jnp.sum(start[..., None] + jnp.cumsum(wb, axis=-1) <= target, axis=-1)
+  last = CDF_BLOCK - 1 - jnp.argmax((wb > 0)[..., ::-1], axis=-1)
+  return (b * CDF_BLOCK + jnp.minimum(idx, last)).astype(jnp.int32)
