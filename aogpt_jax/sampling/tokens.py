@@ -168,7 +168,10 @@ def _halve(k, p, base, top_p, rule: str, state, stop: int):
     mid_k = (lo >> 1) + (hi >> 1) + (lo & hi & 1)                    # floor((lo + hi) / 2)
     mid = jnp.where((it < 48) & (mid_v > lo) & (mid_v < hi), mid_v, mid_k)
     good = ok(base + jnp.sum(jnp.where(k > mid, p, 0.0)))
-    n_lo, n_hi = jnp.sum((k > lo) & (k < mid)), jnp.sum((k > mid) & (k < hi))
+    # Counts as float sums (exact below 2^24): XLA:CPU fuses them with the sum above; int64
+    # counts became two extra reduce-window passes over materialised [V] arrays.
+    n_lo = jnp.sum(jnp.where((k > lo) & (k < mid), 1.0, 0.0).astype(jnp.float32)).astype(n_in.dtype)
+    n_hi = jnp.sum(jnp.where((k > mid) & (k < hi), 1.0, 0.0).astype(jnp.float32)).astype(n_in.dtype)
     go = n_in > stop
     lo, hi = jnp.where(go & ~good, mid, lo), jnp.where(go & good, mid, hi)
     return lo, hi, jnp.where(go, jnp.where(good, n_lo, n_hi), n_in), it + 1
