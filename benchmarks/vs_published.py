@@ -32,6 +32,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 
 HERE = pathlib.Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -84,6 +85,7 @@ def main() -> None:
   ap.add_argument("--out", default=str(HERE / "results" / "vs_published_cpu.json"))
   a = ap.parse_args()
   pub = patched_copy(pathlib.Path(a.published).expanduser().resolve())
+  load_before = os.getloadavg()
   best: dict[str, dict[str, float]] = {}
   for rep in range(a.repeats):
     for part in a.parts.split(","):
@@ -119,7 +121,9 @@ def main() -> None:
   pathlib.Path(a.out).parent.mkdir(parents=True, exist_ok=True)
   with open(a.out, "w") as f:
     json.dump({"best_s": best, "repeats": a.repeats, "runs": a.runs, "machine": os.uname().nodename,
-               "cpus": os.cpu_count()}, f, indent=1)
+               "cpus": os.cpu_count(), "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
+               "load_avg_1_5_15_before": load_before, "load_avg_1_5_15_after": os.getloadavg()},
+              f, indent=1)
   print(f"wrote {a.out}")
 
 

@@ -108,6 +108,22 @@ def test_plans_cover_every_rank_once():
     ens.pack_prefixes([4], 4)
 
 
+def test_default_plan_compiles_one_program(setup):
+  """The default layout is one compiled shape (16 bucket shapes cost ~47 s of compilation at
+  n = 256 on the 2-core box), and calls are split evenly: padding < one item per call."""
+  assert len(ens.compiled_shapes(range(256), [0], 256, 8)) == 1
+  assert len(ens.compiled_shapes(range(256), [0], 256, 8, "buckets", 16)) == 16
+  for total, size in ((903, 63), (112, 102), (5, 5), (7, 2)):
+    calls = list(ens._chunks([np.arange(total)], size))
+    assert sum(c for _, c, _ in calls) == total and len(calls) == -(-total // size)
+    assert len(calls) * len(calls[0][2][0]) - total < len(calls)
+  m, x, ids, sigma, base = setup
+  before = ens._packed_logp._cache_size()
+  res = ens.ensemble_perplexity(m, [{"tokens": np.concatenate([x, x]), "weight": np.ones(4)}],
+                                max_m=3, seed=5)
+  assert ens._packed_logp._cache_size() - before == 1 and res["layout"] == "pairs"
+
+
 def test_m_values():
   assert ens.m_values(64) == [1, 2, 4, 8, 16, 32, 64]
   assert ens.m_values(6) == [1, 2, 4, 6]

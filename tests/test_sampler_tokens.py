@@ -126,3 +126,22 @@ def test_inverse_cdf_never_returns_a_zero_probability_token():
     u = jnp.array([0.0, 0.2499, 0.25, 0.9999999, 1 - 2.0 ** -53], jnp.float64)
     got = np.asarray(tokens_lib.inverse_cdf(jnp.broadcast_to(x, (5, 6)), u))
   assert got.tolist() == [1, 1, 3, 3, 3]
+
+
+def test_two_level_inverse_cdf_equals_the_full_cdf():
+  """The block-sum CDF picks the token a plain float64 cumsum over V picks: V not a multiple of
+  the block, whole blocks of zero probability, u near 0 and 1."""
+  rng = np.random.default_rng(3)
+  v = 5 * tokens_lib.CDF_BLOCK + 37
+  x = rng.normal(size=(64, v)) * rng.choice([0.1, 2.0, 9.0], size=(64, 1))
+  x[rng.random((64, v)) < 0.4] = -np.inf
+  x[:, tokens_lib.CDF_BLOCK:3 * tokens_lib.CDF_BLOCK] = -np.inf
+  u = np.concatenate([rng.random(60), [0.0, 1e-12, 1 - 1e-12, 1 - 2.0 ** -53]])
+  w = np.exp(x - x.max(-1, keepdims=True))
+  cdf = np.cumsum(w, -1)
+  want = np.minimum([np.searchsorted(c, t, side="right") for c, t in zip(cdf, u * cdf[:, -1])],
+                    [np.flatnonzero(r > 0)[-1] for r in w])
+  with tokens_lib.exact_sampling():
+    got = np.asarray(tokens_lib.inverse_cdf(jnp.asarray(x), jnp.asarray(u)))
+  np.testing.assert_array_equal(got, want)
+  assert np.all(w[np.arange(64), got] > 0)

@@ -19,11 +19,13 @@ context token's position; the last context slot targets sigma_i.
 Work: the published code runs 1 + n (M - 1) full-length forwards per block and keeps one logit
 row of each. Here column j = 0 comes from the base forward (shared with the any-order NLL),
 and each (i, j >= 1) pair runs only its i + 1 slots ``[START, c_0, ..., c_{i-1}]`` and takes the
-head of the last slot only. Prefixes are packed into fixed-size rows: ``layout="buckets"``
-(default) groups the ranks by length into ``num_buckets`` shapes of causal rows (plain causal
-attention, flash-capable on GPU; at most one bucket width of padding); ``layout="pairs"`` puts
-the prefixes of ranks i and n-1-i in one row of n + 1 slots under a block-diagonal causal mask
-(no padding, one compiled shape, but explicit-mask attention: slower on CPU).
+head of the last slot only. Prefixes are packed into fixed-size rows: ``layout="pairs"``
+(default) puts the prefixes of ranks i and n-1-i in one row of n + 1 slots under a
+block-diagonal causal mask: no padding and ONE compiled shape (the calls are split evenly, see
+`packed_calls`); ``layout="buckets"`` groups the ranks by length into ``num_buckets`` shapes of
+causal rows (plain causal attention, flash-capable on GPU; at most one bucket width of padding,
+one compilation per bucket: at n = 256 on the 2-core CPU box the 16 compilations cost as much as
+the whole run, and the masked rows run as fast as causal ones there).
 
 `eq4_reference` (below) is Eq. 4 for one target in a few plain lines; `naive_logp` is the
 batched version of the same full-forward computation. See docs/method.md, "Estimators".
@@ -98,7 +100,7 @@ class Group:
   masked: bool
 
 
-def pack_prefixes(ranks: Sequence[int], n: int, layout: str = "buckets",
+def pack_prefixes(ranks: Sequence[int], n: int, layout: str = "pairs",
                   num_buckets: int = 16) -> list[Group]:
   """Packs the prefixes (rank i -> i + 1 slots) of ``ranks`` into rows (see the module doc)."""
   rs = sorted(set(int(r) for r in ranks))
@@ -188,7 +190,11 @@ def _naive_logp(model, tokens, sigma, ids, seed, item_b, item_i, item_j, *, path
 
 
 def _chunks(arrays: Sequence[np.ndarray], size: int):
+  """Splits the items into equal calls of at most ``size`` (the last one padded by repeating
+  item 0): ceil(total / size) calls of ceil(total / calls) items, so padding stays below one item
+  per call instead of up to a whole call."""
   total = len(arrays[0])
+  size = -(-total // -(-total // size)) if total else size
   for a in range(0, total, size):
     part = [x[a:a + size] for x in arrays]
     pad = size - len(part[0])
@@ -197,9 +203,31 @@ def _chunks(arrays: Sequence[np.ndarray], size: int):
     yield a, min(size, total - a), part
 
 
+def packed_calls(ranks: Sequence[int], rows: Sequence[int], n: int, max_m: int, layout: str,
+                 num_buckets: int, slots_per_call: int):
+  """The prefix-kernel calls of `ensemble_logp`: yields (group, items used, [item_b, item_j,
+  item_ranks] padded to the call size). One compiled program per distinct (row_len, call size):
+  `compiled_shapes` counts them."""
+  for group in pack_prefixes(ranks, n, layout, num_buckets):
+    rb, jj, rr = np.meshgrid(np.array(rows, np.int32), np.arange(1, max_m, dtype=np.int32),
+                             np.arange(len(group.ranks), dtype=np.int32), indexing="ij")
+    item_b, item_j, item_r = rb.ravel(), jj.ravel(), group.ranks[rr.ravel()]
+    per_call = min(max(1, slots_per_call // group.row_len), len(item_b))
+    for _, count, part in _chunks([item_b, item_j, item_r], per_call):
+      yield group, count, part
+
+
+def compiled_shapes(ranks, rows, n, max_m, layout="pairs", num_buckets=16,
+                    slots_per_call=16384) -> set[tuple[int, ...]]:
+  """(row_len, items per call, segments per row) of every call `ensemble_logp` makes: each one
+  is a compilation (seconds on CPU, as much as the whole run at n = 256 with 16 shapes)."""
+  return {(g.row_len,) + part[2].shape for g, _, part in
+          packed_calls(ranks, rows, n, max_m, layout, num_buckets, slots_per_call)}
+
+
 def ensemble_logp(model: model_lib.AOGPT, tokens, ids, sigma, base_logp, *, max_m: int,
                   seed: int = 0, ranks: Sequence[int] | None = None,
-                  rows: Sequence[int] | None = None, layout: str = "buckets", num_buckets: int = 16,
+                  rows: Sequence[int] | None = None, layout: str = "pairs", num_buckets: int = 16,
                   slots_per_call: int = 16384) -> np.ndarray:
   """float32 [B, n, max_m] log-probabilities: column 0 is ``base_logp`` [B, n] (order space),
   column j >= 1 the prefix forward of ordering j. Only ``ranks`` (default all) of ``rows``
@@ -213,19 +241,15 @@ def ensemble_logp(model: model_lib.AOGPT, tokens, ids, sigma, base_logp, *, max_
   if max_m == 1 or not rows:
     return out
   args = (jnp.asarray(tokens), jnp.asarray(sigma, jnp.int32), jnp.asarray(ids), jnp.uint32(seed))
-  for group in pack_prefixes(ranks, n, layout, num_buckets):
-    rb, jj, rr = np.meshgrid(np.array(rows, np.int32), np.arange(1, max_m, dtype=np.int32),
-                             np.arange(len(group.ranks), dtype=np.int32), indexing="ij")
-    item_b, item_j, item_r = rb.ravel(), jj.ravel(), group.ranks[rr.ravel()]
-    per_call = min(max(1, slots_per_call // group.row_len), len(item_b))
-    for start, count, (cb, cj, cr) in _chunks([item_b, item_j, item_r], per_call):
-      logp = np.asarray(model_jit.call(_packed_logp, model, *args, jnp.asarray(cb),
-                                       jnp.asarray(cj), jnp.asarray(cr), row_len=group.row_len,
-                                       masked=group.masked))[:count]
-      cb, cj, cr = cb[:count], cj[:count], cr[:count]
-      for gi in range(cr.shape[1]):
-        ok = cr[:, gi] >= 0
-        out[cb[ok], cr[ok, gi], cj[ok]] = logp[ok, gi]
+  for group, count, (cb, cj, cr) in packed_calls(ranks, rows, n, max_m, layout, num_buckets,
+                                                 slots_per_call):
+    logp = np.asarray(model_jit.call(_packed_logp, model, *args, jnp.asarray(cb),
+                                     jnp.asarray(cj), jnp.asarray(cr), row_len=group.row_len,
+                                     masked=group.masked))[:count]
+    cb, cj, cr = cb[:count], cj[:count], cr[:count]
+    for gi in range(cr.shape[1]):
+      ok = cr[:, gi] >= 0
+      out[cb[ok], cr[ok, gi], cj[ok]] = logp[ok, gi]
   return out
 
 
@@ -261,7 +285,7 @@ def ensemble_nll(logp: np.ndarray, ms: Sequence[int]) -> np.ndarray:
 
 
 def ensemble_perplexity(model: model_lib.AOGPT, batches: Iterable[Mapping[str, Any]], *,
-                        max_m: int = 64, seed: int = 0, layout: str = "buckets",
+                        max_m: int = 64, seed: int = 0, layout: str = "pairs",
                         num_buckets: int = 16, slots_per_call: int = 16384,
                         max_batches: int = 0) -> dict:
   """Ensemble perplexity for every M in ``m_values(max_m)`` (M = 1: the any-order NLL with

@@ -24,7 +24,7 @@ class EvalSettings:
   order_kwargs: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # its options
   seed: int = 0
   ensemble_max_m: int = 0          # > 0: ensembles for M = 1, 2, 4, ..., ensemble_max_m
-  ensemble_layout: str = "buckets"  # buckets | pairs (see evaluation/ensembles.py)
+  ensemble_layout: str = "pairs"   # pairs (one compiled shape) | buckets (evaluation/ensembles.py)
   ensemble_num_buckets: int = 16
   slots_per_call: int = 16384      # ensemble slots per compiled call (memory knob)
   max_batches: int = 0             # > 0: only the first batches (smoke tests)

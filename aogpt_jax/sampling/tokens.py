@@ -112,43 +112,41 @@ def top_p_cutoff(x: jax.Array, top_p: float, rule: str) -> jax.Array:
   return out.reshape(*lead, 1)
 
 
+TOP_P_CANDIDATES = 1024   # values left in the bracket when the search moves to a compact copy
+
+
 def _top_p_cutoff(x: jax.Array, top_p, rule: str) -> jax.Array:
-  """The smallest kept value ``c`` [..., 1] of float64 logits ``x`` [..., V] (kept: ``x >= c``).
+  """The smallest kept value ``c`` [1] of one row of float64 logits ``x`` [V] (kept: ``x >= c``).
 
   Sort-free (a sort of V = 50k float64 per row costs more than the model's whole step on CPU):
   with ``p = softmax(x)`` and ``S(u) = sum of p_i over key(x_i) > u`` (int64 order keys, S only
   changes at the keys of actual values), a bracket ``lo < hi`` with S(lo) not ok and S(hi) ok
   ("ok": ``S <= top_p`` for "published", ``S < top_p`` for "nucleus") is halved, in value space
   first (a few tens of halvings separate V distinct values) and in key space after 48 (at most
-  64 more), until no actual value lies strictly inside; then u = hi is the smallest ok key. One
-  fused pass over the row per halving. Nucleus: c is the value whose key is u. Published: c1 is
-  the smallest value above u (the smallest v whose tokens with x >= v hold at most top_p); below
-  c1 only the next value c0 can still qualify, when it is tied (its first occurrence has
-  cumulative mass S(c0 excluded) + p(c0) <= top_p), and the top value is always kept. Equal to
-  the sorted definition up to float64 summation order."""
+  64 more), until no actual value lies strictly inside; then u = hi is the smallest ok key. Each
+  halving is one fused pass (S at the midpoint and the counts in both halves); once at most
+  `TOP_P_CANDIDATES` values lie inside, they are copied out (with the mass above the bracket)
+  and the remaining halvings (most of them) read only that copy. Nucleus: c is the value whose
+  key is u. Published: c1 is the smallest value above u (the smallest v whose tokens with x >= v
+  hold at most top_p); below c1 only the next value c0 can still qualify, when it is tied (its
+  first occurrence has cumulative mass S(c0 excluded) + p(c0) <= top_p), and the top value is
+  always kept. Equal to the sorted definition up to float64 summation order."""
   mx = jnp.max(x, axis=-1, keepdims=True)
   w = jnp.exp(x - mx)
   z = jnp.sum(w, axis=-1, keepdims=True)
   p = w / z
   k = _ordered_key(x)
-  ok = (lambda s: s <= top_p) if rule == "published" else (lambda s: s < top_p)
-  hi = jnp.max(k, axis=-1)                                           # S(hi) = 0: ok
-  lo = jnp.min(jnp.where(jnp.isfinite(x), k, hi[..., None]), axis=-1) - 1   # S(lo) = 1: not ok
-  inside = lambda lo, hi: jnp.sum((k > lo[..., None]) & (k < hi[..., None]), axis=-1)
-
-  def body(c):
-    lo, hi, n_in, it = c
-    lv, hv = _key_value(lo), _key_value(hi)
-    mid_v = _ordered_key(lv + (hv - lv) / 2)
-    mid_k = (lo >> 1) + (hi >> 1) + (lo & hi & 1)                    # floor((lo + hi) / 2)
-    mid = jnp.where((it < 48) & (mid_v > lo) & (mid_v < hi), mid_v, mid_k)
-    good = ok(jnp.sum(jnp.where(k > mid[..., None], p, 0.0), axis=-1))
-    go = n_in > 0
-    lo, hi = jnp.where(go & ~good, mid, lo), jnp.where(go & good, mid, hi)
-    return lo, hi, inside(lo, hi), it + 1
-
-  _, u, _, _ = jax.lax.while_loop(lambda c: jnp.any(c[2] > 0), body,
-                                  (lo, hi, inside(lo, hi), jnp.int32(0)))
+  hi = jnp.max(k)                                                    # S(hi) = 0: ok
+  lo = jnp.min(jnp.where(jnp.isfinite(x), k, hi)) - 1                # S(lo) = 1: not ok
+  n_in = jnp.sum((k > lo) & (k < hi))
+  cap = min(TOP_P_CANDIDATES, x.shape[-1])
+  lo, hi, n_in, it = _halve(k, p, 0.0, top_p, rule, (lo, hi, n_in, jnp.int32(0)), cap)
+  idx = jnp.nonzero((k > lo) & (k < hi), size=cap, fill_value=x.shape[-1])[0]
+  got = idx < x.shape[-1]
+  idx = jnp.minimum(idx, x.shape[-1] - 1)
+  base = jnp.sum(jnp.where(k >= hi, p, 0.0))                         # mass at and above hi
+  _, u, _, _ = _halve(jnp.where(got, k[idx], hi), jnp.where(got, p[idx], 0.0), base, top_p, rule,
+                      (lo, hi, n_in, it), 0)
   u = u[..., None]
   if rule == "nucleus":
     return jnp.min(jnp.where(k >= u, x, jnp.inf), axis=-1, keepdims=True)
@@ -157,6 +155,30 @@ def _top_p_cutoff(x: jax.Array, top_p, rule: str) -> jax.Array:
   s1 = jnp.sum(jnp.where(x >= c1, p, 0.0), axis=-1, keepdims=True)
   tied_ok = (s1 + jnp.exp(c0 - mx) / z <= top_p) & jnp.isfinite(c0)
   return jnp.where(tied_ok, c0, c1)
+
+
+def _halve(k, p, base, top_p, rule: str, state, stop: int):
+  """Halves the bracket ``(lo, hi)`` of `_top_p_cutoff` while more than ``stop`` values of ``k``
+  lie strictly inside; ``S(mid) = base + sum of p over k > mid`` (``base``: the mass of the keys
+  left out of ``k``, all >= hi)."""
+  ok = (lambda s: s <= top_p) if rule == "published" else (lambda s: s < top_p)
+
+  def body(c):
+    lo, hi, n_in, it = c
+    lv, hv = _key_value(lo), _key_value(hi)
+    mid_v = _ordered_key(lv + (hv - lv) / 2)
+    mid_k = (lo >> 1) + (hi >> 1) + (lo & hi & 1)                    # floor((lo + hi) / 2)
+    mid = jnp.where((it < 48) & (mid_v > lo) & (mid_v < hi), mid_v, mid_k)
+    good = ok(base + jnp.sum(jnp.where(k > mid, p, 0.0)))
+    # Counts as float sums (exact below 2^24): XLA:CPU fuses them with the sum above; int64
+    # counts became two extra reduce-window passes over materialised [V] arrays.
+    n_lo = jnp.sum(jnp.where((k > lo) & (k < mid), 1.0, 0.0).astype(jnp.float32)).astype(n_in.dtype)
+    n_hi = jnp.sum(jnp.where((k > mid) & (k < hi), 1.0, 0.0).astype(jnp.float32)).astype(n_in.dtype)
+    go = n_in > stop
+    lo, hi = jnp.where(go & ~good, mid, lo), jnp.where(go & good, mid, hi)
+    return lo, hi, jnp.where(go, jnp.where(good, n_lo, n_hi), n_in), it + 1
+
+  return jax.lax.while_loop(lambda c: jnp.any(c[2] > stop), body, state)
 
 
 def sample_tokens(logits: jax.Array, keys: jax.Array, *, temperature: float = 1.0,
@@ -196,14 +218,31 @@ def draw_and_commit(tokens: jax.Array, logits: jax.Array, keys: jax.Array, commi
   return commit_tokens(tokens, commit, new), (logits if debug else None)
 
 
+CDF_BLOCK = 128   # inverse_cdf: tokens per block of the two-level CDF
+
+
 def inverse_cdf(x: jax.Array, u: jax.Array) -> jax.Array:
   """The token whose CDF interval holds ``u`` (float64 [...], in [0, 1)) under ``softmax(x)``
-  (float64 logits [..., V]): the count of CDF entries ``<= u * total``, so zero-probability
-  tokens (empty intervals) are never returned."""
-  w = jnp.exp(x - jnp.max(x, axis=-1, keepdims=True))
-  cdf = jnp.cumsum(w, axis=-1)
-  target = u[..., None] * cdf[..., -1:]
-  idx = jnp.sum(cdf <= target, axis=-1)
-  # u * total can round up to total when u is within 2^-53 of 1: stay on the last possible token.
-  last = x.shape[-1] - 1 - jnp.argmax((w > 0)[..., ::-1], axis=-1)
-  return jnp.minimum(idx, last).astype(jnp.int32)
+  (float64 logits [..., V]), zero-probability tokens (empty intervals) never returned.
+
+  Two-level CDF (XLA:CPU's cumsum over V costs ~7 passes): the CDF at token i of block b is
+  ``P[b] + cumsum(w in block b)[i]`` with ``P`` the exclusive cumsum of the `CDF_BLOCK`-token
+  block sums; the block is the first one whose end ``P[b + 1]`` exceeds ``u * P[-1]`` (so it holds
+  mass), the token the count of its CDF entries ``<= u * P[-1]``, kept on the block's last token
+  of positive mass."""
+  lead, v = x.shape[:-1], x.shape[-1]
+  nb = -(-v // CDF_BLOCK)
+  x = jnp.pad(x, [(0, 0)] * len(lead) + [(0, nb * CDF_BLOCK - v)], constant_values=-jnp.inf)
+  w = jnp.exp(x - jnp.max(x, axis=-1, keepdims=True)).reshape(*lead, nb, CDF_BLOCK)
+  mass = jnp.sum(w, axis=-1)
+  ends = jnp.cumsum(mass, axis=-1)                                   # P[1..nb]
+  target = u[..., None] * ends[..., -1:]
+  # u * total can round up to total when u is within 2^-53 of 1: stay on the last live block.
+  last_block = nb - 1 - jnp.argmax((mass > 0)[..., ::-1], axis=-1)
+  b = jnp.minimum(jnp.sum(ends <= target, axis=-1), last_block)
+  start = jnp.where(b > 0, jnp.take_along_axis(ends, jnp.maximum(b - 1, 0)[..., None], axis=-1)[
+      ..., 0], 0.0)
+  wb = jnp.take_along_axis(w, b[..., None, None], axis=-2)[..., 0, :]    # [..., CDF_BLOCK]
+  idx = jnp.sum(start[..., None] + jnp.cumsum(wb, axis=-1) <= target, axis=-1)
+  last = CDF_BLOCK - 1 - jnp.argmax((wb > 0)[..., ::-1], axis=-1)
+  return (b * CDF_BLOCK + jnp.minimum(idx, last)).astype(jnp.int32)
