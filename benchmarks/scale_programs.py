@@ -140,13 +140,11 @@ def sample_lower(cfg, mc, mesh, seq_len: int, batch: int, steps: int):
   prep = sampler_lib.prepare(mc, jax.random.key(0), s, batch=batch)
   plan = sampler_lib.plan([prep])[0]
   graphdef, params = _abstract_params(cfg, mc, mesh)
-  model = nnx.merge(graphdef, params)
-  args, kw = sampler_lib._jit_args(model, prep, plan, s, False)
+  args, kw = sampler_lib._jit_args(prep, plan, s, False)
   rep = sharding_lib.replicated(mesh)
-  order, tokens0, plen, keys = (
-      _batch_struct(mesh, np.shape(a), a.dtype) for a in args[2:6])
-  xs = tuple(jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=rep) for a in args[6])
-  abstract = (args[0], params, order, tokens0, plen, keys, xs)
+  order, tokens0, plen, keys = (_batch_struct(mesh, np.shape(a), a.dtype) for a in args[:4])
+  passes = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=rep), args[4])
+  abstract = (graphdef, params, order, tokens0, plen, keys, passes)
 
   def lower():
     with tokens_lib.exact_sampling(), _constraints(cfg, mesh):
