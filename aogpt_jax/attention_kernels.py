@@ -18,8 +18,6 @@ import math
 import jax
 import jax.numpy as jnp
 
-from aogpt_jax import layers
-
 NEG = float(jnp.finfo(jnp.float32).min)  # the XLA path's masked score
 
 
@@ -117,17 +115,16 @@ def splash_problems(seq_q: int, seq_k: int, head_dim: int) -> list[str]:
 
 
 def splash_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool,
-                     interpret: bool = False) -> jax.Array:
+                     interpret: bool = False, shards=None) -> jax.Array:
   """``q [B, S, N, H]``, ``k, v [B, C, N, H]`` -> ``[B, S, N, H]`` with the Pallas TPU splash
   kernel (causal or full attention), vmapped over the batch. The kernel does not scale the
-  scores, so the queries are scaled by 1/sqrt(H) first. Under activation constraints (a sharded
-  train step) it runs per shard in ``shard_map``, batch over the batch axes and heads over
-  ``tensor`` (XLA cannot partition a Pallas call); never run on a real TPU so far."""
-  placed = layers.activation_placement((layers.BATCH, None, layers.HEADS, None), q.shape)
-  if placed is None:
+  scores, so the queries are scaled by 1/sqrt(H) first. ``shards = (mesh, q spec, k/v spec)``
+  (`layers.attention` passes it under activation constraints, i.e. in a sharded step): the
+  kernel runs per shard in ``shard_map`` (XLA cannot partition a Pallas call), batch over the
+  batch axes and heads over ``tensor``. Never run on a real TPU so far."""
+  if shards is None:
     return _splash(q, k, v, causal=causal, interpret=interpret)
-  mesh, spec = placed
-  kv_spec = layers.activation_placement((layers.BATCH, None, layers.HEADS, None), k.shape)[1]
+  mesh, spec, kv_spec = shards
   return jax.shard_map(functools.partial(_splash, causal=causal, interpret=interpret),
                        mesh=mesh, in_specs=(spec, kv_spec, kv_spec), out_specs=spec,
                        check_vma=False)(q, k, v)

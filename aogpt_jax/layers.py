@@ -244,7 +244,12 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, *, mask: jax.Array | str
     from aogpt_jax.attention_kernels import splash_attention
     if not no_array:
       raise ValueError("splash attention takes no mask array")
-    return splash_attention(q, k, v, causal=mask is None, interpret=impl == "splash_interpret")
+    heads = (BATCH, None, HEADS, None)
+    placed = activation_placement(heads, q.shape)   # under a mesh: per shard, in shard_map
+    shards = None if placed is None else (
+        placed[0], placed[1], activation_placement(heads, k.shape)[1])
+    return splash_attention(q, k, v, causal=mask is None, interpret=impl == "splash_interpret",
+                            shards=shards)
   if impl == "blockwise":
     from aogpt_jax.attention_kernels import blockwise_attention
     return blockwise_attention(q, k, v, mask=mask, block=block)
