@@ -2,7 +2,7 @@
 
 `fused_mean_nll(x, w, b, targets, ...)` equals ``mean(logsumexp(l) - l[target])`` for
 ``l = x @ w + b`` (padding ids at -inf), with its gradients with respect to ``x``, ``w`` and ``b``;
-it runs over chunks of ``chunk`` tokens in a `lax.scan` and, in the same pass, computes what the
+it runs over chunks of about ``chunk`` tokens (a few positions of every row) in a `lax.scan` and, in the same pass, computes what the
 backward pass needs: for a chunk, ``dl = (softmax(l) - onehot(target)) / N``, then
 ``dx = dl @ w.T``, ``dw += x.T @ dl``, ``db += sum(dl)``. Only those (the size of ``x`` and of the
 weights) are kept for the backward pass, which scales them by the incoming cotangent: no
@@ -33,31 +33,35 @@ def _chunks(a: jax.Array, chunk: int) -> jax.Array:
 
 
 def _forward(x, w, b, targets, valid_vocab, chunk, dtype):
-  n, v = x.shape[0], w.shape[1]
+  """x [R, n, D], targets [R, n]: chunks of ``chunk`` positions of ALL R rows (positions-major:
+  the rows, split over the batch mesh axes, stay a separate dimension, so no device needs
+  another's rows)."""
+  r, n, v = x.shape[0], x.shape[1], w.shape[1]
   wd = w.astype(dtype)
   # padding ids: -inf in the bias, so no [c, V] select is needed
   bias = jnp.where(jnp.arange(v) < valid_vocab, b.astype(jnp.float32), -jnp.inf)
-  weight = _chunks(jnp.full((n,), 1.0 / n, jnp.float32), chunk)   # 0 on the padding tokens
+  weight = _chunks(jnp.full((n, r), 1.0 / (n * r), jnp.float32), chunk)  # 0 on padding positions
 
   def body(carry, xs):
     dw, db = carry
-    xc, tc, wc = xs
+    xc, tc, wc = xs                                  # [c, R, D], [c, R], [c, R]
     xd = xc.astype(dtype)
-    logits = jnp.dot(xd, wd, preferred_element_type=jnp.float32) + bias
+    logits = jnp.einsum("crd,dv->crv", xd, wd, preferred_element_type=jnp.float32) + bias
     lse = jax.nn.logsumexp(logits, axis=-1)
-    rows = jnp.arange(xc.shape[0])
-    nll = lse - logits[rows, tc]
-    dl = jnp.exp(logits - lse[:, None]).at[rows, tc].add(-1.0) * wc[:, None]
+    nll = lse - jnp.take_along_axis(logits, tc[..., None], axis=-1)[..., 0]
+    onehot = jnp.arange(v, dtype=tc.dtype) == tc[..., None]
+    dl = (jnp.exp(logits - lse[..., None]) - onehot) * wc[..., None]
     dld = dl.astype(dtype)
-    dx = jnp.dot(dld, wd.T, preferred_element_type=jnp.float32)
-    dw = dw + jnp.dot(xd.T, dld, preferred_element_type=jnp.float32)
-    return (dw, db + jnp.sum(dl, axis=0)), (nll, dx)
+    dx = jnp.einsum("crv,dv->crd", dld, wd, preferred_element_type=jnp.float32)
+    dw = dw + jnp.einsum("crd,crv->dv", xd, dld, preferred_element_type=jnp.float32)
+    return (dw, db + jnp.sum(dl, axis=(0, 1))), (nll, dx)
 
   zeros = (jnp.zeros(w.shape, jnp.float32), jnp.zeros((v,), jnp.float32))
-  (dw, db), (nll, dx) = jax.lax.scan(body, zeros, (_chunks(x, chunk), _chunks(targets, chunk),
-                                                   weight))
-  nll = nll.reshape(-1)[:n]
-  return jnp.sum(nll) / n, nll, (dx.reshape(-1, x.shape[1])[:n], dw, db)
+  xs = (_chunks(jnp.swapaxes(x, 0, 1), chunk), _chunks(targets.T, chunk), weight)
+  (dw, db), (nll, dx) = jax.lax.scan(body, zeros, xs)
+  nll = nll.reshape(-1, r)[:n].T                                       # [R, n]
+  dx = jnp.swapaxes(dx.reshape(-1, r, x.shape[2])[:n], 0, 1)           # [R, n, D]
+  return jnp.sum(nll) / (n * r), nll, (dx, dw, db)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
@@ -86,12 +90,15 @@ _mean_nll.defvjp(_mean_nll_fwd, _mean_nll_bwd)
 
 def fused_mean_nll(x: jax.Array, w: jax.Array, b: jax.Array | None, targets: jax.Array, *,
                    valid_vocab: int, chunk: int = 1024, dtype=jnp.float32):
-  """(mean NLL, per-token NLL without gradient) of ``x [..., D] @ w [D, V] + b [V]`` against
-  ``targets [...]``; ids >= ``valid_vocab`` are padding (probability 0)."""
+  """(mean NLL, per-token NLL without gradient) of ``x [..., n, D] @ w [D, V] + b [V]`` against
+  ``targets [..., n]``; ids >= ``valid_vocab`` are padding (probability 0). A chunk is
+  ``max(1, chunk // R)`` positions of all R rows (R: the product of the leading dims, e.g. the
+  batch), so about ``chunk`` tokens, and the rows are never merged with the positions."""
   shape = targets.shape
-  x2 = x.reshape(-1, x.shape[-1])
+  n = shape[-1] if len(shape) else 1
+  x3 = x.reshape(-1, n, x.shape[-1])
   b = jnp.zeros((w.shape[1],), w.dtype) if b is None else b
-  chunk = max(1, min(int(chunk), x2.shape[0]))
-  mean, nll = _mean_nll(x2, w, b, targets.reshape(-1).astype(jnp.int32), int(valid_vocab),
-                        chunk, jnp.dtype(dtype))
+  positions = max(1, min(int(chunk) // x3.shape[0], n))
+  mean, nll = _mean_nll(x3, w, b, targets.reshape(-1, n).astype(jnp.int32), int(valid_vocab),
+                        positions, jnp.dtype(dtype))
   return mean, jax.lax.stop_gradient(nll).reshape(shape)
