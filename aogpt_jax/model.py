@@ -75,8 +75,9 @@ class ModelConfig:
   dtype: str = "float32"             # compute dtype (bfloat16 on accelerators)
   param_dtype: str = "float32"
   remat: bool = False                # rematerialise each block in the backward pass
-  loss_chunk: int = 0                # > 0: training loss without [B, n, V] logits, this many
-                                     # tokens at a time (cross_entropy.py); 0: plain logits
+  loss_chunk: int = 0                # > 0: training loss without [B, n, V] logits, about this
+                                     # many tokens (positions x all rows) at a time
+                                     # (cross_entropy.py); 0: plain logits
 
   def __post_init__(self):
     self.validate()
