@@ -7,7 +7,8 @@
   holds at most ``[B, heads, block, n]`` fp32 at a time. Causal attention skips the key blocks
   past the diagonal. Same numbers as the XLA path up to fp32 summation order.
 * `splash`: TPU flash attention (Pallas splash attention, opt-in: ``model.attention_impl=splash``)
-  for causal or full attention without a mask array; ``interpret=True`` runs the same kernel through the Pallas interpreter (CPU tests).
+  for causal or full attention without a mask array, per shard under a mesh (``shard_map``);
+  ``interpret=True`` runs the same kernel through the Pallas interpreter (CPU tests).
 """
 
 from __future__ import annotations

@@ -2,9 +2,10 @@
 
 `fused_mean_nll(x, w, b, targets, ...)` equals ``mean(logsumexp(l) - l[target])`` for
 ``l = x @ w + b`` (padding ids at -inf), with its gradients with respect to ``x``, ``w`` and ``b``;
-it runs over chunks of about ``chunk`` tokens (a few positions of every row) in a `lax.scan` and, in the same pass, computes what the
-backward pass needs: for a chunk, ``dl = (softmax(l) - onehot(target)) / N``, then
-``dx = dl @ w.T``, ``dw += x.T @ dl``, ``db += sum(dl)``. Only those (the size of ``x`` and of the
+it runs over chunks of about ``chunk`` tokens (a few positions of every row) in a `lax.scan` and,
+in the same pass, computes what the backward pass needs: for a chunk,
+``dl = (softmax(l) - onehot(target)) / N``, then ``dx = dl @ w.T``, ``dw += x.T @ dl``,
+``db += sum(dl)``. Only those (the size of ``x`` and of the
 weights) are kept for the backward pass, which scales them by the incoming cotangent: no
 [N, V] tensor outlives its chunk (the plain path keeps N x V fp32 logits and their softmax, 5 GiB
 for AO-GPT Small at 8 x 1024 tokens), and on CPU the step is faster too (README, measured results).
