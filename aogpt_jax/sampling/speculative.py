@@ -104,7 +104,6 @@ def _round(model, order, tok_keys, filt, carry, *, K: int, kmax: int, cache_len:
   batch, n = order.shape
   uni = _round_uniforms(tok_keys, c, kmax)
   E = K - 1
-  rows = jnp.arange(batch)[:, None]
   kk = jnp.arange(cache_len, dtype=jnp.int32)[None, None, :]
   i = jnp.arange(K, dtype=jnp.int32)[None, :]
   t = jnp.arange(1, K, dtype=jnp.int32)[None, None, :]
@@ -160,7 +159,7 @@ def _round(model, order, tok_keys, filt, carry, *, K: int, kmax: int, cache_len:
     h_sel = jnp.take_along_axis(h_x, jnp.minimum(a, K - 1)[:, None, None, None], axis=1)[:, 0]
     sel = filt(model.head(h_sel, epos))
     e = tokens_lib.inverse_cdf(sel, uni[:, 0, :E])
-    tokens = tokens.at[rows, jnp.where(evalid, epos, n)].set(e, mode="drop")
+    tokens = tokens_lib.commit_tokens(tokens, jnp.where(evalid, epos, n), e)
     m_new = jnp.sum(evalid, axis=1).astype(jnp.int32)
     logq_new = jnp.pad(sel, [(0, 0), (0, logq.shape[1] - E), (0, 0)])
     logq = jnp.where(live[:, None, None], logq_new, logq)
