@@ -43,7 +43,6 @@ def _forward(x, w, b, targets, valid_vocab, chunk, dtype):
   bias = jnp.where(jnp.arange(v) < valid_vocab, b.astype(jnp.float32), -jnp.inf)
   weight = _chunks(jnp.full((n, r), 1.0 / (n * r), jnp.float32), chunk)  # 0 on padding positions
 
-  wt = wd.T                                        # [V, D]: dx contracts over V in rows
   ones = jnp.ones((1, chunk * r), jnp.float32)     # db as a dot: XLA:CPU's reduce was ~40x slower
 
   def body(carry, xs):
@@ -59,7 +58,7 @@ def _forward(x, w, b, targets, valid_vocab, chunk, dtype):
     onehot = jnp.arange(v, dtype=tc.dtype) == tc[..., None]
     dl = (e * (1.0 / total) - onehot) * wc[..., None]
     dld = dl.astype(dtype)
-    dx = jnp.einsum("crv,vd->crd", dld, wt, preferred_element_type=jnp.float32)
+    dx = jnp.einsum("crv,dv->crd", dld, wd, preferred_element_type=jnp.float32)
     dw = dw + jnp.einsum("crd,crv->dv", xd, dld, preferred_element_type=jnp.float32)
     db = db + jnp.dot(ones, dl.reshape(-1, v))[0]
     return (dw, db), (nll, dx)
