@@ -16,26 +16,36 @@ Top-level keys::
     optimizer.*   AdamW, warmup + cosine schedule, clipping, EMA
     mesh.*        (data, fsdp, tensor) sizes, -1 = all remaining devices; rules: logical -> mesh
     data.*        source, tokenizer, cache_dir
-    eval.*        held-out evaluation during training
+    eval.*        evaluation: held-out eval during training and --mode=eval
+                  (aogpt_jax/evaluation/settings.py, eval_config)
+    sample.*      --mode=sample (aogpt_jax/sampler.py, sample_config)
+    genppl.*      --mode=genppl
     checkpoint.*  retention and async saving
     distributed.* jax.distributed.initialize() options (multi-host)
+
+The ``eval`` and ``sample`` groups are registered by the modules that own them
+(`aogpt_jax.config_groups`), so this module imports no sampler or evaluation code. A config
+written before ``evaluate.*`` merged into ``eval.*`` is read with `upgrade` (WORKDIR/config.json,
+checkpoint metadata); an old key on the command line or in a config file fails naming its new
+name (`renamed`).
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
-from typing import Any
+import logging
+from typing import Any, Mapping
 
 import jax
 from ml_collections import config_dict
 
+from aogpt_jax import config_groups
 from aogpt_jax import model as model_lib
 from aogpt_jax import objectives as objectives_lib
 from aogpt_jax import orders as orders_lib
-from aogpt_jax import sampler as sampler_lib
 from aogpt_jax.data import config as data_config
-from aogpt_jax.evaluation import settings as eval_settings
 
 MESH_AXES = ("data", "fsdp", "tensor")
 LOGICAL_AXES = ("vocab", "embed", "qkv", "heads", "mlp", "cond", "mod", "norm", "head_dim")
@@ -58,7 +68,7 @@ def default_config() -> config_dict.ConfigDict:
   c.seq_len = 256
   c.objective = "ao"            # ao: any-order AR (AO-GPT / sigma-GPT / GPT) | mdm: encoder-only
                                 # masked diffusion baseline (aogpt_jax/mdm.py; order.* unused);
-                                # aogpt_jax/objectives.py. sample.method and evaluate.model_kind
+                                # aogpt_jax/objectives.py. sample.method and eval.model_kind
                                 # follow from it when left "" (follow_objective)
   c.log_every = 10
   c.eval_every = 250            # 0 = only at the end
@@ -92,16 +102,8 @@ def default_config() -> config_dict.ConfigDict:
 
   c.data = data_config.default_config()   # fields: aogpt_jax/data/config.py
 
-  c.eval = config_dict.ConfigDict(dict(
-      split="validation",
-      batch_size=0,          # global; 0 = batch_size
-      max_blocks=256,        # score at most this many held-out blocks (0 = the whole split)
-      seed=0,                # fixed seed of the any-order (uniform) evaluation orders
-  ))
-
-  c.evaluate = evaluate_group()             # --mode=eval
-  c.sample = sampler_lib.sample_config()    # --mode=sample
-  c.sample.method = ""                      # "" = the objective's (diffusion | encoder)
+  for name, group in config_groups.groups().items():   # eval.*, sample.*: their owners' defaults
+    c[name] = group
   c.genppl = genppl_group()                 # --mode=genppl (samples from the sample group)
 
   c.checkpoint = config_dict.ConfigDict(dict(
@@ -116,27 +118,6 @@ def default_config() -> config_dict.ConfigDict:
       num_processes=0,       # 0 = auto-detect
       process_id=-1,         # -1 = auto-detect
   ))
-  return c
-
-
-def evaluate_group() -> config_dict.ConfigDict:
-  """``evaluate.*`` (``--mode=eval``): what to score, with which weights, and every
-  `evaluate.EvalSettings` field."""
-  c = config_dict.ConfigDict(dict(
-      datasets="heldout",   # comma-separated: heldout (= data.source's eval.split) | wikitext2 |
-                            # wikitext103 | ptb | lambada | lm1b | any source:split
-      which="ema",          # ema | params
-      name="zero_shot",     # output file stem under WORKDIR/eval/
-      batch_size=0,         # global; 0 = batch_size
-      max_blocks=0,         # > 0: only the first blocks of each dataset (smoke tests)
-  ))
-  for f in dataclasses.fields(eval_settings.EvalSettings):
-    if f.name != "order_kwargs":
-      c[f.name] = f.default
-  # JSON, e.g. '{"seed": 3}'; "" = the run's order.kwargs when evaluate.order is the run's
-  # order.name (a fixed_random / blockwise run is scored under its own order), else none.
-  c.order_kwargs = ""
-  c.model_kind = ""     # "" = the objective's (aogpt | encoder)
   return c
 
 
@@ -170,6 +151,8 @@ def check_keys(cfg, schema=None, prefix: str = "") -> None:
     if name == "order.kwargs":
       continue
     if key not in schema:
+      if (new := renamed(name)) is not None:
+        _fail(name, f"renamed {new} (the evaluate.* group merged into eval.*)")
       known = ", ".join(sorted(prefix + k for k in schema.keys()))
       _fail(name, f"unknown config key; known keys here: {known}")
     if isinstance(schema[key], config_dict.ConfigDict):
@@ -187,7 +170,7 @@ def _positive(cfg, *keys: str, allow_zero: bool = False) -> None:
       _fail(key, f"must be an integer >= {0 if allow_zero else 1}, got {v!r}")
 
 
-FOLLOWERS = ("sample.method", "evaluate.model_kind")   # keys that follow ``objective``
+FOLLOWERS = ("sample.method", "eval.model_kind")   # keys that follow ``objective``
 
 
 def objective_value(cfg, key: str) -> str:
@@ -216,6 +199,10 @@ def follow_objective(cfg) -> None:
             f"it \"\" to follow the objective)")
     group, name = key.split(".")
     cfg[group][name] = value
+  if cfg.eval.ensemble_max_m and not obj.ensembles:
+    _fail("eval.ensemble_max_m", f"{cfg.eval.ensemble_max_m}: context-order ensembles (Eq. 4) "
+          f"need a model whose prediction depends on the order of its context; "
+          f"objective={obj.name!r} trains {obj.description}; set it to 0")
 
 
 def rules(cfg) -> dict[str, tuple[str, ...]]:
@@ -268,7 +255,7 @@ def resolve(cfg) -> model_lib.ModelConfig:
   check_keys(cfg)
   _positive(cfg, "total_steps", "batch_size", "microbatches", "seq_len", "log_every")
   _positive(cfg, "eval_every", "checkpoint_every", "checkpoint.keep", "checkpoint.keep_every",
-            "eval.batch_size", "eval.max_blocks", allow_zero=True)
+            "eval.batch_size", "eval.train_max_blocks", "eval.max_blocks", allow_zero=True)
   if not isinstance(cfg.seed, int):
     _fail("seed", f"must be an integer, got {cfg.seed!r}")
   if cfg.batch_size % cfg.microbatches:
@@ -340,4 +327,36 @@ def resolved_dict(cfg, mc: model_lib.ModelConfig) -> dict[str, Any]:
   """The config as plain data with every ``model.*`` field filled in (WORKDIR/config.json)."""
   d = json.loads(cfg.to_json())
   d["model"] = {"preset": cfg.model.preset, **mc.to_dict()}
+  return d
+
+
+# ----------------------------------------------------------------------------- old configs
+
+
+def renamed(key: str) -> str | None:
+  """The current name of ``key`` if it is a key from before ``evaluate.*`` merged into ``eval.*``
+  (``evaluate`` -> ``eval``, ``evaluate.X`` -> ``eval.X``), else None."""
+  group, dot, rest = key.partition(".")
+  return f"eval{dot}{rest}" if group == "evaluate" else None
+
+
+def upgrade(d: Mapping[str, Any], where: str = "config") -> dict[str, Any]:
+  """A config as plain data (WORKDIR/config.json, a checkpoint's metadata) in today's keys.
+
+  Written before the ``evaluate`` group merged into ``eval`` (it has an ``evaluate`` group):
+  ``evaluate.X`` -> ``eval.X``, and the old training-time ``eval.max_blocks`` ->
+  ``eval.train_max_blocks``; the old ``eval.split`` / ``batch_size`` / ``seed`` (the training
+  run's) are kept over ``evaluate.batch_size`` / ``seed``. Logs one line saying so. Any other
+  config is returned as a copy, unchanged."""
+  d = copy.deepcopy(dict(d))
+  if "evaluate" not in d:
+    return d
+  old_eval, new = dict(d.get("eval") or {}), dict(d.pop("evaluate") or {})
+  if "max_blocks" in old_eval:
+    new["train_max_blocks"] = old_eval.pop("max_blocks")
+  new.update(old_eval)
+  d["eval"] = new
+  logging.warning("%s: written before evaluate.* merged into eval.*; read with evaluate.X as "
+                  "eval.X and eval.max_blocks as eval.train_max_blocks (eval.batch_size / "
+                  "eval.seed: the training run's values)", where)
   return d

@@ -85,7 +85,7 @@ def _verbose(argv) -> bool:
 
 def parse_flags(argv):
   """absl's flag parsing, with a one-line error (no traceback unless --verbose) for a missing
-  config file, a misspelt ``--config.KEY`` or a bad ``:arg``."""
+  config file, a misspelt or renamed ``--config.KEY`` or a bad ``:arg``."""
   for i, a in enumerate(argv[1:], 1):
     value = (a.split("=", 1)[1] if a.startswith("--config=") else
              argv[i + 1] if a == "--config" and i + 1 < len(argv) else None)
@@ -93,6 +93,10 @@ def parse_flags(argv):
       path = value.split(":", 1)[0]
       if not os.path.isfile(path):
         sys.exit(f"aogpt_jax: config error: --config: no such file: {path}")
+    key = a.split("=", 1)[0].removeprefix("--config.") if a.startswith("--config.") else ""
+    if key and (new := config_lib.renamed(key)) is not None:
+      sys.exit(f"aogpt_jax: config error: --config.{key}: renamed --config.{new} (the evaluate.* "
+               f"group merged into eval.*)")
   try:
     return flags.FLAGS(argv)
   except Exception as e:  # noqa: BLE001 - any parse failure is bad input
@@ -112,7 +116,10 @@ def main(argv) -> None:
   except Exception as e:  # noqa: BLE001 - the config file failed to load
     if _VERBOSE.value:
       raise
-    raise SystemExit(f"aogpt_jax: config error: --config: {one_line(_root(e))}") from None
+    msg = one_line(_root(e))
+    if "'evaluate'" in msg:       # a config file written before evaluate.* merged into eval.*
+      msg += " (the evaluate.* group is now eval.*: cfg.evaluate.X -> cfg.eval.X)"
+    raise SystemExit(f"aogpt_jax: config error: --config: {msg}") from None
   if cfg is None:
     raise app.UsageError("--config is required")
   if not _WORKDIR.value:

@@ -3,10 +3,10 @@
 
 Each takes ``(config, workdir)``, like `train_loop.train`, and reads its own config group:
 
-* ``--mode=eval``: loads WORKDIR's newest checkpoint (``evaluate.which``: EMA by default) and
-  scores ``evaluate.datasets`` (``heldout`` = the training source's ``eval.split``; the zero-shot
+* ``--mode=eval``: loads WORKDIR's newest checkpoint (``eval.which``: EMA by default) and
+  scores ``eval.datasets`` (``heldout`` = the training source's ``eval.split``; the zero-shot
   names wikitext2 / wikitext103 / ptb / lambada / lm1b; or any ``source:split``), writing
-  WORKDIR/eval/<evaluate.name>.json and .md.
+  WORKDIR/eval/<eval.name>.json and .md.
 * ``--mode=sample``: loads the checkpoint (``sample.which``) and writes WORKDIR/samples/.
 * ``--mode=genppl``: samples over the ``genppl`` grid with the ``sample`` settings, scores the
   samples with the GPT-2 ``genppl.scorer`` and writes WORKDIR/eval/<genppl.name>.json and .md.
@@ -40,7 +40,7 @@ def _split_of(name: str, cfg) -> str:
 
 def _check_run(cfg, workdir: str, key: str) -> None:
   """The tokenizer and objective asked for must be the run's (from WORKDIR/config.json); ``key``
-  is the mode's setting that picks the model kind (sample.method or evaluate.model_kind)."""
+  is the mode's setting that picks the model kind (sample.method or eval.model_kind)."""
   path = os.path.join(workdir, "config.json")
   if not os.path.exists(path):
     return                        # load_model reports the missing run
@@ -60,18 +60,18 @@ def _check_run(cfg, workdir: str, key: str) -> None:
 
 
 def eval_order_kwargs(cfg) -> dict:
-  """``evaluate.order_kwargs`` (JSON); empty: the run's ``order.kwargs`` if ``evaluate.order`` is
-  the run's own order distribution, else no options."""
-  raw = str(cfg.evaluate.order_kwargs or "").strip()
+  """``eval.order_kwargs`` (JSON); empty: the run's ``order.kwargs`` if ``eval.order`` is the
+  run's own order distribution, else no options."""
+  raw = str(cfg.eval.order_kwargs or "").strip()
   if not raw:
-    return config_lib.order_kwargs(cfg) if cfg.evaluate.order == cfg.order.name else {}
+    return config_lib.order_kwargs(cfg) if cfg.eval.order == cfg.order.name else {}
   try:
     kw = json.loads(raw)
   except json.JSONDecodeError as err:
-    raise ConfigError(f"evaluate.order_kwargs: not JSON ({err.msg}): {raw!r}; e.g. "
+    raise ConfigError(f"eval.order_kwargs: not JSON ({err.msg}): {raw!r}; e.g. "
                       f"'{{\"seed\": 3}}'") from None
   if not isinstance(kw, dict):
-    raise ConfigError(f"evaluate.order_kwargs: expected a JSON object, got {raw!r}")
+    raise ConfigError(f"eval.order_kwargs: expected a JSON object, got {raw!r}")
   return kw
 
 
@@ -88,21 +88,21 @@ def _from_spec(cfg, spec: str, which: str):
 
 
 def eval_mode(cfg, workdir: str, checkpoint: str = "") -> dict:
-  e = cfg.evaluate
+  e = cfg.eval
   try:
     settings = evaluate.EvalSettings.from_dict(
         {k: e[k] for k in EVAL_SETTINGS} | {"order_kwargs": eval_order_kwargs(cfg),
-        "model_kind": config_lib.objective_value(cfg, "evaluate.model_kind")})
+        "model_kind": config_lib.objective_value(cfg, "eval.model_kind")})
   except ValueError as err:
-    raise ConfigError(f"evaluate: {err}") from None
+    raise ConfigError(str(err) if str(err).startswith("eval") else f"eval: {err}") from None
   if not checkpoint:
-    _check_run(cfg, workdir, "evaluate.model_kind")
+    _check_run(cfg, workdir, "eval.model_kind")
   config_lib.follow_objective(cfg)
   checkpoint_lib.check_writable(os.path.join(workdir, "eval"), "--workdir")
   batch = int(e.batch_size) or int(cfg.batch_size)
   names = [n.strip() for n in str(e.datasets).split(",") if n.strip()]
   if not names:
-    raise ConfigError("evaluate.datasets: empty")
+    raise ConfigError("eval.datasets: empty")
 
   def batches(split):
     return lambda: data.eval_batches(

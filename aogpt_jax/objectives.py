@@ -5,8 +5,9 @@ how its held-out loss is measured and reported, and which sampler and evaluator 
     mdm  the encoder-only masked diffusion baseline: the ELBO of Eq. 1 (mdm.py)
 
 The trainer (train.py, train_loop.py) calls `get(cfg.objective)` and never tests the name; the
-keys ``sample.method`` and ``evaluate.model_kind`` follow from the objective unless a run sets
-them (`config.follow_objective` fills them in and refuses a value that does not fit).
+keys ``sample.method`` and ``eval.model_kind`` follow from the objective unless a run sets
+them, and ``eval.ensemble_max_m`` must be 0 for an objective without ensembles
+(`config.follow_objective` fills them in and refuses a value that does not fit).
 """
 
 from __future__ import annotations
@@ -36,8 +37,9 @@ class Objective:
       (``tokens``: the number of scored tokens);
   report(sums, orders) -> the ``eval/...`` scalars from the summed `heldout` outputs;
   model_config(ModelConfig) -> the config of the model it trains;
-  sample_methods / model_kinds: the ``sample.method`` / ``evaluate.model_kind`` values that fit
-      its model, the first of each being the default.
+  sample_methods / model_kinds: the ``sample.method`` / ``eval.model_kind`` values that fit
+      its model, the first of each being the default;
+  ensembles: whether context-order ensembles (``eval.ensemble_max_m`` > 0, Eq. 4) apply.
   """
   name: str
   description: str          # what a run with this objective trains, for messages
@@ -47,10 +49,11 @@ class Objective:
   model_config: Callable
   sample_methods: tuple[str, ...]
   model_kinds: tuple[str, ...]
+  ensembles: bool
 
   def follows(self, key: str) -> tuple[str, ...]:
-    """The values of ``key`` (``sample.method`` or ``evaluate.model_kind``) that fit."""
-    return {"sample.method": self.sample_methods, "evaluate.model_kind": self.model_kinds}[key]
+    """The values of ``key`` (``sample.method`` or ``eval.model_kind``) that fit."""
+    return {"sample.method": self.sample_methods, "eval.model_kind": self.model_kinds}[key]
 
 
 # ----------------------------------------------------------------------------- ao
@@ -112,10 +115,10 @@ REGISTRY: dict[str, Objective] = {
     "ao": Objective("ao", "an AO-GPT (objective=ao)", _ao_loss, _ao_heldout, _ao_report,
                     model_config=lambda mc: mc,
                     sample_methods=("diffusion", "ar", "uncached", "speculative"),
-                    model_kinds=("aogpt",)),
+                    model_kinds=("aogpt",), ensembles=True),
     "mdm": Objective("mdm", "an encoder (objective=mdm)", _mdm_loss, _mdm_heldout, _mdm_report,
                      model_config=mdm_lib.encoder_config, sample_methods=("encoder",),
-                     model_kinds=("encoder",)),
+                     model_kinds=("encoder",), ensembles=False),
 }
 NAMES = tuple(REGISTRY)
 

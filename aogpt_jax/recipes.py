@@ -29,6 +29,8 @@ AO_GPT_ORDER = ("mixture", {"p_l2r": 0.1})
 
 def set_path(cfg: config_dict.ConfigDict, path: str, value: Any) -> None:
   """``set_path(cfg, "optimizer.lr", 1e-3)``; dict values become ConfigDicts."""
+  if (new := config_lib.renamed(path)) is not None:
+    raise KeyError(f"{path}: renamed {new} (the evaluate.* group merged into eval.*)")
   *parents, leaf = path.split(".")
   node = cfg
   for p in parents:
@@ -57,7 +59,7 @@ def paper(size: str = "small", *, target: str = "adaln",
       "optimizer.lr": PAPER_LR[size], "optimizer.warmup_steps": 2000,
       "optimizer.decay_steps": 0, "optimizer.min_lr_ratio": PUBLISHED_MIN_LR / PAPER_LR[size],
       "optimizer.weight_decay": 0.05, "optimizer.grad_clip": 1.0, "optimizer.ema_decay": 0.9999,
-      "eval.batch_size": 128, "eval.max_blocks": 1024,
+      "eval.batch_size": 128, "eval.train_max_blocks": 1024,
       "checkpoint.keep": 3, "checkpoint.keep_every": 50_000,
   })
   return c
@@ -77,8 +79,8 @@ def mdm(size: str = "small") -> config_dict.ConfigDict:
   """The encoder-only masked diffusion baseline at a paper size: the same blocks, data and recipe
   as AO-GPT, trained on the masked-diffusion ELBO; sampled and evaluated as an encoder."""
   return apply(paper(size, target="none"), {
-      # sample.method and evaluate.model_kind follow the objective (config.follow_objective)
-      "objective": "mdm", "evaluate.ensemble_max_m": 0,
+      # sample.method and eval.model_kind follow the objective (config.follow_objective)
+      "objective": "mdm",
   })
 
 
@@ -100,8 +102,8 @@ def tiny(cfg: config_dict.ConfigDict) -> config_dict.ConfigDict:
       "seq_len": 128, "batch_size": 16, "microbatches": 1,
       "total_steps": 300, "log_every": 10, "eval_every": 100, "checkpoint_every": 100,
       "optimizer.lr": 2e-3, "optimizer.warmup_steps": 30, "optimizer.decay_steps": 0,
-      "eval.batch_size": 32, "eval.max_blocks": 128,
-      "evaluate.max_blocks": 256,   # --mode=eval: minutes on 2 cores (0 = the whole split)
+      "eval.batch_size": 32, "eval.train_max_blocks": 128,
+      "eval.max_blocks": 256,   # --mode=eval: minutes on 2 cores (0 = the whole split)
       "checkpoint.keep": 2, "checkpoint.keep_every": 0,
   })
 

@@ -47,6 +47,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from aogpt_jax import config_groups
 from aogpt_jax import mdm
 from aogpt_jax import metrics as metrics_lib
 from aogpt_jax import model_jit
@@ -325,6 +326,17 @@ def sample_config() -> ml_collections.ConfigDict:
       which="ema",                 # weights to load: ema | params
       name="",                     # output file stem ("" -> derived from the settings)
   ))
+
+
+def _run_sample_group() -> ml_collections.ConfigDict:
+  """The ``sample`` group of a run's config: `sample_config` with ``method`` "" (= the
+  objective's: diffusion | encoder; config.follow_objective)."""
+  c = sample_config()
+  c.method = ""
+  return c
+
+
+config_groups.register("sample", _run_sample_group)
 
 
 def settings_from_config(c: ml_collections.ConfigDict, cfg: ModelConfig) -> SampleSettings:

@@ -165,7 +165,7 @@ def evaluate(trainer: train_lib.Trainer, params, cfg) -> dict[str, float]:
   batches = data_lib.eval_batches(
       cfg.data, split=cfg.eval.split, seq_len=cfg.seq_len, global_batch_size=bs,
       process_index=jax.process_index(), process_count=jax.process_count(),
-      max_blocks=cfg.eval.max_blocks)
+      max_blocks=cfg.eval.train_max_blocks)
   sums: dict[str, float] = {}
   key = jax.random.PRNGKey(cfg.eval.seed)
   for i, local in enumerate(batches):

@@ -32,6 +32,7 @@ import numpy as np
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from aogpt_jax import config as config_lib  # noqa: E402
 from aogpt_jax import data as data_lib  # noqa: E402
 from ml_collections import config_dict  # noqa: E402
 
@@ -53,7 +54,8 @@ def unigram(cfg) -> dict[str, float]:
   nz = p[p > 0]
   blocks = np.concatenate([b["tokens"][b["weight"] > 0] for b in data_lib.eval_batches(
       cfg.data, split=cfg.eval.split, seq_len=cfg.seq_len,
-      global_batch_size=cfg.eval.batch_size or cfg.batch_size, max_blocks=cfg.eval.max_blocks)])
+      global_batch_size=cfg.eval.batch_size or cfg.batch_size,
+      max_blocks=cfg.eval.train_max_blocks)])
   held = blocks.reshape(-1)
   with np.errstate(divide="ignore"):
     cross = float(-np.mean(np.log(p[held])))
@@ -79,7 +81,8 @@ def main() -> None:
     lines = [json.loads(x) for x in
              (pathlib.Path(workdir) / "metrics.jsonl").read_text().splitlines()]
     # The run's own resolved config (overrides included) says what was scored.
-    cfg = config_dict.ConfigDict(json.loads((pathlib.Path(workdir) / "config.json").read_text()))
+    cfg = config_dict.ConfigDict(config_lib.upgrade(json.loads(
+        (pathlib.Path(workdir) / "config.json").read_text())))
   evals = [x for x in lines if "eval/loss_l2r" in x]
   train = [x for x in lines if "train/tokens_per_sec" in x]
   result = {

@@ -217,15 +217,15 @@ def test_sigma_gpt_config_is_the_published_sigma_gpt_field_by_field():
 def test_eval_mode_takes_the_order_options():
   from aogpt_jax import evaluate as evaluate_lib, modes
   cfg = _load("configs/experiments/fig3a_orders.py", "blockwise,tiny")
-  cfg.evaluate.order = "blockwise"           # the run's own order: its kwargs by default
+  cfg.eval.order = "blockwise"           # the run's own order: its kwargs by default
   assert modes.eval_order_kwargs(cfg) == {"block": 16, "seed": 0}
-  cfg.evaluate.order_kwargs = '{"block": 4}'
+  cfg.eval.order_kwargs = '{"block": 4}'
   assert modes.eval_order_kwargs(cfg) == {"block": 4}
-  cfg.evaluate.order = "uniform"
-  cfg.evaluate.order_kwargs = ""
+  cfg.eval.order = "uniform"
+  cfg.eval.order_kwargs = ""
   assert modes.eval_order_kwargs(cfg) == {}
-  cfg.evaluate.order_kwargs = "{block: 4"
-  with pytest.raises(ConfigError, match="evaluate.order_kwargs: not JSON"):
+  cfg.eval.order_kwargs = "{block: 4"
+  with pytest.raises(ConfigError, match="eval.order_kwargs: not JSON"):
     modes.eval_order_kwargs(cfg)
   with pytest.raises(ValueError, match="eval.order / eval.order_kwargs"):
     evaluate_lib.EvalSettings(order="fixed_random", order_kwargs={"block": 4})
@@ -257,22 +257,22 @@ def test_temperatures_that_cannot_be_sampled_are_refused(temperature):
 def test_quickstart_eval_is_bounded_by_default():
   """README's `--mode=eval` on the quickstart must finish in minutes (issue 16): not the whole
   5,610-block held-out split."""
-  assert 0 < recipes.quickstart().evaluate.max_blocks <= 256
+  assert 0 < recipes.quickstart().eval.max_blocks <= 256
 
 
 def test_sample_method_and_model_kind_follow_the_objective(tmp_path):
-  """Left "", sample.method and evaluate.model_kind take the objective's value; a run that
+  """Left "", sample.method and eval.model_kind take the objective's value; a run that
   sets one the objective's model cannot use is refused in one line naming the key."""
   for objective, method, kind in (("ao", "diffusion", "aogpt"), ("mdm", "encoder", "encoder")):
-    cfg = tiny_config(tmp_path, objective=objective, evaluate__ensemble_max_m=0)
+    cfg = tiny_config(tmp_path, objective=objective, eval__ensemble_max_m=0)
     config_lib.resolve(cfg)
-    assert (cfg.sample.method, cfg.evaluate.model_kind) == (method, kind)
+    assert (cfg.sample.method, cfg.eval.model_kind) == (method, kind)
   cfg = tiny_config(tmp_path, objective="mdm", sample__method="diffusion")
   with pytest.raises(config_lib.ConfigError,
                      match=r"^sample\.method: 'diffusion' does not fit objective='mdm'"):
     config_lib.resolve(cfg)
-  cfg = tiny_config(tmp_path, evaluate__model_kind="encoder")
-  with pytest.raises(config_lib.ConfigError, match=r"^evaluate\.model_kind: 'encoder' does not"):
+  cfg = tiny_config(tmp_path, eval__model_kind="encoder")
+  with pytest.raises(config_lib.ConfigError, match=r"^eval\.model_kind: 'encoder' does not"):
     config_lib.resolve(cfg)
   with pytest.raises(config_lib.ConfigError, match=r"^objective: must be one of"):
     config_lib.resolve(tiny_config(tmp_path, objective="bert"))

@@ -234,13 +234,13 @@ def test_read_only_workdir_in_sample_mode_is_one_line(cache_dir, trained, tmp_pa
     modes.sample_mode(tiny_config(cache_dir), str(work))
 
 
-def test_eval_on_a_run_of_the_other_objective_names_evaluate_model_kind(cache_dir, trained,
+def test_eval_on_a_run_of_the_other_objective_names_eval_model_kind(cache_dir, trained,
                                                                         tmp_path):
   work = _copy(trained, tmp_path)
   run = json.loads((work / "config.json").read_text())
   run["objective"] = "mdm"
   (work / "config.json").write_text(json.dumps(run))
-  with pytest.raises(config_lib.ConfigError, match=r"^evaluate\.model_kind: .*encoder"):
+  with pytest.raises(config_lib.ConfigError, match=r"^eval\.model_kind: .*encoder"):
     modes.eval_mode(tiny_config(cache_dir), str(work))
   with pytest.raises(config_lib.ConfigError, match=r"^sample\.method: .*encoder"):
     modes.sample_mode(tiny_config(cache_dir), str(work))

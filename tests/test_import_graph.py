@@ -1,6 +1,7 @@
 """The package's import graph has no cycle (function-level imports and parent packages
-included), and the modules that used to form one (config -> evaluate -> checkpoint -> config)
-import on their own in a fresh interpreter."""
+included, and the config groups' registry's imports of their owners), config.py reaches no
+sampler or evaluation code, and the modules that used to form a cycle (config -> evaluate ->
+checkpoint -> config) import on their own in a fresh interpreter."""
 
 import ast
 import os
@@ -67,6 +68,31 @@ def test_import_graph_has_no_cycle():
   assert cycle is None, "import cycle: " + " -> ".join(cycle)
 
 
+def reachable(graph: dict[str, set[str]], start: str) -> set[str]:
+  seen, todo = set(), [start]
+  while todo:
+    for v in graph[todo.pop()] - seen:
+      seen.add(v)
+      todo.append(v)
+  return seen
+
+
+def test_config_reaches_no_sampler_or_evaluation_and_owners_close_no_cycle():
+  from aogpt_jax import config_groups  # pylint: disable=g-import-not-at-top  (no jax)
+  graph = import_graph()
+  owned = ("aogpt_jax.sampl", "aogpt_jax.evaluat")     # sampler, sampling.*, evaluate, evaluation.*
+  assert not sorted(m for m in reachable(graph, "aogpt_jax.config") if m.startswith(owned))
+  assert graph["aogpt_jax.config_groups"] == set()     # the registry imports no package module
+  assert "aogpt_jax.config_groups" in reachable(graph, "aogpt_jax.config")
+  # default_config() has groups() import the owners (which import the registry to register):
+  # with those edges from config added, there is still no cycle through config.
+  for owner in config_groups.OWNERS.values():
+    assert "aogpt_jax.config_groups" in graph[owner], owner
+    graph["aogpt_jax.config"].add(owner)
+  cycle = find_cycle(graph)
+  assert cycle is None, "import cycle through the config groups: " + " -> ".join(cycle)
+
+
 def test_find_cycle_finds_one():
   assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
   assert find_cycle({"a": {"b"}, "b": set()}) is None
@@ -74,9 +100,18 @@ def test_find_cycle_finds_one():
 
 def test_former_cycle_modules_import_alone():
   env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT))
-  procs = {m: subprocess.Popen([sys.executable, "-c", f"import {m}"], env=env, cwd=ROOT,
+  scripts = {m: f"import {m}" for m in ("aogpt_jax.config", "aogpt_jax.evaluate",
+                                        "aogpt_jax.checkpoint")}
+  # config alone loads no sampler / evaluation module until a config is built, which then has
+  # the groups their owners register.
+  scripts["config, then default_config()"] = (
+      "import sys; from aogpt_jax import config as c\n"
+      "owned = [m for m in sys.modules if m.startswith(('aogpt_jax.sampl', 'aogpt_jax.evaluat'))]\n"
+      "assert not owned, owned\n"
+      "d = c.default_config(); assert d.sample.method == '' and d.eval.max_blocks == 0, d")
+  procs = {m: subprocess.Popen([sys.executable, "-c", code], env=env, cwd=ROOT,
                                stderr=subprocess.PIPE, text=True)
-           for m in ("aogpt_jax.config", "aogpt_jax.evaluate", "aogpt_jax.checkpoint")}
+           for m, code in scripts.items()}
   for m, p in procs.items():
     _, err = p.communicate(timeout=300)
     assert p.returncode == 0, f"import {m} in a fresh interpreter failed:\n{err[-2000:]}"

@@ -23,8 +23,8 @@ def trained(tmp_path_factory):
 def test_eval_mode_writes_json_and_table_with_the_ema_weights(trained, capsys, caplog):
   cache, workdir = trained
   cfg = tu.tiny_config(cache)
-  cfg.evaluate.max_blocks = 16
-  cfg.evaluate.ensemble_max_m = 2
+  cfg.eval.max_blocks = 16
+  cfg.eval.ensemble_max_m = 2
   caplog.set_level("INFO")
   res = modes.eval_mode(cfg, str(workdir))
   # It says where it wrote, and shows progress with an ETA (16 blocks: 2 batches of 8).
@@ -124,7 +124,7 @@ def test_sample_mode_speculative(trained):
 def test_modes_refuse_bad_input_before_running(trained):
   cache, workdir = trained
   cfg = tu.tiny_config(cache)
-  cfg.evaluate.num_orders = 0
+  cfg.eval.num_orders = 0
   with pytest.raises(ConfigError, match="num_orders"):
     modes.eval_mode(cfg, str(workdir))
   cfg = tu.tiny_config(cache)
@@ -143,7 +143,7 @@ def test_encoder_baseline_trains_evaluates_and_samples(tmp_path):
   encoder sampler, and the AO-GPT sampler is refused for that run."""
   cache, workdir = tmp_path / "cache", tmp_path / "run"
   enc = {"objective": "mdm", "model.target": "none", "sample.method": "encoder",
-         "evaluate.model_kind": "encoder", "evaluate.ensemble_max_m": 0,
+         "eval.model_kind": "encoder", "eval.ensemble_max_m": 0,
          "total_steps": 30, "checkpoint_every": 30, "log_every": 10}
   tu.run(tu.cli_args(cache, workdir, **enc), tmp_path / "train.log")
   logged = [json.loads(x) for x in (workdir / "metrics.jsonl").read_text().splitlines()]
@@ -152,7 +152,7 @@ def test_encoder_baseline_trains_evaluates_and_samples(tmp_path):
   assert json.loads((workdir / "config.json").read_text())["model"]["target"] == "none"
 
   cfg = tu.tiny_config(cache, **enc)
-  cfg.evaluate.update(dict(max_blocks=2, elbo_samples=2, num_orders=1, l2r=False))
+  cfg.eval.update(dict(max_blocks=2, elbo_samples=2, num_orders=1, l2r=False))
   res = modes.eval_mode(cfg, str(workdir))
   assert "elbo" in json.dumps(res["datasets"]["heldout"]).lower()
   cfg.sample.update(dict(num_samples=2, batch_size=2, length=16, steps=4))
@@ -170,8 +170,8 @@ def test_checkpoint_spec_evaluates_and_samples_into_an_empty_workdir(trained, tm
   convert.main(["export", "--workdir", str(workdir), "--which", "ema", "--out", str(folder)])
   out = tmp_path / "out"
   cfg = tu.tiny_config(cache)
-  cfg.evaluate.max_blocks = 16
-  cfg.evaluate.ensemble_max_m = 1
+  cfg.eval.max_blocks = 16
+  cfg.eval.ensemble_max_m = 1
   res = modes.eval_mode(cfg, str(out), checkpoint=str(folder))
   ref = modes.eval_mode(cfg, str(workdir))
   assert res["datasets"]["heldout"]["l2r"]["nll"] == pytest.approx(

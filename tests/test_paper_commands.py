@@ -68,12 +68,12 @@ def test_readme_paper_commands_run_on_published_format_checkpoints(tmp_path):
   _wikitext2(tmp_path / "raw", tmp_path / "data")
   env = tu.cpu_env() | {"HF_HUB_CACHE": str(hub), "HF_HUB_OFFLINE": "1"}
   small = ["--config.seq_len=32", f"--config.data.cache_dir={tmp_path / 'data'}"]
-  extra = {"eval": ["--config.evaluate.datasets=wikitext2", "--config.evaluate.max_blocks=1",
-                    "--config.evaluate.ensemble_num_buckets=1"],
+  extra = {"eval": ["--config.eval.datasets=wikitext2", "--config.eval.max_blocks=1",
+                    "--config.eval.ensemble_num_buckets=1"],
            "genppl": ["--config.genppl.steps=4", "--config.sample.num_samples=2"]}
   # The Table 4 command is the Table 5 one without the ensembles: run the superset only.
   assert cmds[1] == [a.replace("table4", "table5") for a in cmds[0]] + [
-      "--config.evaluate.ensemble_max_m=64"]
+      "--config.eval.ensemble_max_m=64"]
   for cmd in cmds[1:]:
     t0 = time.perf_counter()
     mode = next(a for a in cmd if a.startswith("--mode="))[len("--mode="):]

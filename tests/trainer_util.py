@@ -26,7 +26,7 @@ TINY_OVERRIDES = {
     "seq_len": 16, "batch_size": 8, "microbatches": 1, "total_steps": 10, "seed": 0,
     "log_every": 5, "eval_every": 0, "checkpoint_every": 5,
     "optimizer.lr": 3e-3, "optimizer.warmup_steps": 2, "optimizer.ema_decay": 0.99,
-    "eval.batch_size": 8, "eval.max_blocks": 8,
+    "eval.batch_size": 8, "eval.train_max_blocks": 8,
     "mesh.data": -1, "mesh.fsdp": 1, "mesh.tensor": 1,
 }
 

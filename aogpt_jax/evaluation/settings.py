@@ -1,12 +1,15 @@
-"""`EvalSettings`: what `aogpt_jax.evaluate` computes (the fields of the ``evaluate.*`` config
-group). A leaf module: `config.py` builds its ``evaluate`` group from these fields without
-importing `aogpt_jax.evaluate` (which loads checkpoints, and `checkpoint` imports `config`)."""
+"""`EvalSettings`: what `aogpt_jax.evaluate` computes, and the ``eval`` config group that holds
+them (`eval_config`, registered in `aogpt_jax.config_groups`). A leaf module: it does not import
+`aogpt_jax.evaluate` (which loads checkpoints, and `checkpoint` imports `config`)."""
 
 from __future__ import annotations
 
 import dataclasses
 from typing import Any, Mapping
 
+from ml_collections import config_dict
+
+from aogpt_jax import config_groups
 from aogpt_jax import orders as orders_lib
 from aogpt_jax.evaluation import ensembles as ens_lib
 
@@ -67,3 +70,32 @@ class EvalSettings:
     if unknown:
       raise ValueError(f"unknown eval setting(s) {unknown}; known: {sorted(known)}")
     return cls(**dict(d))
+
+
+def eval_config() -> config_dict.ConfigDict:
+  """The ``eval`` config group: one group for the held-out evaluation during training and for
+  ``--mode=eval``. Both read ``split``, ``batch_size`` and ``seed``; training scores the first
+  ``train_max_blocks`` blocks of ``split`` every ``eval_every`` steps (L2R, uniform and the run's
+  own order, or the ELBO for objective=mdm: objectives.py), since it runs many times; the rest
+  is what ``--mode=eval`` computes (every `EvalSettings` field)."""
+  c = config_dict.ConfigDict(dict(
+      split="validation",    # the held-out split of data.source ("heldout" below)
+      batch_size=0,          # global, in blocks; 0 = batch_size
+      train_max_blocks=256,  # during training: the first blocks of split (0 = all of it)
+      datasets="heldout",    # --mode=eval, comma-separated: heldout (= data.source's split) |
+                             # wikitext2 | wikitext103 | ptb | lambada | lm1b | any source:split
+      which="ema",           # --mode=eval weights: ema | params
+      name="zero_shot",      # --mode=eval output file stem under WORKDIR/eval/
+      max_blocks=0,          # --mode=eval: > 0 only the first blocks of each dataset (0 = all)
+  ))
+  for f in dataclasses.fields(EvalSettings):
+    if f.name != "order_kwargs":
+      c[f.name] = f.default
+  # JSON, e.g. '{"seed": 3}'; "" = the run's order.kwargs when eval.order is the run's
+  # order.name (a fixed_random / blockwise run is scored under its own order), else none.
+  c.order_kwargs = ""
+  c.model_kind = ""          # "" = the objective's (aogpt | encoder)
+  return c
+
+
+config_groups.register("eval", eval_config)
