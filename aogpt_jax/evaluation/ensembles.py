@@ -29,6 +29,11 @@ the whole run, and the masked rows run as fast as causal ones there).
 
 `eq4_reference` (below) is Eq. 4 for one target in a few plain lines; `naive_logp` is the
 batched version of the same full-forward computation. See docs/method.md, "Estimators".
+
+Shape suffixes of local arrays (nanodo style, ``tok_IxS`` = [I, S]): B blocks of the batch,
+N block length n, M orderings, C context length i, I items of one call, G prefixes (segments)
+per packed row, S slots per packed row (``row_len``), T slots of a full forward, V vocabulary,
+D model width.
 """
 
 from __future__ import annotations
@@ -60,10 +65,10 @@ def eq4_reference(model: model_lib.AOGPT, tokens: jax.Array, sigma: jax.Array, i
   sigma[i:])``, whose rank-slot i predicts the target. The fast path (`ensemble_logp` +
   `ensemble_nll`) is tested equal to this (tests/test_ensembles_eq4.py)."""
   M, n = context_orders.shape[0], tokens.shape[0]
-  orders = jnp.concatenate([context_orders, jnp.broadcast_to(sigma[i:], (M, n - i))], axis=1)
-  logits = model(jnp.broadcast_to(tokens, (M, n)), orders.astype(jnp.int32))[:, i]
-  logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)[:, tokens[sigma[i]]]
-  return -(jax.nn.logsumexp(logp) - math.log(M))
+  orders_MxN = jnp.concatenate([context_orders, jnp.broadcast_to(sigma[i:], (M, n - i))], axis=1)
+  logits_MxV = model(jnp.broadcast_to(tokens, (M, n)), orders_MxN.astype(jnp.int32))[:, i]
+  logp_M = jax.nn.log_softmax(logits_MxV.astype(jnp.float32), axis=-1)[:, tokens[sigma[i]]]
+  return -(jax.nn.logsumexp(logp_M) - math.log(M))
 
 
 def ensemble_key(seed, block_id) -> jax.Array:
@@ -73,11 +78,11 @@ def ensemble_key(seed, block_id) -> jax.Array:
 
 def context_permutation(ekey: jax.Array, i, j, n: int) -> jax.Array:
   """int32 [n]: perm[:i] orders the context ranks 0..i-1 (identity for j = 0), perm[i:] = i.."""
-  u = jax.random.uniform(jax.random.fold_in(jax.random.fold_in(ekey, i), j), (n,))
-  r = jnp.arange(n)
-  score = jnp.where(r < i, u, 2.0 + r)
-  score = jnp.where(j == 0, r.astype(score.dtype), score)
-  return jnp.argsort(score).astype(jnp.int32)
+  u_N = jax.random.uniform(jax.random.fold_in(jax.random.fold_in(ekey, i), j), (n,))
+  r_N = jnp.arange(n)
+  score_N = jnp.where(r_N < i, u_N, 2.0 + r_N)
+  score_N = jnp.where(j == 0, r_N.astype(score_N.dtype), score_N)
+  return jnp.argsort(score_N).astype(jnp.int32)
 
 
 def m_values(max_m: int) -> list[int]:
@@ -127,66 +132,70 @@ def pack_prefixes(ranks: Sequence[int], n: int, layout: str = "pairs",
 
 
 def _segment_slots(tokens, sigma, ekey, j, ranks, row_len):
-  """Slots of one packed row (all arrays for one item): returns tok, pos, tgt, seg [S] and the
-  query slot index and label per segment [G]."""
+  """Slots of one packed row (all arrays for one item: tokens, sigma [N], ranks [G]): returns
+  tok, pos, tgt, seg [S] and the query slot index and label per segment [G]."""
   n = tokens.shape[0]
-  s = jnp.arange(row_len)
-  lens = jnp.where(ranks >= 0, ranks + 1, 0)
-  starts = jnp.concatenate([jnp.zeros((1,), jnp.int32), jnp.cumsum(lens)[:-1]]).astype(jnp.int32)
-  seg = jnp.sum(s[:, None] >= starts[None, :] + lens[None, :], axis=1)   # segment of each slot
-  g = jnp.minimum(seg, ranks.shape[0] - 1)
-  seqs = jax.vmap(lambda i: sigma[context_permutation(ekey, i, j, n)])(jnp.maximum(ranks, 0))
-  k = s - starts[g]
-  valid = (seg < ranks.shape[0]) & (k >= 0) & (k <= ranks[g])
+  s_S = jnp.arange(row_len)
+  lens_G = jnp.where(ranks >= 0, ranks + 1, 0)
+  starts_G = jnp.concatenate([jnp.zeros((1,), jnp.int32),
+                              jnp.cumsum(lens_G)[:-1]]).astype(jnp.int32)
+  seg_S = jnp.sum(s_S[:, None] >= starts_G[None, :] + lens_G[None, :], axis=1)  # slot's segment
+  g_S = jnp.minimum(seg_S, ranks.shape[0] - 1)
+  seqs_GxN = jax.vmap(lambda i: sigma[context_permutation(ekey, i, j, n)])(jnp.maximum(ranks, 0))
+  k_S = s_S - starts_G[g_S]
+  valid_S = (seg_S < ranks.shape[0]) & (k_S >= 0) & (k_S <= ranks[g_S])
   # Slot s of segment g is rank-slot k = s - starts[g] of that segment's ordering seqs[g]; the
   # rules are evaluated for every segment (G <= 2) and the slot's own segment picked.
-  k_all = s[None, :] - starts[:, None]                                   # [G, S]
-  pick = lambda a: jnp.take_along_axis(a, g[None, :], axis=0)[0]
-  src, pos = (pick(a) for a in orders_lib.rank_slot_source(seqs, k_all))
-  cur = pick(orders_lib.slot_target(seqs, k_all))                        # its target position
-  tok = jnp.where(valid, orders_lib.rank_slot_tokens(tokens, src, k == 0), model_lib.START)
-  pos = jnp.where(valid, pos, 0)
-  tgt = jnp.where(valid, cur, model_lib.NO_TARGET)
-  seg = jnp.where(valid, seg, ranks.shape[0] + s)                        # padding: own segment
-  query = starts + jnp.maximum(ranks, 0)
-  label = tokens[sigma[jnp.clip(ranks, 0, n - 1)]]
-  return tok, pos, tgt, seg, query, label
+  k_GxS = s_S[None, :] - starts_G[:, None]
+  pick = lambda a_GxS: jnp.take_along_axis(a_GxS, g_S[None, :], axis=0)[0]
+  src_S, pos_S = (pick(a) for a in orders_lib.rank_slot_source(seqs_GxN, k_GxS))
+  cur_S = pick(orders_lib.slot_target(seqs_GxN, k_GxS))                 # its target position
+  tok_S = jnp.where(valid_S, orders_lib.rank_slot_tokens(tokens, src_S, k_S == 0),
+                    model_lib.START)
+  pos_S = jnp.where(valid_S, pos_S, 0)
+  tgt_S = jnp.where(valid_S, cur_S, model_lib.NO_TARGET)
+  seg_S = jnp.where(valid_S, seg_S, ranks.shape[0] + s_S)               # padding: own segment
+  query_G = starts_G + jnp.maximum(ranks, 0)
+  label_G = tokens[sigma[jnp.clip(ranks, 0, n - 1)]]
+  return tok_S, pos_S, tgt_S, seg_S, query_G, label_G
 
 
 @model_jit.jit("row_len", "masked")
 def _packed_logp(model, tokens, sigma, ids, seed, item_b, item_j, item_ranks, *, row_len,
                  masked):
-  ekeys = jax.vmap(lambda b: ensemble_key(seed, b))(ids)
-  tok, pos, tgt, seg, query, label = jax.vmap(
-      lambda b, j, r: _segment_slots(tokens[b], sigma[b], ekeys[b], j, r, row_len))(
+  ekeys_B = jax.vmap(lambda b: ensemble_key(seed, b))(ids)
+  tok_IxS, pos_IxS, tgt_IxS, seg_IxS, query_IxG, label_IxG = jax.vmap(
+      lambda b, j, r: _segment_slots(tokens[b], sigma[b], ekeys_B[b], j, r, row_len))(
           item_b, item_j, item_ranks)
-  mask = None
+  mask_IxSxS = None
   if masked:
-    s = jnp.arange(row_len)
-    mask = (seg[:, :, None] == seg[:, None, :]) & (s[None, None, :] <= s[None, :, None])
-  h, _ = model.hidden_slots(tok, pos, tgt, mask=mask)
-  hq = jnp.take_along_axis(h, query[..., None], axis=1)                 # [I, G, d]
-  tq = jnp.take_along_axis(tgt, query, axis=1)
-  return -model_lib.nll_from_logits(model.head(hq, tq), label)       # log p, [I, G]
+    s_S = jnp.arange(row_len)
+    mask_IxSxS = ((seg_IxS[:, :, None] == seg_IxS[:, None, :])
+                  & (s_S[None, None, :] <= s_S[None, :, None]))
+  h_IxSxD, _ = model.hidden_slots(tok_IxS, pos_IxS, tgt_IxS, mask=mask_IxSxS)
+  hq_IxGxD = jnp.take_along_axis(h_IxSxD, query_IxG[..., None], axis=1)
+  tq_IxG = jnp.take_along_axis(tgt_IxS, query_IxG, axis=1)
+  return -model_lib.nll_from_logits(model.head(hq_IxGxD, tq_IxG), label_IxG)   # log p, [I, G]
 
 
 @model_jit.jit("path")
 def _naive_logp(model, tokens, sigma, ids, seed, item_b, item_i, item_j, *, path):
   """Reference: one full-length forward per (block, i, j); keeps logit row i."""
   n = tokens.shape[1]
-  x = tokens[item_b]
-  order = jax.vmap(lambda b, i, j: sigma[b][context_permutation(ensemble_key(seed, ids[b]), i, j,
-                                                                 n)])(item_b, item_i, item_j)
+  x_IxN = tokens[item_b]
+  order_IxN = jax.vmap(lambda b, i, j: sigma[b][context_permutation(
+      ensemble_key(seed, ids[b]), i, j, n)])(item_b, item_i, item_j)
   if path == "gather":
-    logits, _ = model.forward_slots(*model_lib.gather_slots(x, order))
-    row = item_i
+    logits_IxTxV, _ = model.forward_slots(*model_lib.gather_slots(x_IxN, order_IxN))
+    row_I = item_i
   else:
-    tok, pos, tgt, mask = model_lib.mask_slots(x, order)
-    logits, _ = model.forward_slots(tok, pos, tgt, mask=mask)
-    row = orders_lib.rank_slot_source(order, item_i[:, None])[1][:, 0]   # rank-slot i's row
-  lg = jnp.take_along_axis(logits, row[:, None, None], axis=1)[:, 0]
-  label = jnp.take_along_axis(x, jnp.take_along_axis(order, item_i[:, None], axis=1), axis=1)[:, 0]
-  return -model_lib.nll_from_logits(lg, label)
+    tok_IxT, pos_IxT, tgt_IxT, mask_IxTxT = model_lib.mask_slots(x_IxN, order_IxN)
+    logits_IxTxV, _ = model.forward_slots(tok_IxT, pos_IxT, tgt_IxT, mask=mask_IxTxT)
+    row_I = orders_lib.rank_slot_source(order_IxN, item_i[:, None])[1][:, 0]  # rank-slot i's row
+  lg_IxV = jnp.take_along_axis(logits_IxTxV, row_I[:, None, None], axis=1)[:, 0]
+  label_I = jnp.take_along_axis(
+      x_IxN, jnp.take_along_axis(order_IxN, item_i[:, None], axis=1), axis=1)[:, 0]
+  return -model_lib.nll_from_logits(lg_IxV, label_I)
 
 
 def _chunks(arrays: Sequence[np.ndarray], size: int):
@@ -234,23 +243,23 @@ def ensemble_logp(model: model_lib.AOGPT, tokens, ids, sigma, base_logp, *, max_
   (default all) are computed; the other entries are NaN."""
   tokens = np.asarray(tokens, np.int32)
   b, n = tokens.shape
-  out = np.full((b, n, max_m), np.nan, np.float32)
-  out[:, :, 0] = np.asarray(base_logp, np.float32)
+  out_BxNxM = np.full((b, n, max_m), np.nan, np.float32)
+  out_BxNxM[:, :, 0] = np.asarray(base_logp, np.float32)
   ranks = list(range(n)) if ranks is None else list(ranks)
   rows = list(range(b)) if rows is None else list(rows)
   if max_m == 1 or not rows:
-    return out
+    return out_BxNxM
   args = (jnp.asarray(tokens), jnp.asarray(sigma, jnp.int32), jnp.asarray(ids), jnp.uint32(seed))
-  for group, count, (cb, cj, cr) in packed_calls(ranks, rows, n, max_m, layout, num_buckets,
-                                                 slots_per_call):
-    logp = np.asarray(model_jit.call(_packed_logp, model, *args, jnp.asarray(cb),
-                                     jnp.asarray(cj), jnp.asarray(cr), row_len=group.row_len,
-                                     masked=group.masked))[:count]
-    cb, cj, cr = cb[:count], cj[:count], cr[:count]
-    for gi in range(cr.shape[1]):
-      ok = cr[:, gi] >= 0
-      out[cb[ok], cr[ok, gi], cj[ok]] = logp[ok, gi]
-  return out
+  for group, count, (b_I, j_I, r_IxG) in packed_calls(ranks, rows, n, max_m, layout, num_buckets,
+                                                      slots_per_call):
+    logp_IxG = np.asarray(model_jit.call(_packed_logp, model, *args, jnp.asarray(b_I),
+                                         jnp.asarray(j_I), jnp.asarray(r_IxG),
+                                         row_len=group.row_len, masked=group.masked))[:count]
+    b_I, j_I, r_IxG = b_I[:count], j_I[:count], r_IxG[:count]
+    for g in range(r_IxG.shape[1]):
+      ok_I = r_IxG[:, g] >= 0
+      out_BxNxM[b_I[ok_I], r_IxG[ok_I, g], j_I[ok_I]] = logp_IxG[ok_I, g]
+  return out_BxNxM
 
 
 def naive_logp(model: model_lib.AOGPT, tokens, ids, sigma, *, max_m: int, seed: int = 0,
@@ -261,26 +270,27 @@ def naive_logp(model: model_lib.AOGPT, tokens, ids, sigma, *, max_m: int, seed: 
   tokens = np.asarray(tokens, np.int32)
   b, n = tokens.shape
   ranks = list(range(n)) if ranks is None else list(ranks)
-  out = np.full((b, n, max_m), np.nan, np.float32)
+  out_BxNxM = np.full((b, n, max_m), np.nan, np.float32)
   args = (jnp.asarray(tokens), jnp.asarray(sigma, jnp.int32), jnp.asarray(ids), jnp.uint32(seed))
-  gb, gi, gj = (x.ravel().astype(np.int32) for x in np.meshgrid(
+  all_b, all_i, all_j = (x.ravel().astype(np.int32) for x in np.meshgrid(
       np.arange(b), np.array(ranks), np.array(list(range(max_m)) if js is None else js),
       indexing="ij"))
-  for start, count, (cb, ci, cj) in _chunks([gb, gi, gj], items_per_call):
-    logp = np.asarray(model_jit.call(_naive_logp, model, *args, jnp.asarray(cb), jnp.asarray(ci),
-                                     jnp.asarray(cj), path=path))[:count]
-    out[cb[:count], ci[:count], cj[:count]] = logp
-  return out
+  for _, count, (b_I, i_I, j_I) in _chunks([all_b, all_i, all_j], items_per_call):
+    logp_I = np.asarray(model_jit.call(_naive_logp, model, *args, jnp.asarray(b_I),
+                                       jnp.asarray(i_I), jnp.asarray(j_I), path=path))[:count]
+    out_BxNxM[b_I[:count], i_I[:count], j_I[:count]] = logp_I
+  return out_BxNxM
 
 
 def ensemble_nll(logp: np.ndarray, ms: Sequence[int]) -> np.ndarray:
   """float64 [len(ms), B, n]: -log of the mean probability over the first M orderings."""
-  lp = np.asarray(logp, np.float64)
+  lp_BxNxM = np.asarray(logp, np.float64)
   res = []
   for size in ms:                      # M of Eq. 4: average over the first M orderings
-    top = np.max(lp[..., :size], axis=-1, keepdims=True)
-    lse = top[..., 0] + np.log(np.sum(np.exp(lp[..., :size] - top), axis=-1))
-    res.append(-(lse - math.log(size)))
+    top_BxNx1 = np.max(lp_BxNxM[..., :size], axis=-1, keepdims=True)
+    lse_BxN = top_BxNx1[..., 0] + np.log(np.sum(np.exp(lp_BxNxM[..., :size] - top_BxNx1),
+                                                axis=-1))
+    res.append(-(lse_BxN - math.log(size)))
   return np.stack(res)
 
 

@@ -6,6 +6,10 @@ pass; then one `jax.lax.scan` step per position computes one slot, writes it at 
 and draws x_r (rows whose prefix is longer keep their given token). Tokens are drawn with the
 same per-(sample, position) keys as the diffusion sampler, so L2R diffusion sampling with
 T = n produces exactly the same tokens.
+
+Shape suffixes of local arrays (``mask_BxSxN`` = [B, S, N]): B rows, N sequence length n (also
+the cache length), S slots of one forward (the prefill length, then 1), V vocabulary, D model
+width, T decoding steps n - prefill.
 """
 
 from __future__ import annotations
@@ -21,9 +25,9 @@ from aogpt_jax.sampling.state import Draw
 
 def _slot(tokens: jax.Array, r: jax.Array):
   """Token, position row and target of rank-slot(s) r [B, S] under sigma = identity."""
-  identity = jnp.broadcast_to(jnp.arange(tokens.shape[1], dtype=jnp.int32), tokens.shape)
-  tok, pos = orders_lib.rank_slots(identity, tokens, r)
-  return tok, pos, orders_lib.slot_target(identity, r)
+  identity_BxN = jnp.broadcast_to(jnp.arange(tokens.shape[1], dtype=jnp.int32), tokens.shape)
+  tok_BxS, pos_BxS = orders_lib.rank_slots(identity_BxN, tokens, r)
+  return tok_BxS, pos_BxS, orders_lib.slot_target(identity_BxN, r)
 
 
 def sample_ar(model: AOGPT, tokens0, prefix_len, tok_keys, prefill: int, draw: Draw):
@@ -31,27 +35,30 @@ def sample_ar(model: AOGPT, tokens0, prefix_len, tok_keys, prefill: int, draw: D
   ``prefill`` = min prefix length (static). Returns (tokens, per-step logits [n-P, B, V])."""
   batch, n = tokens0.shape
   cache = model.init_cache(batch, n)
-  kk = jnp.arange(n, dtype=jnp.int32)
+  kk_N = jnp.arange(n, dtype=jnp.int32)
   if prefill:
-    r = jnp.broadcast_to(jnp.arange(prefill, dtype=jnp.int32), (batch, prefill))
-    tok, pos, tgt = _slot(tokens0, r)
-    mask = kk[None, None, :] <= r[:, :, None]
-    _, cache = model.hidden_slots(tok, pos, tgt, mask=mask, cache=cache, write_index=r)
+    r_BxS = jnp.broadcast_to(jnp.arange(prefill, dtype=jnp.int32), (batch, prefill))
+    tok_BxS, pos_BxS, tgt_BxS = _slot(tokens0, r_BxS)
+    mask_BxSxN = kk_N[None, None, :] <= r_BxS[:, :, None]
+    _, cache = model.hidden_slots(tok_BxS, pos_BxS, tgt_BxS, mask=mask_BxSxN, cache=cache,
+                                  write_index=r_BxS)
 
   def step(carry, x):
-    cache, tokens = carry
-    r, keys = x
-    rr = jnp.full((batch, 1), r, jnp.int32)
-    tok, pos, tgt = _slot(tokens, rr)
-    mask = kk[None, None, :] <= rr[:, :, None]
-    hidden, cache = model.hidden_slots(tok, pos, tgt, mask=mask, cache=cache, write_index=rr)
-    logits = model.head(hidden, tgt)                          # [B, 1, V]
-    commit = jnp.where(r < prefix_len, n, r)[:, None]         # prompt positions keep their token
-    tokens, out = tokens_lib.draw_and_commit(tokens, logits, keys[:, None], commit,
-                                             **draw.kwargs())
-    return (cache, tokens), (out[:, 0] if draw.debug else None)
+    cache, tokens_BxN = carry
+    r, keys_B = x
+    r_Bx1 = jnp.full((batch, 1), r, jnp.int32)
+    tok_Bx1, pos_Bx1, tgt_Bx1 = _slot(tokens_BxN, r_Bx1)
+    mask_Bx1xN = kk_N[None, None, :] <= r_Bx1[:, :, None]
+    hidden_Bx1xD, cache = model.hidden_slots(tok_Bx1, pos_Bx1, tgt_Bx1, mask=mask_Bx1xN,
+                                             cache=cache, write_index=r_Bx1)
+    logits_Bx1xV = model.head(hidden_Bx1xD, tgt_Bx1)
+    commit_Bx1 = jnp.where(r < prefix_len, n, r)[:, None]   # prompt positions keep their token
+    tokens_BxN, out = tokens_lib.draw_and_commit(tokens_BxN, logits_Bx1xV, keys_B[:, None],
+                                                 commit_Bx1, **draw.kwargs())
+    return (cache, tokens_BxN), (out[:, 0] if draw.debug else None)
 
-  steps = jnp.arange(prefill, n, dtype=jnp.int32)
-  keys = tokens_lib.token_keys(tok_keys, jnp.broadcast_to(steps, (batch, n - prefill))).T
-  (_, tokens), logits = jax.lax.scan(step, (cache, tokens0), (steps, keys))
-  return tokens, logits
+  steps_T = jnp.arange(prefill, n, dtype=jnp.int32)
+  keys_TxB = tokens_lib.token_keys(tok_keys,
+                                   jnp.broadcast_to(steps_T, (batch, n - prefill))).T
+  (_, tokens_BxN), logits_TxBxV = jax.lax.scan(step, (cache, tokens0), (steps_T, keys_TxB))
+  return tokens_BxN, logits_TxBxV

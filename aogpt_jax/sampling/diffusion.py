@@ -34,6 +34,10 @@ one pass before the scan (the same layout with only catch-up slots).
 n rank-slots plus the query slots at every step (explicit mask, no cache): the test oracle for
 the logits and an AO-GPT with an encoder's cost profile. Both draw identical tokens. The real
 encoder-only MDM baseline (bidirectional, [MASK] tokens) samples in `sampling.encoder`.
+
+Shape suffixes of local arrays (nanodo style, ``mask_BxSxK`` = [B, S, K]): B rows, N sequence
+length n, S slots per pass (block), Q query slots, K cache length n + S, P passes, F = n + Q
+slots of the full (uncached) layout, V vocabulary, D model width.
 """
 
 from __future__ import annotations
@@ -60,11 +64,12 @@ def parallel_generation_mask(known: jax.Array, n: int, queries: int) -> jax.Arra
   The cached sampler's mask (`pass_layout` + `block_inputs`) is this mask re-indexed into the
   cache (tests/test_sampler_figure10.py): query 0 of a step IS rank-slot ``known`` and is
   written at cache index ``known``; queries j >= 1 live in scratch indices n + j."""
-  a = jnp.arange(n + queries, dtype=jnp.int32)
-  row, col = a[None, :, None], a[None, None, :]
-  rank_rows = (row < n) & (col <= row)
-  query_rows = (row >= n) & ((col < known[:, None, None]) | (col == row))
-  return rank_rows | query_rows
+  a_F = jnp.arange(n + queries, dtype=jnp.int32)
+  row_1xFx1, col_1x1xF = a_F[None, :, None], a_F[None, None, :]
+  rank_rows_1xFxF = (row_1xFx1 < n) & (col_1x1xF <= row_1xFx1)
+  query_rows_BxFxF = (row_1xFx1 >= n) & ((col_1x1xF < known[:, None, None])
+                                         | (col_1x1xF == row_1xFx1))
+  return rank_rows_1xFxF | query_rows_BxFxF
 
 
 @struct.dataclass
@@ -85,30 +90,33 @@ def pass_layout(order, known, q0, k, cstart, ccount, *, block: int,
   `StepPlan.m`): queries q0..q0+k-1 of the step at block positions 0..k-1, catch-up rank-slots
   cstart..cstart+ccount-1 after them, padding after that."""
   n = order.shape[1]
-  qrank = orders_lib.query_ranks(known, q0, block)        # rank each query predicts
-  j = jnp.arange(block, dtype=jnp.int32)[None, :]
-  known, q0, k, cstart, ccount = (a[:, None].astype(jnp.int32)
-                                  for a in (known, q0, k, cstart, ccount))
-  is_q = j < k
-  is_c = ~is_q & (j < k + ccount)
-  valid = is_q | is_c
-  rank = jnp.where(is_q, known, jnp.where(is_c, cstart + j - k, 0))
-  tgt = orders_lib.slot_target(order, jnp.where(is_q, qrank, rank))
-  prev, pos = orders_lib.rank_slot_source(order, rank)
-  write = jnp.where(is_q & (q0 + j > 0), n + j, rank)    # only query 0 of a step commits
+  qrank_BxS = orders_lib.query_ranks(known, q0, block)    # rank each query predicts
+  j_1xS = jnp.arange(block, dtype=jnp.int32)[None, :]
+  known_Bx1, q0_Bx1, k_Bx1, cstart_Bx1, ccount_Bx1 = (
+      a[:, None].astype(jnp.int32) for a in (known, q0, k, cstart, ccount))
+  is_q_BxS = j_1xS < k_Bx1
+  is_c_BxS = ~is_q_BxS & (j_1xS < k_Bx1 + ccount_Bx1)
+  valid_BxS = is_q_BxS | is_c_BxS
+  rank_BxS = jnp.where(is_q_BxS, known_Bx1,
+                       jnp.where(is_c_BxS, cstart_Bx1 + j_1xS - k_Bx1, 0))
+  tgt_BxS = orders_lib.slot_target(order, jnp.where(is_q_BxS, qrank_BxS, rank_BxS))
+  prev_BxS, pos_BxS = orders_lib.rank_slot_source(order, rank_BxS)
+  # only query 0 of a step commits
+  write_BxS = jnp.where(is_q_BxS & (q0_Bx1 + j_1xS > 0), n + j_1xS, rank_BxS)
   i32 = lambda x: x.astype(jnp.int32)
-  return PassLayout(prev=prev, rank0=rank == 0, pos=pos,
-                    tgt=i32(jnp.where(valid, tgt, NO_TARGET)),
-                    write=i32(jnp.where(valid, write, cache_len)),
-                    lim=i32(jnp.where(valid, rank, 0)), commit=i32(jnp.where(is_q, tgt, n)))
+  return PassLayout(prev=prev_BxS, rank0=rank_BxS == 0, pos=pos_BxS,
+                    tgt=i32(jnp.where(valid_BxS, tgt_BxS, NO_TARGET)),
+                    write=i32(jnp.where(valid_BxS, write_BxS, cache_len)),
+                    lim=i32(jnp.where(valid_BxS, rank_BxS, 0)),
+                    commit=i32(jnp.where(is_q_BxS, tgt_BxS, n)))
 
 
 def block_inputs(lay: PassLayout, tokens: jax.Array, cache_len: int):
   """Slot tokens [B, S] (read from the current tokens) and the mask [B, S, K] of a pass."""
-  tok = orders_lib.rank_slot_tokens(tokens, lay.prev, lay.rank0)
-  kk = jnp.arange(cache_len, dtype=jnp.int32)[None, None, :]
-  mask = (kk < lay.lim[:, :, None]) | (kk == lay.write[:, :, None])
-  return tok, mask
+  tok_BxS = orders_lib.rank_slot_tokens(tokens, lay.prev, lay.rank0)
+  kk_1x1xK = jnp.arange(cache_len, dtype=jnp.int32)[None, None, :]
+  mask_BxSxK = (kk_1x1xK < lay.lim[:, :, None]) | (kk_1x1xK == lay.write[:, :, None])
+  return tok_BxS, mask_BxSxK
 
 
 def sample_cached(model: AOGPT, order, tokens0, prompt_len, tok_keys, passes: Passes,
@@ -124,30 +132,31 @@ def sample_cached(model: AOGPT, order, tokens0, prompt_len, tok_keys, passes: Pa
   cache_len = n + shape.block
   cache = model.init_cache(batch, cache_len)
   if shape.prefill:
-    zeros = jnp.zeros_like(prompt_len)
-    lay = pass_layout(order, prompt_len, zeros, zeros, zeros, prompt_len, block=shape.prefill,
-                      cache_len=cache_len)
-    tok, mask = block_inputs(lay, tokens0, cache_len)
-    _, cache = model.hidden_slots(tok, lay.pos, lay.tgt, mask=mask, cache=cache,
+    zeros_B = jnp.zeros_like(prompt_len)
+    lay = pass_layout(order, prompt_len, zeros_B, zeros_B, zeros_B, prompt_len,
+                      block=shape.prefill, cache_len=cache_len)
+    tok_BxS, mask_BxSxK = block_inputs(lay, tokens0, cache_len)
+    _, cache = model.hidden_slots(tok_BxS, lay.pos, lay.tgt, mask=mask_BxSxK, cache=cache,
                                   write_index=lay.write)
   layouts = jax.vmap(functools.partial(pass_layout, order, block=shape.block,
                                        cache_len=cache_len))(
-      passes.m, passes.q0, passes.k, passes.cstart, passes.ccount)
-  keys = jax.vmap(lambda c: tokens_lib.token_keys(tok_keys, c))(layouts.commit[:, :, :queries])
+      passes.m, passes.q0, passes.k, passes.cstart, passes.ccount)     # fields [P, B, S]
+  keys_PxBxQ = jax.vmap(lambda c: tokens_lib.token_keys(tok_keys, c))(
+      layouts.commit[:, :, :queries])
 
   def step(carry, x):
-    cache, tokens = carry
-    lay, qkeys = x
-    tok, mask = block_inputs(lay, tokens, cache_len)
-    hidden, cache = model.hidden_slots(tok, lay.pos, lay.tgt, mask=mask, cache=cache,
-                                       write_index=lay.write)
-    logits = model.head(hidden[:, :queries], lay.tgt[:, :queries])
-    tokens, out = tokens_lib.draw_and_commit(tokens, logits, qkeys, lay.commit[:, :queries],
-                                             **draw.kwargs())
-    return (cache, tokens), out
+    cache, tokens_BxN = carry
+    lay, qkeys_BxQ = x
+    tok_BxS, mask_BxSxK = block_inputs(lay, tokens_BxN, cache_len)
+    hidden_BxSxD, cache = model.hidden_slots(tok_BxS, lay.pos, lay.tgt, mask=mask_BxSxK,
+                                             cache=cache, write_index=lay.write)
+    logits_BxQxV = model.head(hidden_BxSxD[:, :queries], lay.tgt[:, :queries])
+    tokens_BxN, out = tokens_lib.draw_and_commit(
+        tokens_BxN, logits_BxQxV, qkeys_BxQ, lay.commit[:, :queries], **draw.kwargs())
+    return (cache, tokens_BxN), out
 
-  (_, tokens), logits = jax.lax.scan(step, (cache, tokens0), (layouts, keys))
-  return tokens, logits
+  (_, tokens_BxN), logits_PxBxQxV = jax.lax.scan(step, (cache, tokens0), (layouts, keys_PxBxQ))
+  return tokens_BxN, logits_PxBxQxV
 
 
 def full_step_slots(order, tokens, known, q0, k, *, queries: int):
@@ -156,26 +165,28 @@ def full_step_slots(order, tokens, known, q0, k, *, queries: int):
   `parallel_generation_mask`. Returns tokens, positions, targets [B, n+Q], mask [B, n+Q, n+Q]
   and the queries' target positions and validity [B, Q]."""
   batch, n = order.shape
-  rank = orders_lib.all_ranks(order)
-  tok, pos = orders_lib.rank_slots(order, tokens, rank)
-  is_q = jnp.arange(queries, dtype=jnp.int32)[None, :] < k[:, None]
-  qtok, qpos_row = orders_lib.rank_slots(
+  rank_BxN = orders_lib.all_ranks(order)
+  tok_BxN, pos_BxN = orders_lib.rank_slots(order, tokens, rank_BxN)
+  is_q_BxQ = jnp.arange(queries, dtype=jnp.int32)[None, :] < k[:, None]
+  qtok_BxQ, qpos_row_BxQ = orders_lib.rank_slots(
       order, tokens, jnp.broadcast_to(known[:, None].astype(jnp.int32), (batch, queries)))
-  qtgt = orders_lib.slot_target(order, orders_lib.query_ranks(known, q0, queries))
-  slot_tok = jnp.concatenate([tok, qtok], axis=1)
-  slot_pos = jnp.concatenate([pos, qpos_row], axis=1)
-  slot_tgt = jnp.concatenate([order, jnp.where(is_q, qtgt, NO_TARGET)], axis=1)
-  mask = parallel_generation_mask(known.astype(jnp.int32), n, queries)
-  return (slot_tok, slot_pos, slot_tgt.astype(jnp.int32), mask, qtgt, is_q)
+  qtgt_BxQ = orders_lib.slot_target(order, orders_lib.query_ranks(known, q0, queries))
+  slot_tok_BxF = jnp.concatenate([tok_BxN, qtok_BxQ], axis=1)
+  slot_pos_BxF = jnp.concatenate([pos_BxN, qpos_row_BxQ], axis=1)
+  slot_tgt_BxF = jnp.concatenate([order, jnp.where(is_q_BxQ, qtgt_BxQ, NO_TARGET)], axis=1)
+  mask_BxFxF = parallel_generation_mask(known.astype(jnp.int32), n, queries)
+  return (slot_tok_BxF, slot_pos_BxF, slot_tgt_BxF.astype(jnp.int32), mask_BxFxF, qtgt_BxQ,
+          is_q_BxQ)
 
 
 def full_step_logits(model: AOGPT, order, tokens, known, q0, k, *, queries: int):
   """One pass from a full, uncached forward with the explicit mask: query logits [B, Q, V],
   the queries' target positions and validity [B, Q]."""
   n = order.shape[1]
-  tok, pos, tgt, mask, qpos, is_q = full_step_slots(order, tokens, known, q0, k, queries=queries)
-  hidden, _ = model.hidden_slots(tok, pos, tgt, mask=mask)
-  return model.head(hidden[:, n:], tgt[:, n:]), qpos, is_q
+  tok_BxF, pos_BxF, tgt_BxF, mask_BxFxF, qpos_BxQ, is_q_BxQ = full_step_slots(
+      order, tokens, known, q0, k, queries=queries)
+  hidden_BxFxD, _ = model.hidden_slots(tok_BxF, pos_BxF, tgt_BxF, mask=mask_BxFxF)
+  return model.head(hidden_BxFxD[:, n:], tgt_BxF[:, n:]), qpos_BxQ, is_q_BxQ
 
 
 def sample_uncached(model: AOGPT, order, tokens0, tok_keys, passes: Passes, queries: int,
@@ -183,11 +194,12 @@ def sample_uncached(model: AOGPT, order, tokens0, tok_keys, passes: Passes, quer
   """Same plan and keys as `sample_cached`, but every step re-reads the whole sequence (the
   prompt is in ``tokens0`` at ranks < m; no block, no prefill)."""
 
-  def step(tokens, p):
-    logits, qpos, is_q = full_step_logits(model, order, tokens, p.m, p.q0, p.k, queries=queries)
+  def step(tokens_BxN, p):
+    logits_BxQxV, qpos_BxQ, is_q_BxQ = full_step_logits(model, order, tokens_BxN, p.m, p.q0,
+                                                        p.k, queries=queries)
     return tokens_lib.draw_and_commit(
-        tokens, logits, tokens_lib.token_keys(tok_keys, qpos),
-        jnp.where(is_q, qpos, order.shape[1]), **draw.kwargs())
+        tokens_BxN, logits_BxQxV, tokens_lib.token_keys(tok_keys, qpos_BxQ),
+        jnp.where(is_q_BxQ, qpos_BxQ, order.shape[1]), **draw.kwargs())
 
-  tokens, logits = jax.lax.scan(step, tokens0, passes)
-  return tokens, logits
+  tokens_BxN, logits_PxBxQxV = jax.lax.scan(step, tokens0, passes)
+  return tokens_BxN, logits_PxBxQxV

@@ -19,6 +19,9 @@ The plan has one pass per step (`sampler.plan(..., method="encoder")`): `state.P
 k, cstart, ccount, int32 [P, B]) with q0 = 0 (catch-up fields unused); rows with fewer non-empty
 steps run trailing no-op passes (k = 0). Steps that reveal nothing are skipped, as in the AO-GPT
 sampler: with a time-independent model they change nothing.
+
+Shape suffixes of local arrays (``qpos_PxBxQ`` = [P, B, Q]): P passes, B rows, N sequence length
+n, Q query positions per pass, V vocabulary.
 """
 
 from __future__ import annotations
@@ -37,8 +40,8 @@ def query_positions(order: jax.Array, known: jax.Array, q0: jax.Array, k: jax.Ar
                     queries: int) -> tuple[jax.Array, jax.Array]:
   """Positions ``order[known + q0 + j]`` revealed by a pass (j < ``queries``) and their validity
   ``j < k``, both [B, Q]."""
-  qpos = orders_lib.slot_target(order, orders_lib.query_ranks(known, q0, queries))
-  return qpos, jnp.arange(queries, dtype=jnp.int32)[None, :] < k[:, None]
+  qpos_BxQ = orders_lib.slot_target(order, orders_lib.query_ranks(known, q0, queries))
+  return qpos_BxQ, jnp.arange(queries, dtype=jnp.int32)[None, :] < k[:, None]
 
 
 def step_logits(model: AOGPT, tokens: jax.Array, rank: jax.Array, known: jax.Array,
@@ -54,17 +57,19 @@ def sample_encoder(model: AOGPT, order, tokens0, tok_keys, passes: Passes, queri
   fields of ``passes`` are unused). Returns (tokens [B, n], per-pass logits [P, B, Q, V] if
   ``draw.debug`` else None)."""
   n = order.shape[1]
-  rank = orders_lib.ranks(order)
-  known, q0, k = passes.m, passes.q0, passes.k
-  qpos, is_q = jax.vmap(lambda a, b, c: query_positions(order, a, b, c, queries=queries))(
-      known, q0, k)                                                    # [P, B, Q]
-  keys = jax.vmap(lambda p: tokens_lib.token_keys(tok_keys, p))(qpos)
-  commit = jnp.where(is_q, qpos, n)
+  rank_BxN = orders_lib.ranks(order)
+  known_PxB, q0_PxB, k_PxB = passes.m, passes.q0, passes.k
+  qpos_PxBxQ, is_q_PxBxQ = jax.vmap(
+      lambda a, b, c: query_positions(order, a, b, c, queries=queries))(known_PxB, q0_PxB, k_PxB)
+  keys_PxBxQ = jax.vmap(lambda p: tokens_lib.token_keys(tok_keys, p))(qpos_PxBxQ)
+  commit_PxBxQ = jnp.where(is_q_PxBxQ, qpos_PxBxQ, n)
 
-  def step(tokens, x):
-    known_p, qp, ci, ki = x
-    logits = step_logits(model, tokens, rank, known_p, qp)
-    return tokens_lib.draw_and_commit(tokens, logits, ki, ci, **draw.kwargs())
+  def step(tokens_BxN, x):
+    known_B, qpos_BxQ, commit_BxQ, keys_BxQ = x
+    logits_BxQxV = step_logits(model, tokens_BxN, rank_BxN, known_B, qpos_BxQ)
+    return tokens_lib.draw_and_commit(tokens_BxN, logits_BxQxV, keys_BxQ, commit_BxQ,
+                                      **draw.kwargs())
 
-  tokens, logits = jax.lax.scan(step, tokens0, (known, qpos, commit, keys))
-  return tokens, logits
+  tokens_BxN, logits_PxBxQxV = jax.lax.scan(step, tokens0,
+                                            (known_PxB, qpos_PxBxQ, commit_PxBxQ, keys_PxBxQ))
+  return tokens_BxN, logits_PxBxQxV

@@ -22,6 +22,9 @@ the previous step whose keys/values are not in the cache yet). The block size S 
 number for the whole run, chosen by `choose_block` to minimise a cost model (padding against
 pass count); a step wider than S is split over several passes (exact: all queries of a step
 see the same context). The samples do not depend on S: only the speed does.
+
+Shape suffixes of local arrays (``counts_BxT`` = [B, T]): B rows, T steps, L longest
+generation, P passes.
 """
 
 from __future__ import annotations
@@ -57,17 +60,17 @@ def deterministic_counts(num_gen: np.ndarray, t: np.ndarray) -> np.ndarray:
 
   For T <= m every step reveals at least one: for i < T, t_i > 0 so floor(m (1 - t_i)) <= m - 1,
   and the forced totals satisfy total_i <= i <= m - 1, leaving the last step at least one."""
-  m = np.asarray(num_gen, np.int64)
+  m_B = np.asarray(num_gen, np.int64)
   steps = len(t) - 1
-  out = np.zeros((m.shape[0], steps), np.int64)
-  prev = np.zeros_like(m)
+  out_BxT = np.zeros((m_B.shape[0], steps), np.int64)
+  prev_B = np.zeros_like(m_B)
   for i in range(1, steps + 1):
     # The 1e-9 absorbs rounding (1 - t_i = i/T is not exact in binary floating point).
-    total = np.floor(m * (1.0 - t[i]) + 1e-9).astype(np.int64) if i < steps else m
-    total = np.minimum(np.maximum(total, prev + 1), m)
-    out[:, i - 1] = total - prev
-    prev = total
-  return out.astype(np.int32)
+    total_B = np.floor(m_B * (1.0 - t[i]) + 1e-9).astype(np.int64) if i < steps else m_B
+    total_B = np.minimum(np.maximum(total_B, prev_B + 1), m_B)
+    out_BxT[:, i - 1] = total_B - prev_B
+    prev_B = total_B
+  return out_BxT.astype(np.int32)
 
 
 def stochastic_counts(keys: jax.Array, num_gen: np.ndarray, t: np.ndarray) -> np.ndarray:
@@ -77,14 +80,14 @@ def stochastic_counts(keys: jax.Array, num_gen: np.ndarray, t: np.ndarray) -> np
   steps = len(t) - 1
   num_gen = np.asarray(num_gen, np.int64)
   length = int(max(np.max(num_gen, initial=0), 1))
-  u = 1.0 - np.asarray(jax.vmap(lambda k: jax.random.uniform(k, (length,), jnp.float32))(keys),
-                       np.float64)
-  step = np.searchsorted(-t[1:], -u, side="right")       # #{j: t_j >= u}, t decreasing
-  valid = np.arange(length)[None, :] < num_gen[:, None]
-  out = np.zeros((len(num_gen), steps), np.int64)
-  rows = np.broadcast_to(np.arange(len(num_gen))[:, None], step.shape)
-  np.add.at(out, (rows[valid], step[valid]), 1)
-  return out.astype(np.int32)
+  u_BxL = 1.0 - np.asarray(
+      jax.vmap(lambda k: jax.random.uniform(k, (length,), jnp.float32))(keys), np.float64)
+  step_BxL = np.searchsorted(-t[1:], -u_BxL, side="right")   # #{j: t_j >= u}, t decreasing
+  valid_BxL = np.arange(length)[None, :] < num_gen[:, None]
+  out_BxT = np.zeros((len(num_gen), steps), np.int64)
+  rows_BxL = np.broadcast_to(np.arange(len(num_gen))[:, None], step_BxL.shape)
+  np.add.at(out_BxT, (rows_BxL[valid_BxL], step_BxL[valid_BxL]), 1)
+  return out_BxT.astype(np.int32)
 
 
 @dataclasses.dataclass
@@ -133,16 +136,16 @@ class StepPlan:
 def step_work(counts: np.ndarray, prompt_len: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
   """(queries, catch-up slots) per step, int64 [B, T]: a step with k > 0 reveals k positions
   and first computes the slots of the previous step's tokens but the one its query 0 commits."""
-  counts = np.asarray(counts, np.int64)
-  m = np.asarray(prompt_len, np.int64).copy()
-  computed = m.copy()
-  catch = np.zeros_like(counts)
-  for i in range(counts.shape[1]):
-    active = counts[:, i] > 0
-    catch[:, i] = np.where(active, m - computed, 0)
-    computed = np.where(active, m + 1, computed)    # catch-up done; query 0 commits slot m
-    m = m + counts[:, i]
-  return counts, catch
+  counts_BxT = np.asarray(counts, np.int64)
+  m_B = np.asarray(prompt_len, np.int64).copy()
+  computed_B = m_B.copy()
+  catch_BxT = np.zeros_like(counts_BxT)
+  for i in range(counts_BxT.shape[1]):
+    active_B = counts_BxT[:, i] > 0
+    catch_BxT[:, i] = np.where(active_B, m_B - computed_B, 0)
+    computed_B = np.where(active_B, m_B + 1, computed_B)  # catch-up done; query 0 commits m
+    m_B = m_B + counts_BxT[:, i]
+  return counts_BxT, catch_BxT
 
 
 def choose_block(works: list[tuple[np.ndarray, np.ndarray]], pass_overhead: float = 4.0) -> int:
@@ -166,15 +169,15 @@ def plan_steps(counts: np.ndarray, prompt_len: np.ndarray, *, block: int | None 
   step, i.e. one pass per step): catch-up slots first, then the queries; a pass never holds
   two steps. Rows with fewer passes idle (k = ccount = 0) at the end. ``min_*`` let several
   batches share one compiled scan."""
-  queries, catch = step_work(counts, prompt_len)
-  width = queries + catch
-  block = int(block or max(1, np.max(width, initial=1)))
-  plen = np.asarray(prompt_len, np.int64)
+  queries_BxT, catch_BxT = step_work(counts, prompt_len)
+  width_BxT = queries_BxT + catch_BxT
+  block = int(block or max(1, np.max(width_BxT, initial=1)))
+  plen_B = np.asarray(prompt_len, np.int64)
   rows = []
-  for b in range(queries.shape[0]):
-    row, m, computed = [], int(plen[b]), int(plen[b])
-    for i in range(queries.shape[1]):
-      k, c = int(queries[b, i]), int(catch[b, i])
+  for b in range(queries_BxT.shape[0]):
+    row, m, computed = [], int(plen_B[b]), int(plen_B[b])
+    for i in range(queries_BxT.shape[1]):
+      k, c = int(queries_BxT[b, i]), int(catch_BxT[b, i])
       if k == 0:
         continue
       for start in range(0, k + c, block):
@@ -185,11 +188,11 @@ def plan_steps(counts: np.ndarray, prompt_len: np.ndarray, *, block: int | None 
       computed, m = m + 1, m + k
     rows.append(row)
   passes = max(min_passes, max(len(r) for r in rows), 1)
-  arr = np.zeros((5, passes, len(rows)), np.int64)
+  arr_5xPxB = np.zeros((5, passes, len(rows)), np.int64)
   for b, row in enumerate(rows):
     for i, item in enumerate(row):
-      arr[:, i, b] = item
-    arr[0, len(row):, b] = plen[b] + np.sum(queries[b])          # idle: frontier at the end
-  return StepPlan(*(a.astype(np.int32) for a in arr), block=block,
-                  queries=int(max(min_queries, np.max(arr[2], initial=1))),
-                  prefill=int(max(min_prefill, np.max(plen, initial=0))))
+      arr_5xPxB[:, i, b] = item
+    arr_5xPxB[0, len(row):, b] = plen_B[b] + np.sum(queries_BxT[b])   # idle: frontier at the end
+  return StepPlan(*(a.astype(np.int32) for a in arr_5xPxB), block=block,
+                  queries=int(max(min_queries, np.max(arr_5xPxB[2], initial=1))),
+                  prefill=int(max(min_prefill, np.max(plen_B, initial=0))))

@@ -24,6 +24,10 @@ Keys. A sample's stream is ``fold_in(key, sample_index)`` (`sample_keys`); the t
 position p is drawn with ``fold_in(fold_in(sample_key, TOKEN_STREAM), p)`` (`token_keys`), so a
 sample does not depend on the batch it ran in, on the step layout, or on the sampler (the AR
 decoder and the diffusion sampler in L2R order with T = n draw identical tokens).
+
+Shape suffixes of local arrays (``w_NxKxCB`` = [..., K, CB]): V vocabulary, R rows, C top-p
+candidates (`TOP_P_CANDIDATES`), K CDF blocks (``nb``), CB tokens per block (`CDF_BLOCK`); a
+leading N stands for the caller's leading axes ``...`` (rows, queries).
 """
 
 from __future__ import annotations
@@ -106,10 +110,10 @@ def top_p_cutoff(x: jax.Array, top_p: float, rule: str) -> jax.Array:
   """`_top_p_cutoff` over groups of `TOP_P_ROWS` rows (``lax.map``): memory-bound on the whole
   batch, cache-resident on a few rows."""
   lead = x.shape[:-1]
-  rows = x.reshape(-1, x.shape[-1])
-  out = jax.lax.map(lambda r: _top_p_cutoff(r, top_p, rule), rows,
-                    batch_size=min(TOP_P_ROWS, rows.shape[0]))
-  return out.reshape(*lead, 1)
+  rows_RxV = x.reshape(-1, x.shape[-1])
+  out_Rx1 = jax.lax.map(lambda r: _top_p_cutoff(r, top_p, rule), rows_RxV,
+                        batch_size=min(TOP_P_ROWS, rows_RxV.shape[0]))
+  return out_Rx1.reshape(*lead, 1)
 
 
 TOP_P_CANDIDATES = 1024   # values left in the bracket when the search moves to a compact copy
@@ -131,30 +135,30 @@ def _top_p_cutoff(x: jax.Array, top_p, rule: str) -> jax.Array:
   hold at most top_p); below c1 only the next value c0 can still qualify, when it is tied (its
   first occurrence has cumulative mass S(c0 excluded) + p(c0) <= top_p), and the top value is
   always kept. Equal to the sorted definition up to float64 summation order."""
-  mx = jnp.max(x, axis=-1, keepdims=True)
-  w = jnp.exp(x - mx)
-  z = jnp.sum(w, axis=-1, keepdims=True)
-  p = w / z
-  k = _ordered_key(x)
-  hi = jnp.max(k)                                                    # S(hi) = 0: ok
-  lo = jnp.min(jnp.where(jnp.isfinite(x), k, hi)) - 1                # S(lo) = 1: not ok
-  n_in = jnp.sum((k > lo) & (k < hi))
+  mx_1 = jnp.max(x, axis=-1, keepdims=True)
+  w_V = jnp.exp(x - mx_1)
+  z_1 = jnp.sum(w_V, axis=-1, keepdims=True)
+  p_V = w_V / z_1
+  k_V = _ordered_key(x)
+  hi = jnp.max(k_V)                                                  # S(hi) = 0: ok
+  lo = jnp.min(jnp.where(jnp.isfinite(x), k_V, hi)) - 1              # S(lo) = 1: not ok
+  n_in = jnp.sum((k_V > lo) & (k_V < hi))
   cap = min(TOP_P_CANDIDATES, x.shape[-1])
-  lo, hi, n_in, it = _halve(k, p, 0.0, top_p, rule, (lo, hi, n_in, jnp.int32(0)), cap)
-  idx = jnp.nonzero((k > lo) & (k < hi), size=cap, fill_value=x.shape[-1])[0]
-  got = idx < x.shape[-1]
-  idx = jnp.minimum(idx, x.shape[-1] - 1)
-  base = jnp.sum(jnp.where(k >= hi, p, 0.0))                         # mass at and above hi
-  _, u, _, _ = _halve(jnp.where(got, k[idx], hi), jnp.where(got, p[idx], 0.0), base, top_p, rule,
-                      (lo, hi, n_in, it), 0)
+  lo, hi, n_in, it = _halve(k_V, p_V, 0.0, top_p, rule, (lo, hi, n_in, jnp.int32(0)), cap)
+  idx_C = jnp.nonzero((k_V > lo) & (k_V < hi), size=cap, fill_value=x.shape[-1])[0]
+  got_C = idx_C < x.shape[-1]
+  idx_C = jnp.minimum(idx_C, x.shape[-1] - 1)
+  base = jnp.sum(jnp.where(k_V >= hi, p_V, 0.0))                     # mass at and above hi
+  _, u, _, _ = _halve(jnp.where(got_C, k_V[idx_C], hi), jnp.where(got_C, p_V[idx_C], 0.0), base,
+                      top_p, rule, (lo, hi, n_in, it), 0)
   u = u[..., None]
   if rule == "nucleus":
-    return jnp.min(jnp.where(k >= u, x, jnp.inf), axis=-1, keepdims=True)
-  c1 = jnp.minimum(jnp.min(jnp.where(k > u, x, jnp.inf), axis=-1, keepdims=True), mx)
-  c0 = jnp.max(jnp.where(x < c1, x, -jnp.inf), axis=-1, keepdims=True)
-  s1 = jnp.sum(jnp.where(x >= c1, p, 0.0), axis=-1, keepdims=True)
-  tied_ok = (s1 + jnp.exp(c0 - mx) / z <= top_p) & jnp.isfinite(c0)
-  return jnp.where(tied_ok, c0, c1)
+    return jnp.min(jnp.where(k_V >= u, x, jnp.inf), axis=-1, keepdims=True)
+  c1_1 = jnp.minimum(jnp.min(jnp.where(k_V > u, x, jnp.inf), axis=-1, keepdims=True), mx_1)
+  c0_1 = jnp.max(jnp.where(x < c1_1, x, -jnp.inf), axis=-1, keepdims=True)
+  s1_1 = jnp.sum(jnp.where(x >= c1_1, p_V, 0.0), axis=-1, keepdims=True)
+  tied_ok_1 = (s1_1 + jnp.exp(c0_1 - mx_1) / z_1 <= top_p) & jnp.isfinite(c0_1)
+  return jnp.where(tied_ok_1, c0_1, c1_1)
 
 
 def _halve(k, p, base, top_p, rule: str, state, stop: int):
@@ -233,16 +237,16 @@ def inverse_cdf(x: jax.Array, u: jax.Array) -> jax.Array:
   lead, v = x.shape[:-1], x.shape[-1]
   nb = -(-v // CDF_BLOCK)
   x = jnp.pad(x, [(0, 0)] * len(lead) + [(0, nb * CDF_BLOCK - v)], constant_values=-jnp.inf)
-  w = jnp.exp(x - jnp.max(x, axis=-1, keepdims=True)).reshape(*lead, nb, CDF_BLOCK)
-  mass = jnp.sum(w, axis=-1)
-  ends = jnp.cumsum(mass, axis=-1)                                   # P[1..nb]
-  target = u[..., None] * ends[..., -1:]
+  w_NxKxCB = jnp.exp(x - jnp.max(x, axis=-1, keepdims=True)).reshape(*lead, nb, CDF_BLOCK)
+  mass_NxK = jnp.sum(w_NxKxCB, axis=-1)
+  ends_NxK = jnp.cumsum(mass_NxK, axis=-1)                           # P[1..nb]
+  target_Nx1 = u[..., None] * ends_NxK[..., -1:]
   # u * total can round up to total when u is within 2^-53 of 1: stay on the last live block.
-  last_block = nb - 1 - jnp.argmax((mass > 0)[..., ::-1], axis=-1)
-  b = jnp.minimum(jnp.sum(ends <= target, axis=-1), last_block)
-  start = jnp.where(b > 0, jnp.take_along_axis(ends, jnp.maximum(b - 1, 0)[..., None], axis=-1)[
-      ..., 0], 0.0)
-  wb = jnp.take_along_axis(w, b[..., None, None], axis=-2)[..., 0, :]    # [..., CDF_BLOCK]
-  idx = jnp.sum(start[..., None] + jnp.cumsum(wb, axis=-1) <= target, axis=-1)
-  last = CDF_BLOCK - 1 - jnp.argmax((wb > 0)[..., ::-1], axis=-1)
-  return (b * CDF_BLOCK + jnp.minimum(idx, last)).astype(jnp.int32)
+  last_block_N = nb - 1 - jnp.argmax((mass_NxK > 0)[..., ::-1], axis=-1)
+  b_N = jnp.minimum(jnp.sum(ends_NxK <= target_Nx1, axis=-1), last_block_N)
+  start_N = jnp.where(b_N > 0, jnp.take_along_axis(
+      ends_NxK, jnp.maximum(b_N - 1, 0)[..., None], axis=-1)[..., 0], 0.0)
+  wb_NxCB = jnp.take_along_axis(w_NxKxCB, b_N[..., None, None], axis=-2)[..., 0, :]
+  idx_N = jnp.sum(start_N[..., None] + jnp.cumsum(wb_NxCB, axis=-1) <= target_Nx1, axis=-1)
+  last_N = CDF_BLOCK - 1 - jnp.argmax((wb_NxCB > 0)[..., ::-1], axis=-1)
+  return (b_N * CDF_BLOCK + jnp.minimum(idx_N, last_N)).astype(jnp.int32)
