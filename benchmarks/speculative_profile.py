@@ -2,9 +2,10 @@
 times inside one ``lax.fori_loop`` (no dispatch per round), timed interleaved (best of
 ``--repeats``), per round in milliseconds:
 
-* ``round K=k``: the whole round of `sampling.speculative` (block k: k causal slots + the draft
-  queries, head, accept / residual / draw, cache and token writes);
-* ``trunk K=k``: `AOGPT.hidden_slots` alone on the same slots, mask and cache;
+* ``round K=k LAYOUT``: the whole round of `sampling.speculative` (block k: k causal slots + the
+  draft queries of ``sample.draft_queries=LAYOUT``, head, accept / residual / draw, cache and
+  token writes);
+* ``trunk K=k LAYOUT``: `AOGPT.hidden_slots` alone on the same slots, mask and cache;
 * ``trunk causal K=k``: the same on the k causal slots only (no draft queries);
 * ``AR step`` / ``AR trunk``: one step of the AR decoder (one slot per row, head, draw) and its
   `hidden_slots` alone.
@@ -47,10 +48,11 @@ def looped(fn, rounds: int):
   return jax.jit(lambda carry: jax.lax.fori_loop(0, rounds, lambda _, c: fn(c), carry))
 
 
-def spec_pieces(m, order, keys, K: int, *, temperature: float):
+def spec_pieces(m, order, keys, K: int, queries: str, *, temperature: float):
   """(name, looped fn body, initial carry) for the round and its trunk at block K."""
   batch, n = order.shape
-  cache_len = n + K * (K - 1)
+  grp = spec.query_layout(K, queries)[0]
+  cache_len = n + grp.size
   filt = lambda lg: jax.nn.log_softmax(tokens_lib.filter_logits(lg, temperature=temperature),
                                        axis=-1)
   tokens = jnp.zeros((batch, n), jnp.int32)
@@ -59,12 +61,11 @@ def spec_pieces(m, order, keys, K: int, *, temperature: float):
            jnp.zeros((batch, max(K - 1, 1), m.cfg.vocab_size), jnp.float64),
            jnp.zeros((batch,), jnp.int32), jnp.full((batch,), K, jnp.int32), jnp.int32(0), None)
   rnd = functools.partial(spec._round, m, order, keys, filt, K=K, kmax=K, cache_len=cache_len,
-                          debug=False)
+                          queries=queries, debug=False)
   # The trunk on the slots of a round at frontier n // 2 with K - 1 pending drafts.
   c = n // 2
-  S = K + K * (K - 1)
-  src = jnp.concatenate([c + jnp.arange(K), jnp.repeat(c + jnp.arange(K), K - 1)]).astype(
-      jnp.int32)
+  S = K + grp.size
+  src = jnp.concatenate([c + jnp.arange(K), c + jnp.asarray(grp)]).astype(jnp.int32)
   src = jnp.broadcast_to(src, (batch, S))
   tok, pos = orders_lib.rank_slots(order, tokens, src)
   tgt = jnp.take_along_axis(order, jnp.minimum(src + 1, n - 1), axis=1)
@@ -82,9 +83,11 @@ def spec_pieces(m, order, keys, K: int, *, temperature: float):
     return body
 
   t0 = (m.init_cache(batch, cache_len), jnp.float32(0))
-  return [(f"round K={K}", lambda cr: rnd(cr)[0], carry),
-          (f"trunk K={K}", trunk(slice(None)), t0),
-          (f"trunk causal K={K}", trunk(slice(0, K)), t0)]
+  name = f"K={K} {queries} ({S} slots)"
+  out = [(f"round {name}", lambda cr: rnd(cr)[0], carry), (f"trunk {name}", trunk(slice(None)), t0)]
+  if queries == "taper":
+    out.append((f"trunk causal K={K} ({K} slots)", trunk(slice(0, K)), t0))
+  return out
 
 
 def ar_pieces(m, batch: int, n: int, keys, *, temperature: float):
@@ -117,6 +120,7 @@ def main(argv=None) -> dict:
   ap.add_argument("--batch", type=int, default=8)
   ap.add_argument("--length", type=int, default=128)
   ap.add_argument("--drafts", default="2,4,8")
+  ap.add_argument("--queries", default="taper,all", help="sample.draft_queries layouts")
   ap.add_argument("--temperature", type=float, default=1.0)
   ap.add_argument("--rounds", type=int, default=64)
   ap.add_argument("--repeats", type=int, default=5)
@@ -133,8 +137,9 @@ def main(argv=None) -> dict:
   with tokens_lib.exact_sampling():
     keys = tokens_lib.stream(tokens_lib.sample_keys(jax.random.key(0), b), tokens_lib.TOKEN_STREAM)
     pieces += ar_pieces(m, b, n, keys, temperature=args.temperature)
-    for k in [int(d) for d in args.drafts.split(",")]:
-      pieces += spec_pieces(m, order, keys, k, temperature=args.temperature)
+    for q in args.queries.split(","):
+      for k in [int(d) for d in args.drafts.split(",")]:
+        pieces += spec_pieces(m, order, keys, k, q, temperature=args.temperature)
     fns = []
     for name, body, carry in pieces:
       f = looped(body, args.rounds)
