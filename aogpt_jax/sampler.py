@@ -84,6 +84,7 @@ class SampleSettings:
   greedy: bool = False                  # argmax instead of sampling (temperature/top_p unused)
   method: str = "diffusion"             # diffusion | ar | uncached | encoder | speculative
   draft: Any = "auto"                   # speculative: drafts per round, int >= 1 or "auto"
+  draft_queries: str = "taper"          # speculative: taper | all (draft queries per slot)
 
   def validate(self, cfg: ModelConfig) -> None:
     """Raises ValueError naming the bad setting."""
@@ -108,6 +109,7 @@ class SampleSettings:
                               and 1 <= d <= self.length)):
         raise ValueError(f"sample.draft: must be 'auto' or an integer in [1, length="
                          f"{self.length}], got {d!r}")
+      check_choice("sample.draft_queries", self.draft_queries, spec_lib.QUERY_PLANS)
       if self.greedy:
         raise ValueError("sample.greedy: not supported with sample.method='speculative' "
                          "(greedy decoding is deterministic; use method='ar' or 'diffusion')")
@@ -233,9 +235,9 @@ def plan(batches: Sequence[Prepared], *, block: int | None = None, pass_overhead
   return [schedules.plan_steps(p.counts, p.prompt_len, block=block, **mins) for p in batches]
 
 
-@model_jit.jit("kind", "shape", "draw", "draft")
+@model_jit.jit("kind", "shape", "draw", "draft", "queries")
 def _run_jit(model, order, tokens0, prompt_len, tok_keys, passes: Passes | None, *, kind: str,
-             shape: PassShape | None, draw: Draw, draft):
+             shape: PassShape | None, draw: Draw, draft, queries=None):
   """Every sampler behind one jit: ``kind`` (sample.method) picks it; ``shape`` (planned
   methods), ``draw`` and ``draft`` (speculative) are static."""
   if kind == "ar":
@@ -243,7 +245,7 @@ def _run_jit(model, order, tokens0, prompt_len, tok_keys, passes: Passes | None,
   if kind == "speculative":
     toks, npasses, trace = spec_lib.sample_speculative(
         model, order, tokens0, prompt_len, tok_keys, draft=draft, temperature=draw.temperature,
-        top_p=draw.top_p, top_p_rule=draw.top_p_rule, debug=draw.debug)
+        top_p=draw.top_p, top_p_rule=draw.top_p_rule, queries=queries, debug=draw.debug)
     return toks, (npasses, trace)
   if kind == "diffusion":
     return diffusion.sample_cached(model, order, tokens0, prompt_len, tok_keys, passes, shape,
@@ -255,16 +257,17 @@ def _run_jit(model, order, tokens0, prompt_len, tok_keys, passes: Passes | None,
 def _jit_args(p: Prepared, pl: schedules.StepPlan | None, s: SampleSettings, debug: bool):
   draw = Draw(temperature=float(s.temperature), top_p=float(s.top_p),
               top_p_rule=str(s.top_p_rule), greedy=bool(s.greedy), debug=bool(debug))
-  shape, passes, draft = None, None, None
+  shape, passes, draft, queries = None, None, None, None
   if s.method == "ar":
     shape = PassShape(block=1, queries=1, prefill=int(p.prompt_len.min()))
   elif s.method == "speculative":
     draft = s.draft if s.draft == "auto" else int(s.draft)
+    queries = str(s.draft_queries)
   else:
     shape, passes = pl.shape(), pl.passes()
   args = (jnp.asarray(p.order), jnp.asarray(p.tokens0),
           jnp.asarray(p.prompt_len), p.tok_keys, passes)
-  return args, dict(kind=s.method, shape=shape, draw=draw, draft=draft)
+  return args, dict(kind=s.method, shape=shape, draw=draw, draft=draft, queries=queries)
 
 
 def compile_sampler(model: AOGPT, p: Prepared, pl: schedules.StepPlan | None,
@@ -308,6 +311,7 @@ def sample_config() -> ml_collections.ConfigDict:
   return ml_collections.ConfigDict(dict(
       method="diffusion",          # diffusion | ar | uncached | speculative | encoder (MDM model)
       draft="auto",                # speculative: drafts per round, "auto" or an integer ("4")
+      draft_queries="taper",       # speculative: taper (fewer after early slots) | all
       num_samples=8,
       batch_size=8,
       length=0,                    # 0: model.block_size
@@ -345,7 +349,8 @@ def settings_from_config(c: ml_collections.ConfigDict, cfg: ModelConfig) -> Samp
                         temperature=float(c.temperature), top_p=float(c.top_p),
                         top_p_rule=str(c.get("top_p_rule", "published")),
                         greedy=bool(c.greedy), method=c.method,
-                        draft=parse_draft(c.get("draft", "auto")))
+                        draft=parse_draft(c.get("draft", "auto")),
+                        draft_queries=str(c.get("draft_queries", "taper")))
 
 
 def parse_draft(value) -> Any:

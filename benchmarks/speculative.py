@@ -6,7 +6,8 @@ and with random weights, at batch ``--batch`` and length ``--length`` (unconditi
 
 * speed, at every temperature in ``--temperatures`` (top-p ``--top_p``): forward passes per
   token and wall time of AR decoding (L2R), the T = n diffusion sampler (one token per pass; L2R
-  and random order) and the speculative sampler with K in ``--drafts`` (L2R and random order).
+  and random order) and the speculative sampler with K in ``--drafts`` (L2R and random order)
+  and every ``sample.draft_queries`` layout in ``--queries`` (labelled "(all)" in the table).
   All of these are exact samplers of the same distribution (per order and temperature). Wall
   time: best of ``--repeats`` runs after a warm-up, the runs of all configurations of one model
   and temperature (AR included) interleaved round by round (fair on a shared machine), so "vs
@@ -78,10 +79,10 @@ def l2r_nll(m, tokens: np.ndarray) -> float:
   return float(-jnp.mean(jnp.take_along_axis(logp, jnp.asarray(tokens)[..., None], -1)))
 
 
-def build(m, args, *, method, order, temperature, steps=None, draft=None):
+def build(m, args, *, method, order, temperature, steps=None, draft=None, queries="taper"):
   s = sampler.SampleSettings(length=args.length, steps=steps or args.length, method=method,
                              order=order, draft=draft if draft is not None else "auto",
-                             temperature=temperature, top_p=args.top_p)
+                             draft_queries=queries, temperature=temperature, top_p=args.top_p)
   p = sampler.prepare(m.cfg, jax.random.key(args.seed), s, batch=args.batch)
   pl = None if method in sampler.PLANLESS_METHODS else sampler.plan([p], method=method)[0]
   run = lambda: sampler.sample_batch(m, p, pl, s)            # jit-cached: shared by models of one shape
@@ -90,7 +91,7 @@ def build(m, args, *, method, order, temperature, steps=None, draft=None):
   row = {"method": method, "order": order, "temperature": temperature,
          "compile_and_first_run_s": round(time.perf_counter() - t0, 2)}
   if method == "speculative":
-    row["draft"] = draft
+    row["draft"], row["queries"] = draft, queries
   if method == "diffusion":
     row["steps"] = s.steps
   toks, passes = out.tokens, out.passes
@@ -124,9 +125,12 @@ def bench_model(m, args, *, quality: bool, temperature: float) -> list[dict]:
   built = [mk(method="ar", order="l2r")]
   for order in args.orders.split(","):
     built.append(mk(method="diffusion", order=order))
-    for d in drafts:
-      built.append(mk(method="speculative", order=order, draft=d))
-      print(json.dumps(built[-1][0]), flush=True)
+    for q in args.queries.split(","):
+      for d in drafts:
+        if d == 2 and q == "all" and "taper" in args.queries:
+          continue                                      # K = 2: the same layout either way
+        built.append(mk(method="speculative", order=order, draft=d, queries=q))
+        print(json.dumps(built[-1][0]), flush=True)
   load = time_all(built, args)
   ar = built[0][0]["run_s"]
   rows = []
@@ -152,8 +156,9 @@ def table(result) -> str:
          "parallel at same passes: T, L2R NLL, entropy |", "|" + "---|" * 10]
   for name, rows in result["models"].items():
     for r in rows:
-      label = {"ar": "AR", "diffusion": f"T={r.get('steps')}"}.get(r["method"],
-                                                                  f"spec K={r.get('draft')}")
+      label = {"ar": "AR", "diffusion": f"T={r.get('steps')}"}.get(
+          r["method"], f"spec K={r.get('draft')}" + (" (all)" if r.get("queries") == "all"
+                                                     else ""))
       par = r.get("parallel_same_passes")
       par_s = f"T={par['steps']}, {par['l2r_nll']}, {par['entropy']}" if par else ""
       out.append(f"| {name} | {r['temperature']} | {label} | {r['order']} | "
@@ -171,6 +176,8 @@ def main(argv=None) -> dict:
   ap.add_argument("--length", type=int, default=128)
   ap.add_argument("--drafts", default="2,4,8,auto")
   ap.add_argument("--orders", default="l2r,random")
+  ap.add_argument("--queries", default="taper",
+                  help="sample.draft_queries values, comma-separated (taper, all)")
   ap.add_argument("--temperatures", default="1.0,0.7", help="comma-separated")
   ap.add_argument("--top_p", type=float, default=1.0)
   ap.add_argument("--repeats", type=int, default=3)

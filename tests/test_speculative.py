@@ -41,9 +41,10 @@ def _random_orders(key, batch, positions, prefix=()):
   return jnp.concatenate([pre, perms], axis=1).astype(jnp.int32)
 
 
-@pytest.mark.parametrize("draft", [2, 3])
-def test_random_order_is_ancestral(model, seqs, draft):
-  toks, passes = _run(model, 10 + draft, _random_orders(1, N_SAMPLES, range(LEN)), draft=draft)
+@pytest.mark.parametrize("draft,queries", [(2, "taper"), (3, "taper"), (3, "all")])
+def test_random_order_is_ancestral(model, seqs, draft, queries):
+  toks, passes = _run(model, 10 + draft, _random_orders(1, N_SAMPLES, range(LEN)), draft=draft,
+                      queries=queries)
   hist = histogram(toks, V)
   exact = mixture_over_orders(model, seqs, range(LEN), [1] * LEN)
   assert chisquare_p(hist, exact, N_SAMPLES) > 1e-3
@@ -103,15 +104,16 @@ def _explicit_mask_logits(m, tokens, order):
   return m.head(h, tgt)
 
 
-@pytest.mark.parametrize("draft", [3, "auto"])
-def test_verify_and_draft_logits_equal_uncached_forward(draft):
+@pytest.mark.parametrize("draft,queries", [(4, "taper"), ("auto", "taper"), (3, "all")])
+def test_verify_and_draft_logits_equal_uncached_forward(draft, queries):
   """Every round's causal-slot logits equal the explicit-mask causal forward over the known
   tokens plus the pending drafts, and the draft queries of causal slot c+i equal the
   explicit-mask parallel forward with context ranks < c+i; a prompt at positions 2 and 5
   (infilling). All rounds of all rows are checked in one batched uncached call each."""
   m = tiny_model()
   n, batch = 10, 3
-  s = sampler.SampleSettings(length=n, method="speculative", draft=draft, temperature=0.9)
+  s = sampler.SampleSettings(length=n, method="speculative", draft=draft, temperature=0.9,
+                             draft_queries=queries)
   prompt = prompts.pairs_prompt([[(2, 4), (5, 7)]] * batch, n, m.cfg.valid_vocab_size)
   out = sampler.generate(m, jax.random.key(3), s, prompt=prompt, debug=True)
   tr, order, final = out.logits, out.order, out.tokens
@@ -132,13 +134,16 @@ def test_verify_and_draft_logits_equal_uncached_forward(draft):
   q, _, _ = jax.jit(lambda o, t, c, k: diffusion.full_step_logits(
       m, o, t, c, jnp.zeros_like(c), k, queries=kmax))(orders, toks, known, ks)
   full = np.asarray(jax.jit(lambda t, o: _explicit_mask_logits(m, t, o))(toks, orders))
-  q = np.asarray(q)
+  q, checked = np.asarray(q), 0
   for r, (i, b, src) in enumerate(where):
     kv, c = int(ks[r]), int(known[r])
     slot = 0 if c == 0 else order[b, c - 1] + 1        # the slot holding rank c-1's token
     np.testing.assert_allclose(tr["p"][i, b, src], full[r, slot], atol=2e-5, rtol=1e-5)
     np.testing.assert_allclose(tr["p"][i, b, src], q[r, 0], atol=2e-5, rtol=1e-5)
-    np.testing.assert_allclose(tr["q"][i, b, src, :kv - 1], q[r, 1:kv], atol=2e-5, rtol=1e-5)
+    e = min(kv - 1, int(tr["e"][i, b, src]))           # the queries slot c+src had
+    np.testing.assert_allclose(tr["q"][i, b, src, :e], q[r, 1:1 + e], atol=2e-5, rtol=1e-5)
+    checked += e
+  assert checked >= len(where)
 
 
 def test_one_pass_per_round_all_accepted(monkeypatch):
@@ -183,7 +188,8 @@ def test_sample_independent_of_batch_composition(draft):
 def test_settings_and_config_checks():
   cfg = tiny_model().cfg
   for bad, msg in [(dict(draft=0), "sample.draft"), (dict(draft="x"), "sample.draft"),
-                   (dict(draft=True), "sample.draft"), (dict(greedy=True), "sample.greedy")]:
+                   (dict(draft=True), "sample.draft"), (dict(greedy=True), "sample.greedy"),
+                   (dict(draft_queries="some"), "sample.draft_queries")]:
     with pytest.raises(ValueError, match=msg):
       sampler.SampleSettings(length=8, method="speculative", **bad).validate(cfg)
   c = sampler.sample_config()

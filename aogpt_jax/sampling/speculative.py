@@ -8,16 +8,22 @@ pass runs
     draft d_{i-1} after; written at cache index c+i; each sees the cache below its rank and the
     slots of this pass before it): slot c+i gives the exact ancestral conditional
     p_i = p(x_{sigma_{c+i}} | known, d_0..d_{i-1});
-  * for EVERY causal slot c+i, the Figure 10 draft queries of the next round: K-1 copies of that
-    slot with targets sigma_{c+i+1..c+i+K-1} (each sees what slot c+i sees and itself; written at
-    scratch indices >= n, which no other slot reads), giving q_{i,t} = p(x_{sigma_{c+i+t}} |
-    ranks < c+i).
+  * the Figure 10 draft queries of the next round: copies of causal slot c+i with targets
+    sigma_{c+i+1..c+i+e} (each sees what slot c+i sees and itself; written at scratch indices
+    >= n, which no other slot reads), giving q_{i,t} = p(x_{sigma_{c+i+t}} | ranks < c+i):
+    e = K-1 for the slot c+m after the last draft (used when all m are accepted) and, for the
+    slots c+i, i < m (used after a rejection at i), e = K-1 with ``draft_queries="all"`` or
+    the tapered max(1, (K-1) >> (i+1)) with ``"taper"`` (default; `query_groups`): a round
+    stops early far more often than late, so most of the K (K-1) queries of "all" are never
+    used; the taper computes K + K-1 + sum(e_i) slots (K = 8: 24 instead of 64).
 Accept d_i with probability min(1, p_i(d_i) / q_i(d_i)) for i = 0, 1, ..; let a be the number
 accepted. The token of rank c+a is drawn from the residual norm(max(p_a - q_a, 0)) if d_a was
 rejected, else (all m accepted) from p_m (the "bonus"). Both ways the known prefix grows to
 c' = c+a+1, and the next round's drafts are the queries of causal slot c+a, which condition on
 ranks < c+a: all of them known (accepted) tokens, never a rejected draft. So every round is one
 pass, whatever is rejected, and yields a+1 tokens: at least one, K when all K-1 drafts pass.
+The number of drafts (K-1 after an all-accepted round, e_a after a rejection at a) is fixed by
+the round's outcome before any draft is drawn.
 Exactness: the standard speculative-sampling argument (Leviathan et al. 2023, Chen et al. 2023)
 applied token by token: P(accept d = x) + P(reject) * residual(x) = min(p,q)(x) + (p - min(p,q))(x)
 = p(x), and p_i conditions on exactly the tokens before it in sigma, so the sequence is drawn
@@ -31,7 +37,7 @@ token). Slot c' and above may hold a rejected draft; the next pass rewrites slot
 causal slot) before anything reads it, and a slot reads only indices below its rank plus
 itself, so rejected drafts leave no trace.
 Batching: every row keeps its own frontier c and pending count m inside one `lax.while_loop` with
-static shapes (block K: K causal slots + K (K-1) draft queries per row); finished rows idle
+static shapes (block K: K causal slots + the draft queries per row); finished rows idle
 (their slots write past the cache end). Keys: the round of a row with frontier c draws all its
 uniforms at once from ``fold_in(fold_in(token_key, SPEC_STREAM), c)`` (`_round_uniforms`: drafts,
 accepts, the drawn token); c strictly increases, so no uniform is reused (the K alternative
@@ -46,12 +52,6 @@ the smallest static block in 2, 4, .., AUTO_MAX that holds every live row's K an
 What K changes: the samples' distribution is the same for every K and "auto"; the tokens drawn
 under one key differ between K (the rounds split differently); for a fixed K they do not depend
 on the batch they ran in.
-
-Shape suffixes of local arrays (``mask_BxXxC`` = [B, X, C]): B rows, N sequence length n,
-K causal slots of a pass (the static block), E = K - 1 draft queries per causal slot,
-X = K + K E slots of a pass, Y = K E draft-query slots, C cache length n + W (W - 1),
-W = the largest K (``kmax``), W1 = W - 1, L = max(E, 1) stored drafts compared, V vocabulary,
-D model width.
 """
 
 from __future__ import annotations
@@ -60,8 +60,10 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from aogpt_jax import orders as orders_lib
+from aogpt_jax.layers import check_choice
 from aogpt_jax.model import AOGPT, NO_TARGET
 from aogpt_jax.sampling import tokens as tokens_lib
 
@@ -102,96 +104,151 @@ def _gather_v(x, idx):
   return jnp.take_along_axis(x, idx[:, None, None], axis=1)[:, 0]
 
 
+QUERY_PLANS = ("taper", "all")
+
+
+def query_groups(K: int, queries: str) -> tuple[int, ...]:
+  """Draft queries of causal slot c+i for i < K-1, used when the round stops at a = i < m (a
+  rejection there): ``"all"``: K-1 each; ``"taper"``: max(1, (K-1) >> (i+1)) (with per-draft
+  acceptance alpha a round stops at i with chance ~alpha^i (1 - alpha), so later slots rarely
+  supply the drafts). The slot c+m that follows the last pending draft (all accepted) always has
+  K-1 queries (the "bonus" group)."""
+  check_choice("sample.draft_queries", queries, QUERY_PLANS)
+  e = K - 1
+  return tuple(e if queries == "all" else max(1, e >> (i + 1)) for i in range(e))
+
+
+def _row_sizes(i, bonus, k, queries: str):
+  """Traced `query_groups` for a row's own K = k [B, 1] (``draft="auto"``): the drafts group i
+  (``bonus``: the bonus group) gives; at most the block's static group size since k <= K, and
+  independent of the block the batch ran with."""
+  e = k - 1
+  if queries == "all":
+    return jnp.broadcast_to(e, jnp.broadcast_shapes(jnp.shape(i), e.shape))
+  return jnp.where(bonus, e, jnp.minimum(e, jnp.maximum(1, jnp.right_shift(e, i + 1))))
+
+
+def query_layout(K: int, queries: str):
+  """Static layout of the draft queries of a block K: per query its group (0..K-2: causal slot
+  i when a = i < m; K-1: the bonus group, causal slot m) and offset t >= 1, and per group its
+  first query and size (numpy int32)."""
+  sizes = np.asarray(query_groups(K, queries) + (K - 1,), np.int32)
+  grp = np.repeat(np.arange(K, dtype=np.int32), sizes)
+  first = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int32)
+  return grp, (np.arange(grp.size) - first[grp] + 1).astype(np.int32), first, sizes
+
+
 def _round(model, order, tok_keys, filt, carry, *, K: int, kmax: int, cache_len: int,
-           debug: bool):
+           queries: str, debug: bool):
   """One round (one pass) with static block K: causal slots c..c+m (m <= K-1 pending drafts)
-  and K-1 draft queries per causal slot; every row drafts its own k - 1 <= K - 1 next."""
-  cache, tokens_BxN, c_B, m_B, logq_BxW1xV, passes_B, k_row_B, it, trace = carry
+  and the draft queries of `query_layout`; every row drafts its own k - 1 <= K - 1 next."""
+  cache, tokens, c, m, logq, passes, k_row, it, trace = carry
   batch, n = order.shape
-  uni_Bx3xW = _round_uniforms(tok_keys, c_B, kmax)
+  uni = _round_uniforms(tok_keys, c, kmax)
   E = K - 1
-  kk_1x1xC = jnp.arange(cache_len, dtype=jnp.int32)[None, None, :]
-  i_1xK = jnp.arange(K, dtype=jnp.int32)[None, :]
-  t_1x1xE = jnp.arange(1, K, dtype=jnp.int32)[None, None, :]
-  live_B = c_B < n
-  c_Bx1, m_Bx1, k_Bx1 = c_B[:, None], m_B[:, None], jnp.minimum(k_row_B, K)[:, None]
-  crank_BxK = c_Bx1 + i_1xK
-  cvalid_BxK = live_B[:, None] & (i_1xK <= m_Bx1) & (crank_BxK < n)
-  xrank_BxKxE = crank_BxK[:, :, None] + t_1x1xE
-  xvalid_BxKxE = cvalid_BxK[:, :, None] & (t_1x1xE < k_Bx1[:, :, None]) & (xrank_BxKxE < n)
-  src_BxX = jnp.concatenate([crank_BxK, jnp.broadcast_to(
-      crank_BxK[:, :, None], xrank_BxKxE.shape).reshape(batch, K * E)], axis=1)  # whose copy
-  valid_BxX = jnp.concatenate([cvalid_BxK, xvalid_BxKxE.reshape(batch, K * E)], axis=1)
-  tgt_rank_BxX = jnp.concatenate([crank_BxK, xrank_BxKxE.reshape(batch, K * E)], axis=1)
-  tok_BxX, pos_BxX = orders_lib.rank_slots(order, tokens_BxN, src_BxX)
-  tgt_pos_BxX = jnp.take_along_axis(order, jnp.clip(tgt_rank_BxX, 0, n - 1), axis=1)
-  scratch_1xY = n + jnp.arange(K * E, dtype=jnp.int32)[None, :]
-  write_BxX = jnp.where(valid_BxX, jnp.concatenate(
-      [crank_BxK, jnp.broadcast_to(scratch_1xY, (batch, K * E))], axis=1), cache_len)
-  mask_BxXxC = (((kk_1x1xC < src_BxX[:, :, None]) | (kk_1x1xC == write_BxX[:, :, None]))
-                & valid_BxX[:, :, None])
-  hidden_BxXxD, cache = model.hidden_slots(
-      tok_BxX, pos_BxX, jnp.where(valid_BxX, tgt_pos_BxX, NO_TARGET).astype(jnp.int32),
-      mask=mask_BxXxC, cache=cache, write_index=write_BxX)
-  raw_p_BxKxV = model.head(hidden_BxXxD[:, :K], tgt_pos_BxX[:, :K])
-  logp_BxKxV = filt(raw_p_BxKxV)                 # p_i: rank c+i given ranks < c+i
-  v = logp_BxKxV.shape[-1]
+  grp, qt, first, _ = query_layout(K, queries)
+  Q = grp.size
+  kk = jnp.arange(cache_len, dtype=jnp.int32)[None, None, :]
+  i = jnp.arange(K, dtype=jnp.int32)[None, :]
+  t = jnp.arange(1, K, dtype=jnp.int32)[None, :]
+  live = c < n
+  c2, m2, k2 = c[:, None], m[:, None], jnp.minimum(k_row, K)[:, None]
+  crank = c2 + i                                                        # [B, K]
+  cvalid = live[:, None] & (i <= m2) & (crank < n)
+  qsrc = jnp.where(grp[None, :] == E, m2, grp[None, :])                 # [B, Q]: causal slot
+  xrank = c2 + qsrc + qt[None, :]
+  bonus = grp[None, :] == E
+  xvalid = (live[:, None] & (bonus | (grp[None, :] < m2)) & (xrank < n)
+            & (qt[None, :] <= _row_sizes(grp[None, :], bonus, k2, queries)))
+  src = jnp.concatenate([crank, c2 + qsrc], axis=1)                     # whose slot copy
+  valid = jnp.concatenate([cvalid, xvalid], axis=1)
+  tgt_rank = jnp.concatenate([crank, xrank], axis=1)
+  tok, pos = orders_lib.rank_slots(order, tokens, src)
+  tgt_pos = jnp.take_along_axis(order, jnp.clip(tgt_rank, 0, n - 1), axis=1)
+  scratch = n + jnp.arange(Q, dtype=jnp.int32)[None, :]
+  write = jnp.where(valid, jnp.concatenate(
+      [crank, jnp.broadcast_to(scratch, (batch, Q))], axis=1), cache_len)
+  mask = ((kk < src[:, :, None]) | (kk == write[:, :, None])) & valid[:, :, None]
+  hidden, cache = model.hidden_slots(
+      tok, pos, jnp.where(valid, tgt_pos, NO_TARGET).astype(jnp.int32), mask=mask, cache=cache,
+      write_index=write)
+  raw_p = model.head(hidden[:, :K], tgt_pos[:, :K])
+  logp = filt(raw_p)                               # p_i: rank c+i given ranks < c+i
   # Accept / reject the pending drafts d_i (rank c+i, i < m) against p_i.
-  dpos_BxK = tgt_pos_BxX[:, :K]                  # positions of ranks c..c+K-1
-  d_BxK = jnp.take_along_axis(tokens_BxN, dpos_BxK, axis=1)
-  lq_BxLxV = logq_BxW1xV[:, :max(E, 1)]
-  lp_d_BxL = jnp.take_along_axis(logp_BxKxV[:, :lq_BxLxV.shape[1]],
-                                 d_BxK[:, :lq_BxLxV.shape[1], None], axis=-1)[..., 0]
-  lq_d_BxL = jnp.take_along_axis(lq_BxLxV, d_BxK[:, :lq_BxLxV.shape[1], None], axis=-1)[..., 0]
-  u_BxL = uni_Bx3xW[:, 1, :lq_BxLxV.shape[1]]
-  acc_BxL = ((u_BxL < jnp.exp(jnp.minimum(lp_d_BxL - lq_d_BxL, 0.0)))
-             & (i_1xK[:, :lq_BxLxV.shape[1]] < m_Bx1))
-  a_B = jnp.sum(jnp.cumprod(acc_BxL.astype(jnp.int32), axis=1), axis=1).astype(jnp.int32)
+  dpos = tgt_pos[:, :K]                            # positions of ranks c..c+K-1
+  d = jnp.take_along_axis(tokens, dpos, axis=1)
+  lq = logq[:, :max(E, 1)]
+  lp_d = jnp.take_along_axis(logp[:, :lq.shape[1]], d[:, :lq.shape[1], None], axis=-1)[..., 0]
+  lq_d = jnp.take_along_axis(lq, d[:, :lq.shape[1], None], axis=-1)[..., 0]
+  u = uni[:, 1, :lq.shape[1]]
+  acc = (u < jnp.exp(jnp.minimum(lp_d - lq_d, 0.0))) & (i[:, :lq.shape[1]] < m2)
+  a = jnp.sum(jnp.cumprod(acc.astype(jnp.int32), axis=1), axis=1).astype(jnp.int32)
   # The token of rank c + a: the residual at the first rejection, else the bonus p_m.
-  rej_B = a_B < m_B
-  p_a_BxV = _gather_v(logp_BxKxV, jnp.minimum(a_B, K - 1))
-  q_a_BxV = _gather_v(lq_BxLxV, jnp.minimum(a_B, lq_BxLxV.shape[1] - 1))
-  resid_BxV = jnp.log(jnp.maximum(jnp.exp(p_a_BxV) - jnp.exp(q_a_BxV), 0.0))
-  nlog_BxV = jnp.where(rej_B[:, None], resid_BxV, p_a_BxV)
-  npos_Bx1 = jnp.take_along_axis(order, jnp.clip(c_B + a_B, 0, n - 1)[:, None], axis=1)
-  new_B = tokens_lib.inverse_cdf(nlog_BxV, uni_Bx3xW[:, 2, 0])
-  has_new_B = live_B & (c_B + a_B < n)
-  tokens_BxN = tokens_BxN.at[jnp.arange(batch), jnp.where(has_new_B, npos_Bx1[:, 0], n)].set(
-      new_B, mode="drop")
-  c_new_B = jnp.where(has_new_B, c_B + a_B + 1, jnp.where(live_B, n, c_B)).astype(jnp.int32)
-  # The next drafts: the queries of causal slot c + a (ranks c+a+1 .., given ranks < c+a).
-  # Only that slot's queries go through the head and the filter.
+  rej = a < m
+  p_a = _gather_v(logp, jnp.minimum(a, K - 1))
+  q_a = _gather_v(lq, jnp.minimum(a, lq.shape[1] - 1))
+  resid = jnp.log(jnp.maximum(jnp.exp(p_a) - jnp.exp(q_a), 0.0))
+  nlog = jnp.where(rej[:, None], resid, p_a)
+  npos = jnp.take_along_axis(order, jnp.clip(c + a, 0, n - 1)[:, None], axis=1)
+  new = tokens_lib.inverse_cdf(nlog, uni[:, 2, 0])
+  has_new = live & (c + a < n)
+  tokens = tokens.at[jnp.arange(batch), jnp.where(has_new, npos[:, 0], n)].set(new, mode="drop")
+  c_new = jnp.where(has_new, c + a + 1, jnp.where(live, n, c)).astype(jnp.int32)
+  # The next drafts: the queries of causal slot c + a (ranks c+a+1 .., given ranks < c+a): its
+  # group a after a rejection, the bonus group when all m were accepted. Only those queries go
+  # through the head and the filter.
   if E > 0:
-    erank_BxE = (c_B + a_B)[:, None] + t_1x1xE[0]
-    evalid_BxE = has_new_B[:, None] & (t_1x1xE[0] < k_Bx1) & (erank_BxE < n)
-    epos_BxE = jnp.take_along_axis(order, jnp.clip(erank_BxE, 0, n - 1), axis=1)
-    h_x_BxKxExD = hidden_BxXxD[:, K:].reshape(batch, K, E, hidden_BxXxD.shape[-1])
-    h_sel_BxExD = jnp.take_along_axis(
-        h_x_BxKxExD, jnp.minimum(a_B, K - 1)[:, None, None, None], axis=1)[:, 0]
-    sel_BxExV = filt(model.head(h_sel_BxExD, epos_BxE))
-    e_BxE = tokens_lib.inverse_cdf(sel_BxExV, uni_Bx3xW[:, 0, :E])
-    tokens_BxN = tokens_lib.commit_tokens(tokens_BxN, jnp.where(evalid_BxE, epos_BxE, n), e_BxE)
-    m_new_B = jnp.sum(evalid_BxE, axis=1).astype(jnp.int32)
-    logq_new_BxW1xV = jnp.pad(sel_BxExV, [(0, 0), (0, logq_BxW1xV.shape[1] - E), (0, 0)])
-    logq_BxW1xV = jnp.where(live_B[:, None, None], logq_new_BxW1xV, logq_BxW1xV)
+    g = jnp.where(rej, a, E)
+    erank = (c + a)[:, None] + t
+    evalid = (has_new[:, None] & (t <= _row_sizes(g[:, None], ~rej[:, None], k2, queries))
+              & (erank < n))
+    epos = jnp.take_along_axis(order, jnp.clip(erank, 0, n - 1), axis=1)
+    qidx = jnp.minimum(jnp.asarray(first)[g][:, None] + t - 1, Q - 1)
+    h_sel = jnp.take_along_axis(hidden[:, K:], qidx[:, :, None], axis=1)
+    sel = filt(model.head(h_sel, epos))
+    e = tokens_lib.inverse_cdf(sel, uni[:, 0, :E])
+    tokens = tokens_lib.commit_tokens(tokens, jnp.where(evalid, epos, n), e)
+    m_new = jnp.sum(evalid, axis=1).astype(jnp.int32)
+    logq_new = jnp.pad(sel, [(0, 0), (0, logq.shape[1] - E), (0, 0)])
+    logq = jnp.where(live[:, None, None], logq_new, logq)
   else:
-    m_new_B = jnp.zeros_like(m_B)
-  m_B = jnp.where(live_B, m_new_B, m_B)
+    m_new = jnp.zeros_like(m)
+  m = jnp.where(live, m_new, m)
   if debug:
-    pad = lambda x, w: jnp.pad(x, [(0, 0), (0, w - x.shape[1])] + [(0, 0)] * (x.ndim - 2))
-    xs_BxKxExV = model.head(hidden_BxXxD[:, K:], tgt_pos_BxX[:, K:]).reshape(batch, K, E, v)
-    xs_BxWxW1xV = jnp.pad(xs_BxKxExV, [(0, 0), (0, kmax - K), (0, kmax - 1 - E), (0, 0)])
-    upd = dict(c=jnp.where(live_B, c_B, -1), m=m_Bx1[:, 0], k=k_Bx1[:, 0], a=a_B,
-               d=pad(d_BxK, kmax), p=pad(raw_p_BxKxV, kmax), q=xs_BxWxW1xV)
-    trace = {name: trace[name].at[it].set(upd[name]) for name in trace}
-  passes_B = (passes_B + live_B.astype(jnp.int32)).astype(jnp.int32)
-  return ((cache, tokens_BxN, c_new_B, m_B, logq_BxW1xV, passes_B, k_row_B, it + 1, trace), a_B,
-          live_B)
+    trace = _trace_round(model, trace, it, hidden[:, K:], tgt_pos[:, K:], first, queries,
+                         dict(c=jnp.where(live, c, -1), m=m2[:, 0], k=k2[:, 0], a=a, d=d,
+                              p=raw_p), K=K, kmax=kmax)
+  passes = (passes + live.astype(jnp.int32)).astype(jnp.int32)
+  return (cache, tokens, c_new, m, logq, passes, k_row, it + 1, trace), a, live
+
+
+def _trace_round(model, trace, it, h_x, tgt_x, first, queries, upd, *, K: int, kmax: int):
+  """debug: records round ``it``; ``q[:, :, i, t-1]`` holds the query logits of causal slot i
+  (its group i if i < m, the bonus group if i == m; ``e[:, :, i]`` queries, zeros after)."""
+  batch, E = h_x.shape[0], K - 1
+  xs = model.head(h_x, tgt_x)                                            # [B, Q, V]
+  m2 = upd["m"][:, None]
+  i = jnp.arange(K, dtype=jnp.int32)[None, :]
+  g = jnp.where(i == m2, E, i)                                           # [B, K]
+  size = jnp.where(i <= m2, _row_sizes(g, i == m2, upd["k"][:, None], queries), 0)
+  start = jnp.asarray(first)[g]
+  t = jnp.arange(E, dtype=jnp.int32)[None, None, :]
+  qidx = jnp.minimum(start[:, :, None] + t, max(h_x.shape[1] - 1, 0)).reshape(batch, K * E)
+  q = jnp.take_along_axis(xs, qidx[:, :, None], axis=1).reshape(batch, K, E, -1)
+  upd["q"] = jnp.where((t < size[:, :, None])[..., None], q, 0.0)
+  upd["e"] = size
+  pad = lambda x, w, ax: jnp.pad(x, [(0, 0)] * ax + [(0, w - x.shape[ax])] + [(0, 0)] * (
+      x.ndim - ax - 1))
+  upd["d"], upd["p"], upd["e"] = pad(upd["d"], kmax, 1), pad(upd["p"], kmax, 1), pad(
+      upd["e"], kmax, 1)
+  upd["q"] = pad(pad(upd["q"], kmax, 1), max(kmax - 1, 0), 2)
+  return {name: trace[name].at[it].set(upd[name]) for name in trace}
 
 
 def sample_speculative(model: AOGPT, order, tokens0, prompt_len, tok_keys, *, draft,
                        temperature: float = 1.0, top_p: float = 1.0,
-                       top_p_rule: str = "published", debug: bool = False):
+                       top_p_rule: str = "published", queries: str = "taper",
+                       debug: bool = False):
   """Traced body. order int32 [B, n] (prompt positions first), tokens0 int32 [B, n] (prompt
   tokens in place), prompt_len int32 [B], tok_keys [B]. ``draft``: K (int >= 1) or "auto"
   (per-row K from 2 up to `AUTO_MAX`). Returns (tokens [B, n], passes [B]: the model passes
@@ -206,33 +263,32 @@ def sample_speculative(model: AOGPT, order, tokens0, prompt_len, tok_keys, *, dr
   kmax = min(AUTO_MAX, n) if auto else int(draft)
   if kmax < 1:
     raise ValueError(f"draft: must be >= 1 or 'auto', got {draft!r}")
-  cache_len = n + kmax * (kmax - 1)
-  kk_1x1xC = jnp.arange(cache_len, dtype=jnp.int32)[None, None, :]
+  blocks = auto_blocks(kmax) if auto else (kmax,)
+  cache_len = n + max(query_layout(b, queries)[0].size for b in blocks)
+  kk = jnp.arange(cache_len, dtype=jnp.int32)[None, None, :]
   filt = lambda lg: jax.nn.log_softmax(tokens_lib.filter_logits(
       lg, temperature=temperature, top_p=top_p, top_p_rule=top_p_rule), axis=-1)
   cache = model.init_cache(batch, cache_len)
   # Prefill: rank-slots 0..P-1 of every row (P = its prompt length), one pass over n slots.
-  plen_B = prompt_len.astype(jnp.int32)
-  r_BxN = jnp.broadcast_to(jnp.arange(n, dtype=jnp.int32), (batch, n))
-  ok_BxN = r_BxN < plen_B[:, None]
-  tok_BxN, pos_BxN = orders_lib.rank_slots(order, tokens0, r_BxN)
-  tgt_BxN = jnp.where(ok_BxN, order, NO_TARGET).astype(jnp.int32)
-  write_BxN = jnp.where(ok_BxN, r_BxN, cache_len)
-  mask_BxNxC = (((kk_1x1xC < r_BxN[:, :, None]) | (kk_1x1xC == write_BxN[:, :, None]))
-                & ok_BxN[:, :, None])
-  _, cache = model.hidden_slots(tok_BxN, pos_BxN, tgt_BxN, mask=mask_BxNxC, cache=cache,
-                                write_index=write_BxN)
+  plen = prompt_len.astype(jnp.int32)
+  r = jnp.broadcast_to(jnp.arange(n, dtype=jnp.int32), (batch, n))
+  ok = r < plen[:, None]
+  tok, pos = orders_lib.rank_slots(order, tokens0, r)
+  tgt = jnp.where(ok, order, NO_TARGET).astype(jnp.int32)
+  write = jnp.where(ok, r, cache_len)
+  mask = ((kk < r[:, :, None]) | (kk == write[:, :, None])) & ok[:, :, None]
+  _, cache = model.hidden_slots(tok, pos, tgt, mask=mask, cache=cache, write_index=write)
   v = model.cfg.vocab_size
   trace = None
   if debug:
     trace = dict(c=jnp.full((n, batch), -1, jnp.int32), m=jnp.zeros((n, batch), jnp.int32),
                  k=jnp.zeros((n, batch), jnp.int32), a=jnp.zeros((n, batch), jnp.int32),
+                 e=jnp.zeros((n, batch, kmax), jnp.int32),
                  d=jnp.zeros((n, batch, kmax), jnp.int32),
                  p=jnp.zeros((n, batch, kmax, v), jnp.float32),
                  q=jnp.zeros((n, batch, kmax, max(kmax - 1, 0), v), jnp.float32))
-  blocks = auto_blocks(kmax) if auto else (kmax,)
   rnd = [functools.partial(_round, model, order, tok_keys, filt, K=b, kmax=kmax,
-                           cache_len=cache_len, debug=debug) for b in blocks]
+                           cache_len=cache_len, queries=queries, debug=debug) for b in blocks]
 
   def cond(carry):
     return jnp.any(carry[2] < n)
@@ -250,9 +306,9 @@ def sample_speculative(model: AOGPT, order, tokens0, prompt_len, tok_keys, *, dr
       carry = carry[:6] + (k,) + carry[7:]
     return carry
 
-  k0_B = jnp.full((batch,), 2 if auto else kmax, jnp.int32)
-  logq0_BxW1xV = jnp.zeros((batch, max(kmax - 1, 1), v), jnp.float64)
-  carry = (cache, tokens0, plen_B, jnp.zeros((batch,), jnp.int32), logq0_BxW1xV,
-           jnp.zeros((batch,), jnp.int32), k0_B, jnp.int32(0), trace)
-  _, tokens_BxN, _, _, _, passes_B, _, _, trace = jax.lax.while_loop(cond, body, carry)
-  return tokens_BxN, passes_B, trace
+  k0 = jnp.full((batch,), 2 if auto else kmax, jnp.int32)
+  logq0 = jnp.zeros((batch, max(kmax - 1, 1), v), jnp.float64)
+  carry = (cache, tokens0, plen, jnp.zeros((batch,), jnp.int32), logq0,
+           jnp.zeros((batch,), jnp.int32), k0, jnp.int32(0), trace)
+  _, tokens, _, _, _, passes, _, _, trace = jax.lax.while_loop(cond, body, carry)
+  return tokens, passes, trace
