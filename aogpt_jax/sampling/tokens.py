@@ -76,12 +76,18 @@ def filter_logits(logits: jax.Array, *, temperature: float = 1.0, top_p: float =
   Ties at the cut-off value are kept under both rules. Nothing is sorted (`top_p_cutoff`); at
   ``top_p == 1`` nothing is filtered. Must be traced inside `exact_sampling()`.
   """
+  x, cut = _scaled_and_cutoff(logits, temperature, top_p, top_p_rule)
+  return x if cut is None else jnp.where(x >= cut, x, -jnp.inf)
+
+
+def _scaled_and_cutoff(logits, temperature, top_p, top_p_rule):
+  """float64 ``logits / temperature`` and the top-p cut-off [..., 1] (None at ``top_p == 1``)."""
   if top_p_rule not in TOP_P_RULES:
     raise ValueError(f"top_p_rule: must be one of {TOP_P_RULES}, got {top_p_rule!r}")
   x = logits.astype(jnp.float64) / jnp.float64(temperature)
   if isinstance(top_p, (int, float)) and top_p >= 1.0:     # (a traced top_p is always filtered)
-    return x
-  return jnp.where(x >= top_p_cutoff(x, top_p, top_p_rule), x, -jnp.inf)
+    return x, None
+  return x, top_p_cutoff(x, top_p, top_p_rule)
 
 
 _SIGN = 0x7FFFFFFFFFFFFFFF
@@ -201,9 +207,10 @@ def sample_tokens(logits: jax.Array, keys: jax.Array, *, temperature: float = 1.
   if jax.dtypes.canonicalize_dtype(jnp.float64) != jnp.float64:
     raise RuntimeError("sample_tokens: exact sampling needs float64 (x64) while tracing; call the "
                        "jitted sampler inside aogpt_jax.sampling.tokens.exact_sampling()")
-  x = filter_logits(logits, temperature=temperature, top_p=top_p, top_p_rule=top_p_rule)
+  x, cut = _scaled_and_cutoff(logits, temperature, top_p, top_p_rule)
   u = jax.vmap(lambda k: jax.random.uniform(k, (), jnp.float64))(keys.reshape(-1))
-  return inverse_cdf(x, u.reshape(x.shape[:-1]))
+  # = inverse_cdf(filter_logits(...), u), without materialising the filtered logits
+  return _inverse_cdf(x, cut, u.reshape(x.shape[:-1]))
 
 
 def commit_tokens(tokens: jax.Array, commit: jax.Array, new: jax.Array) -> jax.Array:
@@ -236,11 +243,25 @@ def inverse_cdf(x: jax.Array, u: jax.Array) -> jax.Array:
   block sums; the block is the first one whose end ``P[b + 1]`` exceeds ``u * P[-1]`` (so it holds
   mass), the token the count of its CDF entries ``<= u * P[-1]``, kept on the block's last token
   of positive mass."""
+  return _inverse_cdf(x, None, u)
+
+
+def _inverse_cdf(x: jax.Array, cut: jax.Array | None, u: jax.Array) -> jax.Array:
+  """`inverse_cdf` of ``x`` with the values below ``cut`` [..., 1] (None: none) set to -inf, the
+  same numbers: ``w = exp(x - max x)`` on the kept values (the maximum is always kept), 0
+  elsewhere. The weights are not materialised: one fused pass gives the block masses, and
+  the chosen block's 128 weights are recomputed from its logits."""
   lead, v = x.shape[:-1], x.shape[-1]
   nb = -(-v // CDF_BLOCK)
   x = jnp.pad(x, [(0, 0)] * len(lead) + [(0, nb * CDF_BLOCK - v)], constant_values=-jnp.inf)
-  w = jnp.exp(x - jnp.max(x, axis=-1, keepdims=True)).reshape(*lead, nb, CDF_BLOCK)
-  mass = jnp.sum(w, axis=-1)
+  mx = jnp.max(x, axis=-1, keepdims=True)
+  xb = x.reshape(*lead, nb, CDF_BLOCK)
+
+  def weights(y):
+    w = jnp.exp(y - mx[..., None])
+    return w if cut is None else jnp.where(y >= cut[..., None], w, 0.0)
+
+  mass = jnp.sum(weights(xb), axis=-1)
   ends = jnp.cumsum(mass, axis=-1)                                   # P[1..nb]
   target = u[..., None] * ends[..., -1:]
   # u * total can round up to total when u is within 2^-53 of 1: stay on the last live block.
@@ -248,7 +269,7 @@ def inverse_cdf(x: jax.Array, u: jax.Array) -> jax.Array:
   b = jnp.minimum(jnp.sum(ends <= target, axis=-1), last_block)
   start = jnp.where(b > 0, jnp.take_along_axis(ends, jnp.maximum(b - 1, 0)[..., None], axis=-1)[
       ..., 0], 0.0)
-  wb = jnp.take_along_axis(w, b[..., None, None], axis=-2)[..., 0, :]    # [..., CDF_BLOCK]
+  wb = weights(jnp.take_along_axis(xb, b[..., None, None], axis=-2))[..., 0, :]  # [..., BLOCK]
   idx = jnp.sum(start[..., None] + jnp.cumsum(wb, axis=-1) <= target, axis=-1)
   last = CDF_BLOCK - 1 - jnp.argmax((wb > 0)[..., ::-1], axis=-1)
   return (b * CDF_BLOCK + jnp.minimum(idx, last)).astype(jnp.int32)
