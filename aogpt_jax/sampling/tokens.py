@@ -249,19 +249,15 @@ def inverse_cdf(x: jax.Array, u: jax.Array) -> jax.Array:
 def _inverse_cdf(x: jax.Array, cut: jax.Array | None, u: jax.Array) -> jax.Array:
   """`inverse_cdf` of ``x`` with the values below ``cut`` [..., 1] (None: none) set to -inf, the
   same numbers: ``w = exp(x - max x)`` on the kept values (the maximum is always kept), 0
-  elsewhere. The weights are not materialised: one fused pass gives the block masses, and
-  the chosen block's 128 weights are recomputed from its logits."""
+  elsewhere."""
   lead, v = x.shape[:-1], x.shape[-1]
   nb = -(-v // CDF_BLOCK)
   x = jnp.pad(x, [(0, 0)] * len(lead) + [(0, nb * CDF_BLOCK - v)], constant_values=-jnp.inf)
-  mx = jnp.max(x, axis=-1, keepdims=True)
-  xb = x.reshape(*lead, nb, CDF_BLOCK)
-
-  def weights(y):
-    w = jnp.exp(y - mx[..., None])
-    return w if cut is None else jnp.where(y >= cut[..., None], w, 0.0)
-
-  mass = jnp.sum(weights(xb), axis=-1)
+  w = jnp.exp(x - jnp.max(x, axis=-1, keepdims=True))
+  if cut is not None:
+    w = jnp.where(x >= cut, w, 0.0)
+  w = w.reshape(*lead, nb, CDF_BLOCK)
+  mass = jnp.sum(w, axis=-1)
   ends = jnp.cumsum(mass, axis=-1)                                   # P[1..nb]
   target = u[..., None] * ends[..., -1:]
   # u * total can round up to total when u is within 2^-53 of 1: stay on the last live block.
@@ -269,7 +265,7 @@ def _inverse_cdf(x: jax.Array, cut: jax.Array | None, u: jax.Array) -> jax.Array
   b = jnp.minimum(jnp.sum(ends <= target, axis=-1), last_block)
   start = jnp.where(b > 0, jnp.take_along_axis(ends, jnp.maximum(b - 1, 0)[..., None], axis=-1)[
       ..., 0], 0.0)
-  wb = weights(jnp.take_along_axis(xb, b[..., None, None], axis=-2))[..., 0, :]  # [..., BLOCK]
+  wb = jnp.take_along_axis(w, b[..., None, None], axis=-2)[..., 0, :]    # [..., CDF_BLOCK]
   idx = jnp.sum(start[..., None] + jnp.cumsum(wb, axis=-1) <= target, axis=-1)
   last = CDF_BLOCK - 1 - jnp.argmax((wb > 0)[..., ::-1], axis=-1)
   return (b * CDF_BLOCK + jnp.minimum(idx, last)).astype(jnp.int32)
