@@ -131,36 +131,38 @@ def _top_p_cutoff(x: jax.Array, top_p, rule: str) -> jax.Array:
   of an actual value). Nucleus: c is the value whose key is u. Published: c1 is the smallest
   value above u (the smallest v whose tokens with x >= v hold at most top_p); below c1 only the
   next value c0 can still qualify, when it is tied (its first occurrence has cumulative mass
-  S(c0 excluded) + p(c0) <= top_p), and the top value is always kept. Equal to the sorted
-  definition up to float64 summation order."""
+  S(c0 excluded) + p(c0) <= top_p), and the top value is always kept. c1, c0 = value(u) and
+  S(u) come out of the search (no further pass over V). Equal to the sorted definition up to
+  float64 summation order."""
   mx = jnp.max(x, axis=-1, keepdims=True)
   w = jnp.exp(x - mx)
   z = jnp.sum(w, axis=-1, keepdims=True)
   p = w / z
   k = _ordered_key(x)
-  u = _smallest_ok_key(x, k, p, top_p, rule)[..., None]
+  u, s_u, above = _smallest_ok_key(x, k, p, top_p, rule)
+  cu = _key_value(u)[None]
   if rule == "nucleus":
-    return jnp.min(jnp.where(k >= u, x, jnp.inf), axis=-1, keepdims=True)
-  c1 = jnp.minimum(jnp.min(jnp.where(k > u, x, jnp.inf), axis=-1, keepdims=True), mx)
-  c0 = jnp.max(jnp.where(x < c1, x, -jnp.inf), axis=-1, keepdims=True)
-  s1 = jnp.sum(jnp.where(x >= c1, p, 0.0), axis=-1, keepdims=True)
-  tied_ok = (s1 + jnp.exp(c0 - mx) / z <= top_p) & jnp.isfinite(c0)
-  return jnp.where(tied_ok, c0, c1)
+    return cu
+  has_above = above != jnp.iinfo(jnp.int64).max
+  c1 = jnp.where(has_above, _key_value(above), mx)
+  tied_ok = has_above & (s_u + jnp.exp(cu - mx) / z <= top_p)
+  return jnp.where(tied_ok, cu, c1)
 
 
-def _smallest_ok_key(x, k, p, top_p, rule: str) -> jax.Array:
+def _smallest_ok_key(x, k, p, top_p, rule: str):
   """u of `_top_p_cutoff` for one row, by bucket levels: the keys in a bracket ``(lo, hi]``
   (S(lo) not ok, S(hi) ok) are split into `TOP_P_BUCKETS` monotone buckets (the first level by
   value, later ones by key offset, a power of two apart), and one pass of scatters gives each
   bucket's mass and its smallest and largest key; S just below bucket j is the mass above the
   bracket plus the buckets >= j, so the last bucket j where that is not ok holds u, and the
   next bracket is (its smallest key - 1, its largest key]. Done when that bucket holds one
-  distinct key (u = it): about two levels for 50k distinct logits, at most seven."""
+  distinct key (u = it): about two levels for 50k distinct logits, at most seven. Returns u,
+  S(u) and the smallest key above u (int64 max: none), both tracked through the levels."""
   ok = (lambda s: s <= top_p) if rule == "published" else (lambda s: s < top_p)
   nb = TOP_P_BUCKETS
   i64 = jnp.iinfo(jnp.int64)
 
-  def level(bucket, lo, hi):
+  def level(bucket, lo, hi, above):
     inside = (k > lo) & (k <= hi)
     idx = jnp.where(inside, bucket, jnp.where(k > hi, nb, nb + 1))
     mass = jnp.zeros(nb + 2, p.dtype).at[idx].add(p)
@@ -171,7 +173,9 @@ def _smallest_ok_key(x, k, p, top_p, rule: str) -> jax.Array:
     # The lowest live bucket also qualifies (S(lo) recomputed in another summation order).
     pick = live & (~ok(s) | (jnp.arange(nb) == jnp.argmax(live)))
     j = nb - 1 - jnp.argmax(pick[::-1])
-    return kmin[j] - 1, kmax[j], kmin[j] == kmax[j]
+    s_hi = jnp.concatenate([s, mass[nb:nb + 1]])[j + 1]                # S(largest key of j)
+    up = jnp.min(jnp.where(jnp.arange(nb) > j, kmin[:nb], i64.max))   # smallest key above j
+    return kmin[j] - 1, kmax[j], kmin[j] == kmax[j], s_hi, jnp.minimum(up, above)
 
   fin = jnp.isfinite(x)
   vmin = jnp.min(jnp.where(fin, x, jnp.inf))
@@ -180,17 +184,19 @@ def _smallest_ok_key(x, k, p, top_p, rule: str) -> jax.Array:
   by_value = jnp.clip(jnp.floor((x - vmin) * scale), 0, nb - 1)
   by_value = jnp.where(jnp.isnan(by_value), 0, by_value).astype(jnp.int32)
   kf = jnp.where(fin, k, i64.min)
-  state = level(by_value, jnp.min(jnp.where(fin, k, i64.max)) - 1, jnp.max(kf))
+  state = level(by_value, jnp.min(jnp.where(fin, k, i64.max)) - 1, jnp.max(kf),
+                jnp.asarray(i64.max, k.dtype))
 
   def by_key(c):
-    lo, hi, done = c
+    lo, hi, done, _, above = c
     span = jax.lax.bitcast_convert_type(hi - lo - 1, jnp.uint64)      # exact: hi > lo
     shift = jnp.sum((span >> jnp.arange(64, dtype=jnp.uint64)) >= nb).astype(jnp.uint64)
     off = jax.lax.bitcast_convert_type(k - lo - 1, jnp.uint64) >> shift
-    new = level(jnp.minimum(off, nb - 1).astype(jnp.int32), lo, hi)
+    new = level(jnp.minimum(off, nb - 1).astype(jnp.int32), lo, hi, above)
     return tuple(jnp.where(done, a, b) for a, b in zip(c, new))
 
-  return jax.lax.while_loop(lambda c: ~c[2], by_key, state)[1]
+  _, u, _, s_u, above = jax.lax.while_loop(lambda c: ~c[2], by_key, state)
+  return u, s_u, above
 
 
 def sample_tokens(logits: jax.Array, keys: jax.Array, *, temperature: float = 1.0,
