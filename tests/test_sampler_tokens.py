@@ -145,3 +145,21 @@ def test_two_level_inverse_cdf_equals_the_full_cdf():
     got = np.asarray(tokens_lib.inverse_cdf(jnp.asarray(x), jnp.asarray(u)))
   np.testing.assert_array_equal(got, want)
   assert np.all(w[np.arange(64), got] > 0)
+
+
+@pytest.mark.parametrize("top_p,rule", [(1.0, "published"), (0.9, "published"), (0.8, "nucleus")])
+def test_sample_tokens_draws_what_inverse_cdf_of_filter_logits_draws(top_p, rule):
+  """sample_tokens applies the top-p cut-off inside the draw (the filtered logits are never
+  materialised): the same token as `inverse_cdf(filter_logits(...))` for the same uniform."""
+  rng = np.random.default_rng(5)
+  v = 3 * tokens_lib.CDF_BLOCK + 37
+  x = rng.normal(size=(64, v)) * rng.choice([0.1, 2.0, 9.0], size=(64, 1))
+  x[:, v - 20:] = -np.inf                                   # padding ids
+  x = jnp.asarray(x, jnp.float32)
+  keys = tokens_lib.sample_keys(jax.random.key(3), 64)
+  kw = dict(temperature=0.7, top_p=top_p, top_p_rule=rule)
+  with tokens_lib.exact_sampling():
+    got = jax.jit(lambda l, k: tokens_lib.sample_tokens(l, k, **kw))(x, keys)
+    u = jax.vmap(lambda k: jax.random.uniform(k, (), jnp.float64))(keys)
+    want = jax.jit(lambda l, u: tokens_lib.inverse_cdf(tokens_lib.filter_logits(l, **kw), u))(x, u)
+  np.testing.assert_array_equal(np.asarray(got), np.asarray(want))

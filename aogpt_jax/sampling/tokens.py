@@ -24,10 +24,6 @@ Keys. A sample's stream is ``fold_in(key, sample_index)`` (`sample_keys`); the t
 position p is drawn with ``fold_in(fold_in(sample_key, TOKEN_STREAM), p)`` (`token_keys`), so a
 sample does not depend on the batch it ran in, on the step layout, or on the sampler (the AR
 decoder and the diffusion sampler in L2R order with T = n draw identical tokens).
-
-Shape suffixes of local arrays (``w_NxKxCB`` = [..., K, CB]): V vocabulary, R rows, C top-p
-candidates (`TOP_P_CANDIDATES`), K CDF blocks (``nb``), CB tokens per block (`CDF_BLOCK`); a
-leading N stands for the caller's leading axes ``...`` (rows, queries).
 """
 
 from __future__ import annotations
@@ -80,12 +76,18 @@ def filter_logits(logits: jax.Array, *, temperature: float = 1.0, top_p: float =
   Ties at the cut-off value are kept under both rules. Nothing is sorted (`top_p_cutoff`); at
   ``top_p == 1`` nothing is filtered. Must be traced inside `exact_sampling()`.
   """
+  x, cut = _scaled_and_cutoff(logits, temperature, top_p, top_p_rule)
+  return x if cut is None else jnp.where(x >= cut, x, -jnp.inf)
+
+
+def _scaled_and_cutoff(logits, temperature, top_p, top_p_rule):
+  """float64 ``logits / temperature`` and the top-p cut-off [..., 1] (None at ``top_p == 1``)."""
   if top_p_rule not in TOP_P_RULES:
     raise ValueError(f"top_p_rule: must be one of {TOP_P_RULES}, got {top_p_rule!r}")
   x = logits.astype(jnp.float64) / jnp.float64(temperature)
   if isinstance(top_p, (int, float)) and top_p >= 1.0:     # (a traced top_p is always filtered)
-    return x
-  return jnp.where(x >= top_p_cutoff(x, top_p, top_p_rule), x, -jnp.inf)
+    return x, None
+  return x, top_p_cutoff(x, top_p, top_p_rule)
 
 
 _SIGN = 0x7FFFFFFFFFFFFFFF
@@ -103,20 +105,20 @@ def _key_value(k: jax.Array) -> jax.Array:
   return jax.lax.bitcast_convert_type(b, jnp.float64)
 
 
-TOP_P_ROWS = 4   # rows per top-p cut-off search: [4, 50304] float64 stays in cache
+TOP_P_ROWS = 1   # rows per top-p cut-off search (lax.map): each row stops at its own level count
 
 
 def top_p_cutoff(x: jax.Array, top_p: float, rule: str) -> jax.Array:
-  """`_top_p_cutoff` over groups of `TOP_P_ROWS` rows (``lax.map``): memory-bound on the whole
-  batch, cache-resident on a few rows."""
+  """`_top_p_cutoff` over groups of `TOP_P_ROWS` rows (``lax.map``): a row stays in cache, and
+  its bucket levels stop when it is done (1 row: 12.5 ms for 8 x 50304, 4 rows: 16.7 ms)."""
   lead = x.shape[:-1]
-  rows_RxV = x.reshape(-1, x.shape[-1])
-  out_Rx1 = jax.lax.map(lambda r: _top_p_cutoff(r, top_p, rule), rows_RxV,
-                        batch_size=min(TOP_P_ROWS, rows_RxV.shape[0]))
-  return out_Rx1.reshape(*lead, 1)
+  rows = x.reshape(-1, x.shape[-1])
+  out = jax.lax.map(lambda r: _top_p_cutoff(r, top_p, rule), rows,
+                    batch_size=min(TOP_P_ROWS, rows.shape[0]))
+  return out.reshape(*lead, 1)
 
 
-TOP_P_CANDIDATES = 1024   # values left in the bracket when the search moves to a compact copy
+TOP_P_BUCKETS = 2048   # buckets per level of the top-p cut-off search
 
 
 def _top_p_cutoff(x: jax.Array, top_p, rule: str) -> jax.Array:
@@ -124,65 +126,77 @@ def _top_p_cutoff(x: jax.Array, top_p, rule: str) -> jax.Array:
 
   Sort-free (a sort of V = 50k float64 per row costs more than the model's whole step on CPU):
   with ``p = softmax(x)`` and ``S(u) = sum of p_i over key(x_i) > u`` (int64 order keys, S only
-  changes at the keys of actual values), a bracket ``lo < hi`` with S(lo) not ok and S(hi) ok
-  ("ok": ``S <= top_p`` for "published", ``S < top_p`` for "nucleus") is halved, in value space
-  first (a few tens of halvings separate V distinct values) and in key space after 48 (at most
-  64 more), until no actual value lies strictly inside; then u = hi is the smallest ok key. Each
-  halving is one fused pass (S at the midpoint and the counts in both halves); once at most
-  `TOP_P_CANDIDATES` values lie inside, they are copied out (with the mass above the bracket)
-  and the remaining halvings (most of them) read only that copy. Nucleus: c is the value whose
-  key is u. Published: c1 is the smallest value above u (the smallest v whose tokens with x >= v
-  hold at most top_p); below c1 only the next value c0 can still qualify, when it is tied (its
-  first occurrence has cumulative mass S(c0 excluded) + p(c0) <= top_p), and the top value is
-  always kept. Equal to the sorted definition up to float64 summation order."""
-  mx_1 = jnp.max(x, axis=-1, keepdims=True)
-  w_V = jnp.exp(x - mx_1)
-  z_1 = jnp.sum(w_V, axis=-1, keepdims=True)
-  p_V = w_V / z_1
-  k_V = _ordered_key(x)
-  hi = jnp.max(k_V)                                                  # S(hi) = 0: ok
-  lo = jnp.min(jnp.where(jnp.isfinite(x), k_V, hi)) - 1              # S(lo) = 1: not ok
-  n_in = jnp.sum((k_V > lo) & (k_V < hi))
-  cap = min(TOP_P_CANDIDATES, x.shape[-1])
-  lo, hi, n_in, it = _halve(k_V, p_V, 0.0, top_p, rule, (lo, hi, n_in, jnp.int32(0)), cap)
-  idx_C = jnp.nonzero((k_V > lo) & (k_V < hi), size=cap, fill_value=x.shape[-1])[0]
-  got_C = idx_C < x.shape[-1]
-  idx_C = jnp.minimum(idx_C, x.shape[-1] - 1)
-  base = jnp.sum(jnp.where(k_V >= hi, p_V, 0.0))                     # mass at and above hi
-  _, u, _, _ = _halve(jnp.where(got_C, k_V[idx_C], hi), jnp.where(got_C, p_V[idx_C], 0.0), base,
-                      top_p, rule, (lo, hi, n_in, it), 0)
-  u = u[..., None]
+  changes at the keys of actual values), "ok" meaning ``S <= top_p`` for "published" and
+  ``S < top_p`` for "nucleus", `_smallest_ok_key` finds u, the smallest ok key (always the key
+  of an actual value). Nucleus: c is the value whose key is u. Published: c1 is the smallest
+  value above u (the smallest v whose tokens with x >= v hold at most top_p); below c1 only the
+  next value c0 can still qualify, when it is tied (its first occurrence has cumulative mass
+  S(c0 excluded) + p(c0) <= top_p), and the top value is always kept. c1, c0 = value(u) and
+  S(u) come out of the search (no further pass over V). Equal to the sorted definition up to
+  float64 summation order."""
+  mx = jnp.max(x, axis=-1, keepdims=True)
+  w = jnp.exp(x - mx)
+  z = jnp.sum(w, axis=-1, keepdims=True)
+  p = w / z
+  k = _ordered_key(x)
+  u, s_u, above = _smallest_ok_key(x, k, p, top_p, rule)
+  cu = _key_value(u)[None]
   if rule == "nucleus":
-    return jnp.min(jnp.where(k_V >= u, x, jnp.inf), axis=-1, keepdims=True)
-  c1_1 = jnp.minimum(jnp.min(jnp.where(k_V > u, x, jnp.inf), axis=-1, keepdims=True), mx_1)
-  c0_1 = jnp.max(jnp.where(x < c1_1, x, -jnp.inf), axis=-1, keepdims=True)
-  s1_1 = jnp.sum(jnp.where(x >= c1_1, p_V, 0.0), axis=-1, keepdims=True)
-  tied_ok_1 = (s1_1 + jnp.exp(c0_1 - mx_1) / z_1 <= top_p) & jnp.isfinite(c0_1)
-  return jnp.where(tied_ok_1, c0_1, c1_1)
+    return cu
+  has_above = above != jnp.iinfo(jnp.int64).max
+  c1 = jnp.where(has_above, _key_value(above), mx)
+  tied_ok = has_above & (s_u + jnp.exp(cu - mx) / z <= top_p)
+  return jnp.where(tied_ok, cu, c1)
 
 
-def _halve(k, p, base, top_p, rule: str, state, stop: int):
-  """Halves the bracket ``(lo, hi)`` of `_top_p_cutoff` while more than ``stop`` values of ``k``
-  lie strictly inside; ``S(mid) = base + sum of p over k > mid`` (``base``: the mass of the keys
-  left out of ``k``, all >= hi)."""
+def _smallest_ok_key(x, k, p, top_p, rule: str):
+  """u of `_top_p_cutoff` for one row, by bucket levels: the keys in a bracket ``(lo, hi]``
+  (S(lo) not ok, S(hi) ok) are split into `TOP_P_BUCKETS` monotone buckets (the first level by
+  value, later ones by key offset, a power of two apart), and one pass of scatters gives each
+  bucket's mass and its smallest and largest key; S just below bucket j is the mass above the
+  bracket plus the buckets >= j, so the last bucket j where that is not ok holds u, and the
+  next bracket is (its smallest key - 1, its largest key]. Done when that bucket holds one
+  distinct key (u = it): about two levels for 50k distinct logits, at most seven. Returns u,
+  S(u) and the smallest key above u (int64 max: none), both tracked through the levels."""
   ok = (lambda s: s <= top_p) if rule == "published" else (lambda s: s < top_p)
+  nb = TOP_P_BUCKETS
+  i64 = jnp.iinfo(jnp.int64)
 
-  def body(c):
-    lo, hi, n_in, it = c
-    lv, hv = _key_value(lo), _key_value(hi)
-    mid_v = _ordered_key(lv + (hv - lv) / 2)
-    mid_k = (lo >> 1) + (hi >> 1) + (lo & hi & 1)                    # floor((lo + hi) / 2)
-    mid = jnp.where((it < 48) & (mid_v > lo) & (mid_v < hi), mid_v, mid_k)
-    good = ok(base + jnp.sum(jnp.where(k > mid, p, 0.0)))
-    # Counts as float sums (exact below 2^24): XLA:CPU fuses them with the sum above; int64
-    # counts became two extra reduce-window passes over materialised [V] arrays.
-    n_lo = jnp.sum(jnp.where((k > lo) & (k < mid), 1.0, 0.0).astype(jnp.float32)).astype(n_in.dtype)
-    n_hi = jnp.sum(jnp.where((k > mid) & (k < hi), 1.0, 0.0).astype(jnp.float32)).astype(n_in.dtype)
-    go = n_in > stop
-    lo, hi = jnp.where(go & ~good, mid, lo), jnp.where(go & good, mid, hi)
-    return lo, hi, jnp.where(go, jnp.where(good, n_lo, n_hi), n_in), it + 1
+  def level(bucket, lo, hi, above):
+    inside = (k > lo) & (k <= hi)
+    idx = jnp.where(inside, bucket, jnp.where(k > hi, nb, nb + 1))
+    mass = jnp.zeros(nb + 2, p.dtype).at[idx].add(p)
+    kmin = jnp.full(nb + 2, i64.max, k.dtype).at[idx].min(k)
+    kmax = jnp.full(nb + 2, i64.min, k.dtype).at[idx].max(k)
+    s = mass[nb] + jnp.cumsum(mass[:nb][::-1])[::-1]     # S(smallest key of bucket j - 1)
+    live = kmin[:nb] <= kmax[:nb]
+    # The lowest live bucket also qualifies (S(lo) recomputed in another summation order).
+    pick = live & (~ok(s) | (jnp.arange(nb) == jnp.argmax(live)))
+    j = nb - 1 - jnp.argmax(pick[::-1])
+    s_hi = jnp.concatenate([s, mass[nb:nb + 1]])[j + 1]                # S(largest key of j)
+    up = jnp.min(jnp.where(jnp.arange(nb) > j, kmin[:nb], i64.max))   # smallest key above j
+    return kmin[j] - 1, kmax[j], kmin[j] == kmax[j], s_hi, jnp.minimum(up, above)
 
-  return jax.lax.while_loop(lambda c: jnp.any(c[2] > stop), body, state)
+  fin = jnp.isfinite(x)
+  vmin = jnp.min(jnp.where(fin, x, jnp.inf))
+  vmax = jnp.max(x)
+  scale = jnp.where(vmax > vmin, (nb - 1) / (vmax - vmin), 0.0)
+  by_value = jnp.clip(jnp.floor((x - vmin) * scale), 0, nb - 1)
+  by_value = jnp.where(jnp.isnan(by_value), 0, by_value).astype(jnp.int32)
+  kf = jnp.where(fin, k, i64.min)
+  state = level(by_value, jnp.min(jnp.where(fin, k, i64.max)) - 1, jnp.max(kf),
+                jnp.asarray(i64.max, k.dtype))
+
+  def by_key(c):
+    lo, hi, done, _, above = c
+    span = jax.lax.bitcast_convert_type(hi - lo - 1, jnp.uint64)      # exact: hi > lo
+    shift = jnp.sum((span >> jnp.arange(64, dtype=jnp.uint64)) >= nb).astype(jnp.uint64)
+    off = jax.lax.bitcast_convert_type(k - lo - 1, jnp.uint64) >> shift
+    new = level(jnp.minimum(off, nb - 1).astype(jnp.int32), lo, hi, above)
+    return tuple(jnp.where(done, a, b) for a, b in zip(c, new))
+
+  _, u, _, s_u, above = jax.lax.while_loop(lambda c: ~c[2], by_key, state)
+  return u, s_u, above
 
 
 def sample_tokens(logits: jax.Array, keys: jax.Array, *, temperature: float = 1.0,
@@ -199,9 +213,10 @@ def sample_tokens(logits: jax.Array, keys: jax.Array, *, temperature: float = 1.
   if jax.dtypes.canonicalize_dtype(jnp.float64) != jnp.float64:
     raise RuntimeError("sample_tokens: exact sampling needs float64 (x64) while tracing; call the "
                        "jitted sampler inside aogpt_jax.sampling.tokens.exact_sampling()")
-  x = filter_logits(logits, temperature=temperature, top_p=top_p, top_p_rule=top_p_rule)
+  x, cut = _scaled_and_cutoff(logits, temperature, top_p, top_p_rule)
   u = jax.vmap(lambda k: jax.random.uniform(k, (), jnp.float64))(keys.reshape(-1))
-  return inverse_cdf(x, u.reshape(x.shape[:-1]))
+  # = inverse_cdf(filter_logits(...), u), without materialising the filtered logits
+  return _inverse_cdf(x, cut, u.reshape(x.shape[:-1]))
 
 
 def commit_tokens(tokens: jax.Array, commit: jax.Array, new: jax.Array) -> jax.Array:
@@ -234,19 +249,29 @@ def inverse_cdf(x: jax.Array, u: jax.Array) -> jax.Array:
   block sums; the block is the first one whose end ``P[b + 1]`` exceeds ``u * P[-1]`` (so it holds
   mass), the token the count of its CDF entries ``<= u * P[-1]``, kept on the block's last token
   of positive mass."""
+  return _inverse_cdf(x, None, u)
+
+
+def _inverse_cdf(x: jax.Array, cut: jax.Array | None, u: jax.Array) -> jax.Array:
+  """`inverse_cdf` of ``x`` with the values below ``cut`` [..., 1] (None: none) set to -inf, the
+  same numbers: ``w = exp(x - max x)`` on the kept values (the maximum is always kept), 0
+  elsewhere."""
   lead, v = x.shape[:-1], x.shape[-1]
   nb = -(-v // CDF_BLOCK)
   x = jnp.pad(x, [(0, 0)] * len(lead) + [(0, nb * CDF_BLOCK - v)], constant_values=-jnp.inf)
-  w_NxKxCB = jnp.exp(x - jnp.max(x, axis=-1, keepdims=True)).reshape(*lead, nb, CDF_BLOCK)
-  mass_NxK = jnp.sum(w_NxKxCB, axis=-1)
-  ends_NxK = jnp.cumsum(mass_NxK, axis=-1)                           # P[1..nb]
-  target_Nx1 = u[..., None] * ends_NxK[..., -1:]
+  w = jnp.exp(x - jnp.max(x, axis=-1, keepdims=True))
+  if cut is not None:
+    w = jnp.where(x >= cut, w, 0.0)
+  w = w.reshape(*lead, nb, CDF_BLOCK)
+  mass = jnp.sum(w, axis=-1)
+  ends = jnp.cumsum(mass, axis=-1)                                   # P[1..nb]
+  target = u[..., None] * ends[..., -1:]
   # u * total can round up to total when u is within 2^-53 of 1: stay on the last live block.
-  last_block_N = nb - 1 - jnp.argmax((mass_NxK > 0)[..., ::-1], axis=-1)
-  b_N = jnp.minimum(jnp.sum(ends_NxK <= target_Nx1, axis=-1), last_block_N)
-  start_N = jnp.where(b_N > 0, jnp.take_along_axis(
-      ends_NxK, jnp.maximum(b_N - 1, 0)[..., None], axis=-1)[..., 0], 0.0)
-  wb_NxCB = jnp.take_along_axis(w_NxKxCB, b_N[..., None, None], axis=-2)[..., 0, :]
-  idx_N = jnp.sum(start_N[..., None] + jnp.cumsum(wb_NxCB, axis=-1) <= target_Nx1, axis=-1)
-  last_N = CDF_BLOCK - 1 - jnp.argmax((wb_NxCB > 0)[..., ::-1], axis=-1)
-  return (b_N * CDF_BLOCK + jnp.minimum(idx_N, last_N)).astype(jnp.int32)
+  last_block = nb - 1 - jnp.argmax((mass > 0)[..., ::-1], axis=-1)
+  b = jnp.minimum(jnp.sum(ends <= target, axis=-1), last_block)
+  start = jnp.where(b > 0, jnp.take_along_axis(ends, jnp.maximum(b - 1, 0)[..., None], axis=-1)[
+      ..., 0], 0.0)
+  wb = jnp.take_along_axis(w, b[..., None, None], axis=-2)[..., 0, :]    # [..., CDF_BLOCK]
+  idx = jnp.sum(start[..., None] + jnp.cumsum(wb, axis=-1) <= target, axis=-1)
+  last = CDF_BLOCK - 1 - jnp.argmax((wb > 0)[..., ::-1], axis=-1)
+  return (b * CDF_BLOCK + jnp.minimum(idx, last)).astype(jnp.int32)
