@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging as std_logging
 import os
+import re
 import sys
 from typing import Callable
 
@@ -79,6 +80,13 @@ def one_line(e: BaseException) -> str:
   return f"{type(e).__name__}: {msg}" if msg else type(e).__name__
 
 
+def _renamed_hint(msg: str) -> str:
+  """``msg`` plus the new name when a config file uses the ``evaluate`` group of before."""
+  if re.search(r"\bevaluate\b", msg) and "eval." not in msg:
+    msg += " (the evaluate.* group merged into eval.*: cfg.evaluate.X is now cfg.eval.X)"
+  return msg
+
+
 def _verbose(argv) -> bool:
   return any(a in ("--verbose", "--verbose=true", "--verbose=True", "--verbose=1") for a in argv)
 
@@ -102,7 +110,7 @@ def parse_flags(argv):
   except Exception as e:  # noqa: BLE001 - any parse failure is bad input
     if _verbose(argv):
       raise
-    sys.exit(f"aogpt_jax: config error: {one_line(_root(e))}")
+    sys.exit(f"aogpt_jax: config error: {_renamed_hint(one_line(_root(e)))}")
 
 
 def main(argv) -> None:
@@ -116,10 +124,8 @@ def main(argv) -> None:
   except Exception as e:  # noqa: BLE001 - the config file failed to load
     if _VERBOSE.value:
       raise
-    msg = one_line(_root(e))
-    if "'evaluate'" in msg:       # a config file written before evaluate.* merged into eval.*
-      msg += " (the evaluate.* group is now eval.*: cfg.evaluate.X -> cfg.eval.X)"
-    raise SystemExit(f"aogpt_jax: config error: --config: {msg}") from None
+    raise SystemExit(f"aogpt_jax: config error: --config: {_renamed_hint(one_line(_root(e)))}"
+                     ) from None
   if cfg is None:
     raise app.UsageError("--config is required")
   if not _WORKDIR.value:

@@ -91,3 +91,13 @@ def test_ensembles_follow_the_objective(tmp_path):
   with pytest.raises(config_lib.ConfigError,
                      match=r"^eval\.ensemble_max_m: 4: context-order ensembles .* objective='mdm'"):
     config_lib.resolve(tiny_config(tmp_path, objective="mdm", eval__ensemble_max_m=4))
+
+
+def test_a_config_file_using_the_old_group_is_told_the_new_name():
+  """What `parse_flags` / `main` print when a config file sets ``cfg.evaluate.X`` (ml_collections
+  raises ``KeyError: evaluate``)."""
+  hint = main_lib._renamed_hint("KeyError: evaluate")  # pylint: disable=W0212
+  assert hint == ("KeyError: evaluate (the evaluate.* group merged into eval.*: cfg.evaluate.X "
+                  "is now cfg.eval.X)")
+  other = main_lib._renamed_hint("KeyError: optimizer")  # pylint: disable=W0212
+  assert other == "KeyError: optimizer"
