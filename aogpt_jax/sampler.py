@@ -421,8 +421,9 @@ def write_samples(model: AOGPT, config: ml_collections.ConfigDict, workdir: str,
     outs.append(jax.block_until_ready(sample_batch(model, p, pl, s)))
     progress.update(i + 1)
   seconds = time.perf_counter() - t0
-  steps = ("" if s.method == "ar" else f"_K{s.draft}_{s.order}" if s.method == "speculative"
-           else f"_T{s.steps}_{s.schedule}_{s.count_mode}")
+  queries = "_all" if s.draft_queries == "all" else ""
+  steps = ("" if s.method == "ar" else f"_K{s.draft}{queries}_{s.order}"
+           if s.method == "speculative" else f"_T{s.steps}_{s.schedule}_{s.count_mode}")
   rule = "" if s.top_p_rule == "published" or s.top_p == 1 else s.top_p_rule
   name = c.name or (f"{s.method}{steps}_p{s.top_p:g}{rule}_t{s.temperature:g}_seed{int(c.seed)}")
   stem, k = name, 1

@@ -116,7 +116,14 @@ def test_sample_mode_speculative(trained):
   rows = [json.loads(line) for line in path.read_text().splitlines()]
   assert all(r["tokens"][:2] == [97, 98] and r["tokens"][-2:] == [121, 122] for r in rows)
   assert "speculative_K3_random" in path.name
-  cfg.sample.draft = "many"
+  cfg.sample.draft_queries = "all"                 # the untapered layout, named in the file
+  path = pathlib.Path(modes.sample_mode(cfg, str(workdir)))
+  assert "speculative_K3_all_random" in path.name
+  assert json.loads(path.with_suffix(".json").read_text())["settings"]["draft_queries"] == "all"
+  cfg.sample.draft_queries = "most"
+  with pytest.raises(ValueError, match="sample.draft_queries"):
+    modes.sample_mode(cfg, str(workdir))
+  cfg.sample.draft_queries, cfg.sample.draft = "taper", "many"
   with pytest.raises(ValueError, match="sample.draft"):
     modes.sample_mode(cfg, str(workdir))
 

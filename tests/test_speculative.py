@@ -195,8 +195,9 @@ def test_settings_and_config_checks():
   c = sampler.sample_config()
   c.method, c.draft, c.length = "speculative", "5", 8
   assert sampler.settings_from_config(c, cfg).draft == 5
-  c.draft = "auto"
-  assert sampler.settings_from_config(c, cfg).draft == "auto"
+  c.draft, c.draft_queries = "auto", "all"
+  got = sampler.settings_from_config(c, cfg)
+  assert (got.draft, got.draft_queries) == ("auto", "all")
   c.draft = "four"
   with pytest.raises(ValueError, match="sample.draft: must be 'auto' or an integer"):
     sampler.settings_from_config(c, cfg)
