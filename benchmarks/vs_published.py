@@ -119,8 +119,14 @@ def main() -> None:
       lines.append(f"| {name} | - | {row['ours']:.3f} | - | - |")
   print("\n".join(lines))
   pathlib.Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+  try:
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True, cwd=REPO).stdout.strip() or "unknown"
+  except OSError:
+    commit = "unknown"
   with open(a.out, "w") as f:
     json.dump({"best_s": best, "repeats": a.repeats, "runs": a.runs, "machine": os.uname().nodename,
+               "commit": commit,
                "cpus": os.cpu_count(), "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
                "load_avg_1_5_15_before": load_before, "load_avg_1_5_15_after": os.getloadavg()},
               f, indent=1)
