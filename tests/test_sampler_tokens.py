@@ -65,7 +65,7 @@ def test_top_p_rules_match_their_definitions_on_random_distributions(rule):
 @pytest.mark.parametrize("rule", tokens_lib.TOP_P_RULES)
 def test_top_p_cutoff_with_ties_padding_and_a_large_vocabulary(rule):
   # Ties at the cut-off are all kept (the tied tokens' first occurrence decides), padding (-inf)
-  # is never kept, and the bisection over float64 keys is exact across signs and scales.
+  # is never kept, and the bucket search over float64 keys is exact across signs and scales.
   rng = np.random.default_rng(1)
   f = jax.jit(lambda x, tp: tokens_lib.filter_logits(x, top_p=tp, top_p_rule=rule),
               static_argnums=1)
