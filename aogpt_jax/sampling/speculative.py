@@ -52,6 +52,13 @@ the smallest static block in 2, 4, .., AUTO_MAX that holds every live row's K an
 What K changes: the samples' distribution is the same for every K and "auto"; the tokens drawn
 under one key differ between K (the rounds split differently); for a fixed K they do not depend
 on the batch they ran in.
+
+Shape suffixes of local arrays (nanodo style, ``mask_BxXxC`` = [B, X, C]): B rows, N sequence
+length n, K causal slots of a pass (the static block), E = K - 1 drafts of the next round,
+Q draft-query slots of the block (`query_layout`), X = K + Q slots of a pass, C cache length
+(n + the widest block's Q), W = kmax (the largest K), G = max(W - 1, 1) stored draft
+distributions, L = max(E, 1) drafts compared, Y = K E (trace: E queries per causal slot),
+V vocabulary, D model width.
 """
 
 from __future__ import annotations
@@ -95,8 +102,9 @@ def next_draft(k, a, m, kmax: int):
   """The auto rule, from the round's outcome only: a row that verified m >= 1 drafts and accepted
   all doubles its K (up to kmax); one that rejected after a accepted drafts uses a + 2 (its
   accepted drafts plus the drawn token, plus one; at least 2); m = 0 keeps K."""
-  k_all = jnp.minimum(2 * k, kmax)
-  return jnp.where(m == 0, k, jnp.where(a >= m, k_all, jnp.clip(a + 2, 2, kmax))).astype(jnp.int32)
+  k_all_B = jnp.minimum(2 * k, kmax)
+  return jnp.where(m == 0, k, jnp.where(a >= m, k_all_B, jnp.clip(a + 2, 2, kmax))).astype(
+      jnp.int32)
 
 
 def _gather_v(x, idx):
@@ -122,121 +130,131 @@ def _row_sizes(i, bonus, k, queries: str):
   """Traced `query_groups` for a row's own K = k [B, 1] (``draft="auto"``): the drafts group i
   (``bonus``: the bonus group) gives; at most the block's static group size since k <= K, and
   independent of the block the batch ran with."""
-  e = k - 1
+  e_Bx1 = k - 1
   if queries == "all":
-    return jnp.broadcast_to(e, jnp.broadcast_shapes(jnp.shape(i), e.shape))
-  return jnp.where(bonus, e, jnp.minimum(e, jnp.maximum(1, jnp.right_shift(e, i + 1))))
+    return jnp.broadcast_to(e_Bx1, jnp.broadcast_shapes(jnp.shape(i), e_Bx1.shape))
+  return jnp.where(bonus, e_Bx1,
+                   jnp.minimum(e_Bx1, jnp.maximum(1, jnp.right_shift(e_Bx1, i + 1))))
 
 
 def query_layout(K: int, queries: str):
   """Static layout of the draft queries of a block K: per query its group (0..K-2: causal slot
   i when a = i < m; K-1: the bonus group, causal slot m) and offset t >= 1, and per group its
   first query and size (numpy int32)."""
-  sizes = np.asarray(query_groups(K, queries) + (K - 1,), np.int32)
-  grp = np.repeat(np.arange(K, dtype=np.int32), sizes)
-  first = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int32)
-  return grp, (np.arange(grp.size) - first[grp] + 1).astype(np.int32), first, sizes
+  sizes_K = np.asarray(query_groups(K, queries) + (K - 1,), np.int32)
+  grp_Q = np.repeat(np.arange(K, dtype=np.int32), sizes_K)
+  first_K = np.concatenate([[0], np.cumsum(sizes_K)[:-1]]).astype(np.int32)
+  return grp_Q, (np.arange(grp_Q.size) - first_K[grp_Q] + 1).astype(np.int32), first_K, sizes_K
 
 
 def _round(model, order, tok_keys, filt, carry, *, K: int, kmax: int, cache_len: int,
            queries: str, debug: bool):
   """One round (one pass) with static block K: causal slots c..c+m (m <= K-1 pending drafts)
   and the draft queries of `query_layout`; every row drafts its own k - 1 <= K - 1 next."""
-  cache, tokens, c, m, logq, passes, k_row, it, trace = carry
+  cache, tokens_BxN, c_B, m_B, logq_BxGxV, passes_B, k_row_B, it, trace = carry
   batch, n = order.shape
-  uni = _round_uniforms(tok_keys, c, kmax)
+  uni_Bx3xW = _round_uniforms(tok_keys, c_B, kmax)
   E = K - 1
-  grp, qt, first, _ = query_layout(K, queries)
-  Q = grp.size
-  kk = jnp.arange(cache_len, dtype=jnp.int32)[None, None, :]
-  i = jnp.arange(K, dtype=jnp.int32)[None, :]
-  t = jnp.arange(1, K, dtype=jnp.int32)[None, :]
-  live = c < n
-  c2, m2, k2 = c[:, None], m[:, None], jnp.minimum(k_row, K)[:, None]
-  crank = c2 + i                                                        # [B, K]
-  cvalid = live[:, None] & (i <= m2) & (crank < n)
-  qsrc = jnp.where(grp[None, :] == E, m2, grp[None, :])                 # [B, Q]: causal slot
-  xrank = c2 + qsrc + qt[None, :]
-  bonus = grp[None, :] == E
-  xvalid = (live[:, None] & (bonus | (grp[None, :] < m2)) & (xrank < n)
-            & (qt[None, :] <= _row_sizes(grp[None, :], bonus, k2, queries)))
-  src = jnp.concatenate([crank, c2 + qsrc], axis=1)                     # whose slot copy
-  valid = jnp.concatenate([cvalid, xvalid], axis=1)
-  tgt_rank = jnp.concatenate([crank, xrank], axis=1)
-  tok, pos = orders_lib.rank_slots(order, tokens, src)
-  tgt_pos = jnp.take_along_axis(order, jnp.clip(tgt_rank, 0, n - 1), axis=1)
-  scratch = n + jnp.arange(Q, dtype=jnp.int32)[None, :]
-  write = jnp.where(valid, jnp.concatenate(
-      [crank, jnp.broadcast_to(scratch, (batch, Q))], axis=1), cache_len)
-  mask = ((kk < src[:, :, None]) | (kk == write[:, :, None])) & valid[:, :, None]
-  hidden, cache = model.hidden_slots(
-      tok, pos, jnp.where(valid, tgt_pos, NO_TARGET).astype(jnp.int32), mask=mask, cache=cache,
-      write_index=write)
-  raw_p = model.head(hidden[:, :K], tgt_pos[:, :K])
-  logp = filt(raw_p)                               # p_i: rank c+i given ranks < c+i
+  grp_Q, qt_Q, first_K, _ = query_layout(K, queries)
+  Q = grp_Q.size
+  kk_1x1xC = jnp.arange(cache_len, dtype=jnp.int32)[None, None, :]
+  i_1xK = jnp.arange(K, dtype=jnp.int32)[None, :]
+  t_1xE = jnp.arange(1, K, dtype=jnp.int32)[None, :]
+  live_B = c_B < n
+  c_Bx1, m_Bx1, k_Bx1 = c_B[:, None], m_B[:, None], jnp.minimum(k_row_B, K)[:, None]
+  crank_BxK = c_Bx1 + i_1xK
+  cvalid_BxK = live_B[:, None] & (i_1xK <= m_Bx1) & (crank_BxK < n)
+  qsrc_BxQ = jnp.where(grp_Q[None, :] == E, m_Bx1, grp_Q[None, :])    # each query's causal slot
+  xrank_BxQ = c_Bx1 + qsrc_BxQ + qt_Q[None, :]
+  bonus_1xQ = grp_Q[None, :] == E
+  xvalid_BxQ = (live_B[:, None] & (bonus_1xQ | (grp_Q[None, :] < m_Bx1)) & (xrank_BxQ < n)
+                & (qt_Q[None, :] <= _row_sizes(grp_Q[None, :], bonus_1xQ, k_Bx1, queries)))
+  src_BxX = jnp.concatenate([crank_BxK, c_Bx1 + qsrc_BxQ], axis=1)     # whose slot copy
+  valid_BxX = jnp.concatenate([cvalid_BxK, xvalid_BxQ], axis=1)
+  tgt_rank_BxX = jnp.concatenate([crank_BxK, xrank_BxQ], axis=1)
+  tok_BxX, pos_BxX = orders_lib.rank_slots(order, tokens_BxN, src_BxX)
+  tgt_pos_BxX = jnp.take_along_axis(order, jnp.clip(tgt_rank_BxX, 0, n - 1), axis=1)
+  scratch_1xQ = n + jnp.arange(Q, dtype=jnp.int32)[None, :]
+  write_BxX = jnp.where(valid_BxX, jnp.concatenate(
+      [crank_BxK, jnp.broadcast_to(scratch_1xQ, (batch, Q))], axis=1), cache_len)
+  mask_BxXxC = (((kk_1x1xC < src_BxX[:, :, None]) | (kk_1x1xC == write_BxX[:, :, None]))
+                & valid_BxX[:, :, None])
+  hidden_BxXxD, cache = model.hidden_slots(
+      tok_BxX, pos_BxX, jnp.where(valid_BxX, tgt_pos_BxX, NO_TARGET).astype(jnp.int32),
+      mask=mask_BxXxC, cache=cache, write_index=write_BxX)
+  raw_p_BxKxV = model.head(hidden_BxXxD[:, :K], tgt_pos_BxX[:, :K])
+  logp_BxKxV = filt(raw_p_BxKxV)                   # p_i: rank c+i given ranks < c+i
   # Accept / reject the pending drafts d_i (rank c+i, i < m) against p_i.
-  dpos = tgt_pos[:, :K]                            # positions of ranks c..c+K-1
-  d = jnp.take_along_axis(tokens, dpos, axis=1)
-  lq = logq[:, :max(E, 1)]
-  lp_d = jnp.take_along_axis(logp[:, :lq.shape[1]], d[:, :lq.shape[1], None], axis=-1)[..., 0]
-  lq_d = jnp.take_along_axis(lq, d[:, :lq.shape[1], None], axis=-1)[..., 0]
-  u = uni[:, 1, :lq.shape[1]]
-  acc = (u < jnp.exp(jnp.minimum(lp_d - lq_d, 0.0))) & (i[:, :lq.shape[1]] < m2)
-  a = jnp.sum(jnp.cumprod(acc.astype(jnp.int32), axis=1), axis=1).astype(jnp.int32)
+  dpos_BxK = tgt_pos_BxX[:, :K]                    # positions of ranks c..c+K-1
+  d_BxK = jnp.take_along_axis(tokens_BxN, dpos_BxK, axis=1)
+  lq_BxLxV = logq_BxGxV[:, :max(E, 1)]
+  lp_d_BxL = jnp.take_along_axis(logp_BxKxV[:, :lq_BxLxV.shape[1]],
+                                 d_BxK[:, :lq_BxLxV.shape[1], None], axis=-1)[..., 0]
+  lq_d_BxL = jnp.take_along_axis(lq_BxLxV, d_BxK[:, :lq_BxLxV.shape[1], None], axis=-1)[..., 0]
+  u_BxL = uni_Bx3xW[:, 1, :lq_BxLxV.shape[1]]
+  acc_BxL = ((u_BxL < jnp.exp(jnp.minimum(lp_d_BxL - lq_d_BxL, 0.0)))
+             & (i_1xK[:, :lq_BxLxV.shape[1]] < m_Bx1))
+  a_B = jnp.sum(jnp.cumprod(acc_BxL.astype(jnp.int32), axis=1), axis=1).astype(jnp.int32)
   # The token of rank c + a: the residual at the first rejection, else the bonus p_m.
-  rej = a < m
-  p_a = _gather_v(logp, jnp.minimum(a, K - 1))
-  q_a = _gather_v(lq, jnp.minimum(a, lq.shape[1] - 1))
-  resid = jnp.log(jnp.maximum(jnp.exp(p_a) - jnp.exp(q_a), 0.0))
-  nlog = jnp.where(rej[:, None], resid, p_a)
-  npos = jnp.take_along_axis(order, jnp.clip(c + a, 0, n - 1)[:, None], axis=1)
-  new = tokens_lib.inverse_cdf(nlog, uni[:, 2, 0])
-  has_new = live & (c + a < n)
-  tokens = tokens.at[jnp.arange(batch), jnp.where(has_new, npos[:, 0], n)].set(new, mode="drop")
-  c_new = jnp.where(has_new, c + a + 1, jnp.where(live, n, c)).astype(jnp.int32)
+  rej_B = a_B < m_B
+  p_a_BxV = _gather_v(logp_BxKxV, jnp.minimum(a_B, K - 1))
+  q_a_BxV = _gather_v(lq_BxLxV, jnp.minimum(a_B, lq_BxLxV.shape[1] - 1))
+  resid_BxV = jnp.log(jnp.maximum(jnp.exp(p_a_BxV) - jnp.exp(q_a_BxV), 0.0))
+  nlog_BxV = jnp.where(rej_B[:, None], resid_BxV, p_a_BxV)
+  npos_Bx1 = jnp.take_along_axis(order, jnp.clip(c_B + a_B, 0, n - 1)[:, None], axis=1)
+  new_B = tokens_lib.inverse_cdf(nlog_BxV, uni_Bx3xW[:, 2, 0])
+  has_new_B = live_B & (c_B + a_B < n)
+  tokens_BxN = tokens_BxN.at[jnp.arange(batch), jnp.where(has_new_B, npos_Bx1[:, 0], n)].set(
+      new_B, mode="drop")
+  c_new_B = jnp.where(has_new_B, c_B + a_B + 1, jnp.where(live_B, n, c_B)).astype(jnp.int32)
   # The next drafts: the queries of causal slot c + a (ranks c+a+1 .., given ranks < c+a): its
   # group a after a rejection, the bonus group when all m were accepted. Only those queries go
   # through the head and the filter.
   if E > 0:
-    g = jnp.where(rej, a, E)
-    erank = (c + a)[:, None] + t
-    evalid = (has_new[:, None] & (t <= _row_sizes(g[:, None], ~rej[:, None], k2, queries))
-              & (erank < n))
-    epos = jnp.take_along_axis(order, jnp.clip(erank, 0, n - 1), axis=1)
-    qidx = jnp.minimum(jnp.asarray(first)[g][:, None] + t - 1, Q - 1)
-    h_sel = jnp.take_along_axis(hidden[:, K:], qidx[:, :, None], axis=1)
-    sel = filt(model.head(h_sel, epos))
-    e = tokens_lib.inverse_cdf(sel, uni[:, 0, :E])
-    tokens = tokens_lib.commit_tokens(tokens, jnp.where(evalid, epos, n), e)
-    m_new = jnp.sum(evalid, axis=1).astype(jnp.int32)
-    logq_new = jnp.pad(sel, [(0, 0), (0, logq.shape[1] - E), (0, 0)])
-    logq = jnp.where(live[:, None, None], logq_new, logq)
+    g_B = jnp.where(rej_B, a_B, E)
+    erank_BxE = (c_B + a_B)[:, None] + t_1xE
+    evalid_BxE = (has_new_B[:, None]
+                  & (t_1xE <= _row_sizes(g_B[:, None], ~rej_B[:, None], k_Bx1, queries))
+                  & (erank_BxE < n))
+    epos_BxE = jnp.take_along_axis(order, jnp.clip(erank_BxE, 0, n - 1), axis=1)
+    qidx_BxE = jnp.minimum(jnp.asarray(first_K)[g_B][:, None] + t_1xE - 1, Q - 1)
+    h_sel_BxExD = jnp.take_along_axis(hidden_BxXxD[:, K:], qidx_BxE[:, :, None], axis=1)
+    sel_BxExV = filt(model.head(h_sel_BxExD, epos_BxE))
+    e_BxE = tokens_lib.inverse_cdf(sel_BxExV, uni_Bx3xW[:, 0, :E])
+    tokens_BxN = tokens_lib.commit_tokens(tokens_BxN, jnp.where(evalid_BxE, epos_BxE, n), e_BxE)
+    m_new_B = jnp.sum(evalid_BxE, axis=1).astype(jnp.int32)
+    logq_new_BxGxV = jnp.pad(sel_BxExV, [(0, 0), (0, logq_BxGxV.shape[1] - E), (0, 0)])
+    logq_BxGxV = jnp.where(live_B[:, None, None], logq_new_BxGxV, logq_BxGxV)
   else:
-    m_new = jnp.zeros_like(m)
-  m = jnp.where(live, m_new, m)
+    m_new_B = jnp.zeros_like(m_B)
+  m_B = jnp.where(live_B, m_new_B, m_B)
   if debug:
-    trace = _trace_round(model, trace, it, hidden[:, K:], tgt_pos[:, K:], first, queries,
-                         dict(c=jnp.where(live, c, -1), m=m2[:, 0], k=k2[:, 0], a=a, d=d,
-                              p=raw_p), K=K, kmax=kmax)
-  passes = (passes + live.astype(jnp.int32)).astype(jnp.int32)
-  return (cache, tokens, c_new, m, logq, passes, k_row, it + 1, trace), a, live
+    trace = _trace_round(model, trace, it, hidden_BxXxD[:, K:], tgt_pos_BxX[:, K:], first_K,
+                         queries, dict(c=jnp.where(live_B, c_B, -1), m=m_Bx1[:, 0],
+                                       k=k_Bx1[:, 0], a=a_B, d=d_BxK, p=raw_p_BxKxV),
+                         K=K, kmax=kmax)
+  passes_B = (passes_B + live_B.astype(jnp.int32)).astype(jnp.int32)
+  return ((cache, tokens_BxN, c_new_B, m_B, logq_BxGxV, passes_B, k_row_B, it + 1, trace), a_B,
+          live_B)
 
 
 def _trace_round(model, trace, it, h_x, tgt_x, first, queries, upd, *, K: int, kmax: int):
   """debug: records round ``it``; ``q[:, :, i, t-1]`` holds the query logits of causal slot i
   (its group i if i < m, the bonus group if i == m; ``e[:, :, i]`` queries, zeros after)."""
   batch, E = h_x.shape[0], K - 1
-  xs = model.head(h_x, tgt_x)                                            # [B, Q, V]
-  m2 = upd["m"][:, None]
-  i = jnp.arange(K, dtype=jnp.int32)[None, :]
-  g = jnp.where(i == m2, E, i)                                           # [B, K]
-  size = jnp.where(i <= m2, _row_sizes(g, i == m2, upd["k"][:, None], queries), 0)
-  start = jnp.asarray(first)[g]
-  t = jnp.arange(E, dtype=jnp.int32)[None, None, :]
-  qidx = jnp.minimum(start[:, :, None] + t, max(h_x.shape[1] - 1, 0)).reshape(batch, K * E)
-  q = jnp.take_along_axis(xs, qidx[:, :, None], axis=1).reshape(batch, K, E, -1)
-  upd["q"] = jnp.where((t < size[:, :, None])[..., None], q, 0.0)
-  upd["e"] = size
+  xs_BxQxV = model.head(h_x, tgt_x)
+  m_Bx1 = upd["m"][:, None]
+  i_1xK = jnp.arange(K, dtype=jnp.int32)[None, :]
+  g_BxK = jnp.where(i_1xK == m_Bx1, E, i_1xK)
+  size_BxK = jnp.where(i_1xK <= m_Bx1,
+                       _row_sizes(g_BxK, i_1xK == m_Bx1, upd["k"][:, None], queries), 0)
+  start_BxK = jnp.asarray(first)[g_BxK]
+  t_1x1xE = jnp.arange(E, dtype=jnp.int32)[None, None, :]
+  qidx_BxY = jnp.minimum(start_BxK[:, :, None] + t_1x1xE, max(h_x.shape[1] - 1, 0)).reshape(
+      batch, K * E)
+  q_BxKxExV = jnp.take_along_axis(xs_BxQxV, qidx_BxY[:, :, None], axis=1).reshape(batch, K, E, -1)
+  upd["q"] = jnp.where((t_1x1xE < size_BxK[:, :, None])[..., None], q_BxKxExV, 0.0)
+  upd["e"] = size_BxK
   pad = lambda x, w, ax: jnp.pad(x, [(0, 0)] * ax + [(0, w - x.shape[ax])] + [(0, 0)] * (
       x.ndim - ax - 1))
   upd["d"], upd["p"], upd["e"] = pad(upd["d"], kmax, 1), pad(upd["p"], kmax, 1), pad(
@@ -265,19 +283,21 @@ def sample_speculative(model: AOGPT, order, tokens0, prompt_len, tok_keys, *, dr
     raise ValueError(f"draft: must be >= 1 or 'auto', got {draft!r}")
   blocks = auto_blocks(kmax) if auto else (kmax,)
   cache_len = n + max(query_layout(b, queries)[0].size for b in blocks)
-  kk = jnp.arange(cache_len, dtype=jnp.int32)[None, None, :]
+  kk_1x1xC = jnp.arange(cache_len, dtype=jnp.int32)[None, None, :]
   filt = lambda lg: jax.nn.log_softmax(tokens_lib.filter_logits(
       lg, temperature=temperature, top_p=top_p, top_p_rule=top_p_rule), axis=-1)
   cache = model.init_cache(batch, cache_len)
   # Prefill: rank-slots 0..P-1 of every row (P = its prompt length), one pass over n slots.
-  plen = prompt_len.astype(jnp.int32)
-  r = jnp.broadcast_to(jnp.arange(n, dtype=jnp.int32), (batch, n))
-  ok = r < plen[:, None]
-  tok, pos = orders_lib.rank_slots(order, tokens0, r)
-  tgt = jnp.where(ok, order, NO_TARGET).astype(jnp.int32)
-  write = jnp.where(ok, r, cache_len)
-  mask = ((kk < r[:, :, None]) | (kk == write[:, :, None])) & ok[:, :, None]
-  _, cache = model.hidden_slots(tok, pos, tgt, mask=mask, cache=cache, write_index=write)
+  plen_B = prompt_len.astype(jnp.int32)
+  r_BxN = jnp.broadcast_to(jnp.arange(n, dtype=jnp.int32), (batch, n))
+  ok_BxN = r_BxN < plen_B[:, None]
+  tok_BxN, pos_BxN = orders_lib.rank_slots(order, tokens0, r_BxN)
+  tgt_BxN = jnp.where(ok_BxN, order, NO_TARGET).astype(jnp.int32)
+  write_BxN = jnp.where(ok_BxN, r_BxN, cache_len)
+  mask_BxNxC = (((kk_1x1xC < r_BxN[:, :, None]) | (kk_1x1xC == write_BxN[:, :, None]))
+                & ok_BxN[:, :, None])
+  _, cache = model.hidden_slots(tok_BxN, pos_BxN, tgt_BxN, mask=mask_BxNxC, cache=cache,
+                                write_index=write_BxN)
   v = model.cfg.vocab_size
   trace = None
   if debug:
@@ -294,21 +314,21 @@ def sample_speculative(model: AOGPT, order, tokens0, prompt_len, tok_keys, *, dr
     return jnp.any(carry[2] < n)
 
   def body(carry):
-    m_before = carry[3]
+    m_before_B = carry[3]
     if len(rnd) == 1:
-      carry, a, live = rnd[0](carry)
+      carry, a_B, live_B = rnd[0](carry)
     else:     # the smallest block that holds every live row's k and pending drafts + 1
       need = jnp.max(jnp.where(carry[2] < n, jnp.maximum(carry[6], carry[3] + 1), 0))
       idx = jnp.sum(jnp.asarray(blocks, jnp.int32) < need).astype(jnp.int32)
-      carry, a, live = jax.lax.switch(idx, rnd, carry)
+      carry, a_B, live_B = jax.lax.switch(idx, rnd, carry)
     if auto:
-      k = jnp.where(live, next_draft(carry[6], a, m_before, kmax), carry[6])
-      carry = carry[:6] + (k,) + carry[7:]
+      k_B = jnp.where(live_B, next_draft(carry[6], a_B, m_before_B, kmax), carry[6])
+      carry = carry[:6] + (k_B,) + carry[7:]
     return carry
 
-  k0 = jnp.full((batch,), 2 if auto else kmax, jnp.int32)
-  logq0 = jnp.zeros((batch, max(kmax - 1, 1), v), jnp.float64)
-  carry = (cache, tokens0, plen, jnp.zeros((batch,), jnp.int32), logq0,
-           jnp.zeros((batch,), jnp.int32), k0, jnp.int32(0), trace)
-  _, tokens, _, _, _, passes, _, _, trace = jax.lax.while_loop(cond, body, carry)
-  return tokens, passes, trace
+  k0_B = jnp.full((batch,), 2 if auto else kmax, jnp.int32)
+  logq0_BxGxV = jnp.zeros((batch, max(kmax - 1, 1), v), jnp.float64)
+  carry = (cache, tokens0, plen_B, jnp.zeros((batch,), jnp.int32), logq0_BxGxV,
+           jnp.zeros((batch,), jnp.int32), k0_B, jnp.int32(0), trace)
+  _, tokens_BxN, _, _, _, passes_B, _, _, trace = jax.lax.while_loop(cond, body, carry)
+  return tokens_BxN, passes_B, trace

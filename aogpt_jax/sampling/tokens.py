@@ -24,6 +24,12 @@ Keys. A sample's stream is ``fold_in(key, sample_index)`` (`sample_keys`); the t
 position p is drawn with ``fold_in(fold_in(sample_key, TOKEN_STREAM), p)`` (`token_keys`), so a
 sample does not depend on the batch it ran in, on the step layout, or on the sampler (the AR
 decoder and the diffusion sampler in L2R order with T = n draw identical tokens).
+
+Shape suffixes of local arrays (nanodo style, ``w_NxKxCB`` = [..., K, CB]): a leading N stands
+for the caller's leading axes ``...`` (rows, queries), R those axes flattened, B rows, Q queries
+per row, V vocabulary; top-p search (one row): U buckets per level (`TOP_P_BUCKETS`), H = U + 2
+(plus the sinks above and below the bracket); inverse CDF: K CDF blocks (``nb``), CB tokens per
+block (`CDF_BLOCK`), P = K CB the vocabulary padded to whole blocks.
 """
 
 from __future__ import annotations
@@ -45,8 +51,8 @@ def exact_sampling() -> contextlib.AbstractContextManager:
 
 def sample_keys(key: jax.Array, batch: int, offset: int = 0) -> jax.Array:
   """Per-sample keys ``fold_in(key, offset + b)`` for b in 0..batch-1 (int32 indices)."""
-  idx = jnp.arange(batch, dtype=jnp.int32) + jnp.int32(offset)
-  return jax.vmap(lambda i: jax.random.fold_in(key, i))(idx)
+  idx_B = jnp.arange(batch, dtype=jnp.int32) + jnp.int32(offset)
+  return jax.vmap(lambda i: jax.random.fold_in(key, i))(idx_B)
 
 
 def stream(keys: jax.Array, which: int) -> jax.Array:
@@ -112,10 +118,10 @@ def top_p_cutoff(x: jax.Array, top_p: float, rule: str) -> jax.Array:
   """`_top_p_cutoff` over groups of `TOP_P_ROWS` rows (``lax.map``): a row stays in cache, and
   its bucket levels stop when it is done (1 row: 12.5 ms for 8 x 50304, 4 rows: 16.7 ms)."""
   lead = x.shape[:-1]
-  rows = x.reshape(-1, x.shape[-1])
-  out = jax.lax.map(lambda r: _top_p_cutoff(r, top_p, rule), rows,
-                    batch_size=min(TOP_P_ROWS, rows.shape[0]))
-  return out.reshape(*lead, 1)
+  rows_RxV = x.reshape(-1, x.shape[-1])
+  out_Rx1 = jax.lax.map(lambda r: _top_p_cutoff(r, top_p, rule), rows_RxV,
+                        batch_size=min(TOP_P_ROWS, rows_RxV.shape[0]))
+  return out_Rx1.reshape(*lead, 1)
 
 
 TOP_P_BUCKETS = 2048   # buckets per level of the top-p cut-off search
@@ -134,19 +140,19 @@ def _top_p_cutoff(x: jax.Array, top_p, rule: str) -> jax.Array:
   S(c0 excluded) + p(c0) <= top_p), and the top value is always kept. c1, c0 = value(u) and
   S(u) come out of the search (no further pass over V). Equal to the sorted definition up to
   float64 summation order."""
-  mx = jnp.max(x, axis=-1, keepdims=True)
-  w = jnp.exp(x - mx)
-  z = jnp.sum(w, axis=-1, keepdims=True)
-  p = w / z
-  k = _ordered_key(x)
-  u, s_u, above = _smallest_ok_key(x, k, p, top_p, rule)
-  cu = _key_value(u)[None]
+  mx_1 = jnp.max(x, axis=-1, keepdims=True)
+  w_V = jnp.exp(x - mx_1)
+  z_1 = jnp.sum(w_V, axis=-1, keepdims=True)
+  p_V = w_V / z_1
+  k_V = _ordered_key(x)
+  u, s_u, above = _smallest_ok_key(x, k_V, p_V, top_p, rule)
+  cu_1 = _key_value(u)[None]
   if rule == "nucleus":
-    return cu
+    return cu_1
   has_above = above != jnp.iinfo(jnp.int64).max
-  c1 = jnp.where(has_above, _key_value(above), mx)
-  tied_ok = has_above & (s_u + jnp.exp(cu - mx) / z <= top_p)
-  return jnp.where(tied_ok, cu, c1)
+  c1_1 = jnp.where(has_above, _key_value(above), mx_1)
+  tied_ok_1 = has_above & (s_u + jnp.exp(cu_1 - mx_1) / z_1 <= top_p)
+  return jnp.where(tied_ok_1, cu_1, c1_1)
 
 
 def _smallest_ok_key(x, k, p, top_p, rule: str):
@@ -163,36 +169,36 @@ def _smallest_ok_key(x, k, p, top_p, rule: str):
   i64 = jnp.iinfo(jnp.int64)
 
   def level(bucket, lo, hi, above):
-    inside = (k > lo) & (k <= hi)
-    idx = jnp.where(inside, bucket, jnp.where(k > hi, nb, nb + 1))
-    mass = jnp.zeros(nb + 2, p.dtype).at[idx].add(p)
-    kmin = jnp.full(nb + 2, i64.max, k.dtype).at[idx].min(k)
-    kmax = jnp.full(nb + 2, i64.min, k.dtype).at[idx].max(k)
-    s = mass[nb] + jnp.cumsum(mass[:nb][::-1])[::-1]     # S(smallest key of bucket j - 1)
-    live = kmin[:nb] <= kmax[:nb]
+    inside_V = (k > lo) & (k <= hi)
+    idx_V = jnp.where(inside_V, bucket, jnp.where(k > hi, nb, nb + 1))
+    mass_H = jnp.zeros(nb + 2, p.dtype).at[idx_V].add(p)
+    kmin_H = jnp.full(nb + 2, i64.max, k.dtype).at[idx_V].min(k)
+    kmax_H = jnp.full(nb + 2, i64.min, k.dtype).at[idx_V].max(k)
+    s_U = mass_H[nb] + jnp.cumsum(mass_H[:nb][::-1])[::-1]   # S(smallest key of bucket j - 1)
+    live_U = kmin_H[:nb] <= kmax_H[:nb]
     # The lowest live bucket also qualifies (S(lo) recomputed in another summation order).
-    pick = live & (~ok(s) | (jnp.arange(nb) == jnp.argmax(live)))
-    j = nb - 1 - jnp.argmax(pick[::-1])
-    s_hi = jnp.concatenate([s, mass[nb:nb + 1]])[j + 1]                # S(largest key of j)
-    up = jnp.min(jnp.where(jnp.arange(nb) > j, kmin[:nb], i64.max))   # smallest key above j
-    return kmin[j] - 1, kmax[j], kmin[j] == kmax[j], s_hi, jnp.minimum(up, above)
+    pick_U = live_U & (~ok(s_U) | (jnp.arange(nb) == jnp.argmax(live_U)))
+    j = nb - 1 - jnp.argmax(pick_U[::-1])
+    s_hi = jnp.concatenate([s_U, mass_H[nb:nb + 1]])[j + 1]            # S(largest key of j)
+    up = jnp.min(jnp.where(jnp.arange(nb) > j, kmin_H[:nb], i64.max))  # smallest key above j
+    return kmin_H[j] - 1, kmax_H[j], kmin_H[j] == kmax_H[j], s_hi, jnp.minimum(up, above)
 
-  fin = jnp.isfinite(x)
-  vmin = jnp.min(jnp.where(fin, x, jnp.inf))
+  fin_V = jnp.isfinite(x)
+  vmin = jnp.min(jnp.where(fin_V, x, jnp.inf))
   vmax = jnp.max(x)
   scale = jnp.where(vmax > vmin, (nb - 1) / (vmax - vmin), 0.0)
-  by_value = jnp.clip(jnp.floor((x - vmin) * scale), 0, nb - 1)
-  by_value = jnp.where(jnp.isnan(by_value), 0, by_value).astype(jnp.int32)
-  kf = jnp.where(fin, k, i64.min)
-  state = level(by_value, jnp.min(jnp.where(fin, k, i64.max)) - 1, jnp.max(kf),
+  by_value_V = jnp.clip(jnp.floor((x - vmin) * scale), 0, nb - 1)
+  by_value_V = jnp.where(jnp.isnan(by_value_V), 0, by_value_V).astype(jnp.int32)
+  kf_V = jnp.where(fin_V, k, i64.min)
+  state = level(by_value_V, jnp.min(jnp.where(fin_V, k, i64.max)) - 1, jnp.max(kf_V),
                 jnp.asarray(i64.max, k.dtype))
 
   def by_key(c):
     lo, hi, done, _, above = c
     span = jax.lax.bitcast_convert_type(hi - lo - 1, jnp.uint64)      # exact: hi > lo
     shift = jnp.sum((span >> jnp.arange(64, dtype=jnp.uint64)) >= nb).astype(jnp.uint64)
-    off = jax.lax.bitcast_convert_type(k - lo - 1, jnp.uint64) >> shift
-    new = level(jnp.minimum(off, nb - 1).astype(jnp.int32), lo, hi, above)
+    off_V = jax.lax.bitcast_convert_type(k - lo - 1, jnp.uint64) >> shift
+    new = level(jnp.minimum(off_V, nb - 1).astype(jnp.int32), lo, hi, above)
     return tuple(jnp.where(done, a, b) for a, b in zip(c, new))
 
   _, u, _, s_u, above = jax.lax.while_loop(lambda c: ~c[2], by_key, state)
@@ -213,10 +219,10 @@ def sample_tokens(logits: jax.Array, keys: jax.Array, *, temperature: float = 1.
   if jax.dtypes.canonicalize_dtype(jnp.float64) != jnp.float64:
     raise RuntimeError("sample_tokens: exact sampling needs float64 (x64) while tracing; call the "
                        "jitted sampler inside aogpt_jax.sampling.tokens.exact_sampling()")
-  x, cut = _scaled_and_cutoff(logits, temperature, top_p, top_p_rule)
-  u = jax.vmap(lambda k: jax.random.uniform(k, (), jnp.float64))(keys.reshape(-1))
+  x_NxV, cut_Nx1 = _scaled_and_cutoff(logits, temperature, top_p, top_p_rule)
+  u_R = jax.vmap(lambda k: jax.random.uniform(k, (), jnp.float64))(keys.reshape(-1))
   # = inverse_cdf(filter_logits(...), u), without materialising the filtered logits
-  return _inverse_cdf(x, cut, u.reshape(x.shape[:-1]))
+  return _inverse_cdf(x_NxV, cut_Nx1, u_R.reshape(x_NxV.shape[:-1]))
 
 
 def commit_tokens(tokens: jax.Array, commit: jax.Array, new: jax.Array) -> jax.Array:
@@ -232,9 +238,9 @@ def draw_and_commit(tokens: jax.Array, logits: jax.Array, keys: jax.Array, commi
   samplers: draw one token per query from ``logits`` [B, Q, V] with ``keys`` [B, Q]
   (`sample_tokens`), write them at ``commit`` [B, Q] (`commit_tokens`; n: nowhere), and return
   (tokens, the logits if ``debug`` else None) for `jax.lax.scan`."""
-  new = sample_tokens(logits, keys, temperature=temperature, top_p=top_p, top_p_rule=top_p_rule,
-                      greedy=greedy)
-  return commit_tokens(tokens, commit, new), (logits if debug else None)
+  new_BxQ = sample_tokens(logits, keys, temperature=temperature, top_p=top_p,
+                          top_p_rule=top_p_rule, greedy=greedy)
+  return commit_tokens(tokens, commit, new_BxQ), (logits if debug else None)
 
 
 CDF_BLOCK = 128   # inverse_cdf: tokens per block of the two-level CDF
@@ -259,19 +265,19 @@ def _inverse_cdf(x: jax.Array, cut: jax.Array | None, u: jax.Array) -> jax.Array
   lead, v = x.shape[:-1], x.shape[-1]
   nb = -(-v // CDF_BLOCK)
   x = jnp.pad(x, [(0, 0)] * len(lead) + [(0, nb * CDF_BLOCK - v)], constant_values=-jnp.inf)
-  w = jnp.exp(x - jnp.max(x, axis=-1, keepdims=True))
+  w_NxP = jnp.exp(x - jnp.max(x, axis=-1, keepdims=True))
   if cut is not None:
-    w = jnp.where(x >= cut, w, 0.0)
-  w = w.reshape(*lead, nb, CDF_BLOCK)
-  mass = jnp.sum(w, axis=-1)
-  ends = jnp.cumsum(mass, axis=-1)                                   # P[1..nb]
-  target = u[..., None] * ends[..., -1:]
+    w_NxP = jnp.where(x >= cut, w_NxP, 0.0)
+  w_NxKxCB = w_NxP.reshape(*lead, nb, CDF_BLOCK)
+  mass_NxK = jnp.sum(w_NxKxCB, axis=-1)
+  ends_NxK = jnp.cumsum(mass_NxK, axis=-1)                           # P[1..nb]
+  target_Nx1 = u[..., None] * ends_NxK[..., -1:]
   # u * total can round up to total when u is within 2^-53 of 1: stay on the last live block.
-  last_block = nb - 1 - jnp.argmax((mass > 0)[..., ::-1], axis=-1)
-  b = jnp.minimum(jnp.sum(ends <= target, axis=-1), last_block)
-  start = jnp.where(b > 0, jnp.take_along_axis(ends, jnp.maximum(b - 1, 0)[..., None], axis=-1)[
-      ..., 0], 0.0)
-  wb = jnp.take_along_axis(w, b[..., None, None], axis=-2)[..., 0, :]    # [..., CDF_BLOCK]
-  idx = jnp.sum(start[..., None] + jnp.cumsum(wb, axis=-1) <= target, axis=-1)
-  last = CDF_BLOCK - 1 - jnp.argmax((wb > 0)[..., ::-1], axis=-1)
-  return (b * CDF_BLOCK + jnp.minimum(idx, last)).astype(jnp.int32)
+  last_block_N = nb - 1 - jnp.argmax((mass_NxK > 0)[..., ::-1], axis=-1)
+  b_N = jnp.minimum(jnp.sum(ends_NxK <= target_Nx1, axis=-1), last_block_N)
+  start_N = jnp.where(b_N > 0, jnp.take_along_axis(
+      ends_NxK, jnp.maximum(b_N - 1, 0)[..., None], axis=-1)[..., 0], 0.0)
+  wb_NxCB = jnp.take_along_axis(w_NxKxCB, b_N[..., None, None], axis=-2)[..., 0, :]
+  idx_N = jnp.sum(start_N[..., None] + jnp.cumsum(wb_NxCB, axis=-1) <= target_Nx1, axis=-1)
+  last_N = CDF_BLOCK - 1 - jnp.argmax((wb_NxCB > 0)[..., ::-1], axis=-1)
+  return (b_N * CDF_BLOCK + jnp.minimum(idx_N, last_N)).astype(jnp.int32)
