@@ -12,8 +12,8 @@ times inside one ``lax.fori_loop`` (no dispatch per round), timed interleaved (b
 
     python benchmarks/speculative_profile.py --workdir=/tmp/aogpt_quickstart --batch=8
 
-Without ``--workdir``, random weights of configs/quickstart.py's model (preset tiny, float32) (the time does not depend
-on the weights). Writes JSON to ``--out`` (default benchmarks/results/speculative_profile.json).
+Without ``--workdir``, random weights of configs/quickstart.py's model (preset tiny, float32;
+the time does not depend on the weights). Writes JSON to ``--out`` (default benchmarks/results/speculative_profile.json).
 """
 
 from __future__ import annotations

@@ -159,7 +159,8 @@ def test_one_pass_per_round_all_accepted(monkeypatch):
                       lambda *a, **kw: calls.append(1) or hidden_slots(*a, **kw))
   n, batch = 12, 3
   order = jnp.broadcast_to(jnp.arange(n, dtype=jnp.int32), (batch, n))
-  keys = tokens_lib.stream(tokens_lib.sample_keys(jax.random.key(1), batch), tokens_lib.TOKEN_STREAM)
+  keys = tokens_lib.stream(tokens_lib.sample_keys(jax.random.key(1), batch),
+                           tokens_lib.TOKEN_STREAM)
   for k in (1, 2, 4):
     calls.clear()
     fn = jax.jit(functools.partial(speculative.sample_speculative, m, draft=k))
