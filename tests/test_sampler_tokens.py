@@ -62,10 +62,19 @@ def test_top_p_rules_match_their_definitions_on_random_distributions(rule):
     assert got == reference_top_p_support(p, top_p, rule), (trial, p, top_p)
 
 
+def _poisoned_key_search(x, k, p, top_p, rule):
+  """A wrong `_smallest_ok_key` (u = the largest key): any row that needs it fails."""
+  return jnp.max(k), jnp.zeros((), p.dtype), jnp.max(k)
+
+
+@pytest.mark.parametrize("path", ["both", "key_search_only"])
 @pytest.mark.parametrize("rule", tokens_lib.TOP_P_RULES)
-def test_top_p_cutoff_with_ties_padding_and_a_large_vocabulary(rule):
+def test_top_p_cutoff_with_ties_padding_and_a_large_vocabulary(rule, path, monkeypatch):
   # Ties at the cut-off are all kept (the tied tokens' first occurrence decides), padding (-inf)
-  # is never kept, and the bucket search over float64 keys is exact across signs and scales.
+  # is never kept, and the search is exact across signs and scales; "key_search_only": every row
+  # overflows the sorted candidates and takes the key-bucket search.
+  if path == "key_search_only":
+    monkeypatch.setattr(tokens_lib, "TOP_P_CANDIDATES", 0)
   rng = np.random.default_rng(1)
   f = jax.jit(lambda x, tp: tokens_lib.filter_logits(x, top_p=tp, top_p_rule=rule),
               static_argnums=1)
@@ -83,6 +92,31 @@ def test_top_p_cutoff_with_ties_padding_and_a_large_vocabulary(rule):
     with tokens_lib.exact_sampling():
       got = np.flatnonzero(np.isfinite(np.asarray(f(jnp.asarray(x), top_p)))).tolist()
     assert got == want, (trial, top_p, len(got), len(want))
+
+
+@pytest.mark.parametrize("rule", tokens_lib.TOP_P_RULES)
+def test_sorted_candidates_alone_find_the_cutoff(rule, monkeypatch):
+  """With the key-bucket search poisoned, rows whose cut-off bucket holds at most
+  `TOP_P_CANDIDATES` values (distinct logits, few ties: the common case) are still exact, at
+  the model's vocabulary size, under temperature."""
+  monkeypatch.setattr(tokens_lib, "_smallest_ok_key", _poisoned_key_search)
+  rng = np.random.default_rng(4)
+  v = 50304
+  x = rng.normal(size=(12, v)) * np.array([1e-2, 0.5, 3.0, 8.0] * 3)[:, None]
+  x[[6, 7, 10, 11]] = np.round(x[[6, 7, 10, 11]], 3)        # a few ties (scales 3 and 8)
+  x[:, 50257:] = -np.inf                                    # padding ids
+  x = x.astype(np.float32)
+  for top_p in (0.3, 0.95):
+    with tokens_lib.exact_sampling():
+      got = np.isfinite(np.asarray(jax.jit(lambda l: tokens_lib.filter_logits(
+          l, temperature=0.8, top_p=top_p, top_p_rule=rule))(jnp.asarray(x))))
+    for r in range(12):
+      xr = x[r].astype(np.float64) / 0.8
+      p = np.exp(xr - xr.max())
+      p /= p.sum()
+      want = reference_top_p_support(p, top_p, rule)
+      want = np.flatnonzero(p >= p[want].min()).tolist()   # ties at the cut-off value kept
+      assert np.flatnonzero(got[r]).tolist() == want, (r, top_p)
 
 
 def test_unknown_top_p_rule_is_named():

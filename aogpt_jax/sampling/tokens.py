@@ -82,18 +82,21 @@ def filter_logits(logits: jax.Array, *, temperature: float = 1.0, top_p: float =
   Ties at the cut-off value are kept under both rules. Nothing is sorted (`top_p_cutoff`); at
   ``top_p == 1`` nothing is filtered. Must be traced inside `exact_sampling()`.
   """
-  x, cut = _scaled_and_cutoff(logits, temperature, top_p, top_p_rule)
-  return x if cut is None else jnp.where(x >= cut, x, -jnp.inf)
+  x = _scaled(logits, temperature, top_p_rule)
+  if not _filters(top_p):
+    return x
+  return jnp.where(x >= top_p_cutoff(x, top_p, top_p_rule), x, -jnp.inf)
 
 
-def _scaled_and_cutoff(logits, temperature, top_p, top_p_rule):
-  """float64 ``logits / temperature`` and the top-p cut-off [..., 1] (None at ``top_p == 1``)."""
-  if top_p_rule not in TOP_P_RULES:
-    raise ValueError(f"top_p_rule: must be one of {TOP_P_RULES}, got {top_p_rule!r}")
-  x = logits.astype(jnp.float64) / jnp.float64(temperature)
-  if isinstance(top_p, (int, float)) and top_p >= 1.0:     # (a traced top_p is always filtered)
-    return x, None
-  return x, top_p_cutoff(x, top_p, top_p_rule)
+def _scaled(logits, temperature, top_p_rule):
+  """float64 ``logits / temperature`` (and the rule's name checked)."""
+  layers.check_choice("top_p_rule", top_p_rule, TOP_P_RULES)
+  return logits.astype(jnp.float64) / jnp.float64(temperature)
+
+
+def _filters(top_p) -> bool:
+  """Whether top-p removes anything (a traced top_p always filters)."""
+  return not (isinstance(top_p, (int, float)) and top_p >= 1.0)
 
 
 _SIGN = 0x7FFFFFFFFFFFFFFF
@@ -111,48 +114,89 @@ def _key_value(k: jax.Array) -> jax.Array:
   return jax.lax.bitcast_convert_type(b, jnp.float64)
 
 
-TOP_P_ROWS = 1   # rows per top-p cut-off search (lax.map): each row stops at its own level count
+TOP_P_BUCKETS = 4096      # value buckets of the top-p cut-off search
+TOP_P_CANDIDATES = 64     # members of the cut-off's bucket sorted exactly (more: `_smallest_ok_key`)
 
 
 def top_p_cutoff(x: jax.Array, top_p: float, rule: str) -> jax.Array:
-  """`_top_p_cutoff` over groups of `TOP_P_ROWS` rows (``lax.map``): a row stays in cache, and
-  its bucket levels stop when it is done (1 row: 12.5 ms for 8 x 50304, 4 rows: 16.7 ms)."""
+  """`_top_p_cutoff` row by row (``lax.map``: a row stays in cache and takes only the branch it
+  needs): float64 logits [..., V] -> the smallest kept value [..., 1] (kept: ``x >= cut``)."""
   lead = x.shape[:-1]
   rows_RxV = x.reshape(-1, x.shape[-1])
-  out_Rx1 = jax.lax.map(lambda r: _top_p_cutoff(r, top_p, rule), rows_RxV,
-                        batch_size=min(TOP_P_ROWS, rows_RxV.shape[0]))
-  return out_Rx1.reshape(*lead, 1)
+  out_R = jax.lax.map(lambda r: _top_p_cutoff(r, top_p, rule)[0], rows_RxV)
+  return out_R.reshape(*lead, 1)
 
 
-TOP_P_BUCKETS = 2048   # buckets per level of the top-p cut-off search
+def _top_p_cutoff(x: jax.Array, top_p, rule: str) -> tuple[jax.Array, jax.Array]:
+  """The smallest kept value (a float64 scalar; kept: ``x >= cut``) of one row of float64 logits
+  ``x`` [V], and ``w = exp(x - max x)`` [V] (reused by the draw).
 
+  Sort-free over V (a sort of V = 50k float64 costs more than the model's step on CPU): with
+  ``p = w / sum w`` and ``S(v) = sum of p_i over x_i > v``, "ok" meaning ``S <= top_p``
+  ("published") or ``S < top_p`` ("nucleus"), u is the smallest value whose S is ok (S is
+  non-increasing in v). Nucleus keeps ``x >= u``. Published keeps ``x > u`` (the tokens whose
+  inclusive cumulative mass is at most top_p), plus the values equal to u when their first
+  occurrence still fits (``S(u) + p(u) <= top_p``), and the top value always.
 
-def _top_p_cutoff(x: jax.Array, top_p, rule: str) -> jax.Array:
-  """The smallest kept value ``c`` [1] of one row of float64 logits ``x`` [V] (kept: ``x >= c``).
+  Finding u: one scatter sums p into `TOP_P_BUCKETS` buckets by value (monotone in x), so S just
+  below bucket j is a suffix sum; u lies in the highest bucket whose suffix sum is not ok (the
+  lowest live bucket when every one is ok). Its finite members, at most `TOP_P_CANDIDATES` of
+  them, are compacted and sorted and S is accumulated over them in
+  descending order. A bucket with more members (many equal or near-equal values) goes to the
+  key-bucket search `_smallest_ok_key`. Equal to the sorted definition up to float64 summation
+  order (tests/test_sampler_tokens.py)."""
+  v = x.shape[-1]
+  nb, cap = TOP_P_BUCKETS, min(TOP_P_CANDIDATES + 1, v)
+  ok = (lambda s: s <= top_p) if rule == "published" else (lambda s: s < top_p)
+  mx = jnp.max(x)
+  w_V = jnp.exp(x - mx)
+  z = jnp.sum(w_V)
+  p_V = w_V / z
+  fin_V = jnp.isfinite(x)
+  bucket_V = _value_buckets(x, fin_V, mx)
+  mass_U = jnp.zeros(nb, p_V.dtype).at[bucket_V].add(p_V)
+  s_U = jnp.cumsum(mass_U[::-1])[::-1]                   # S just below bucket j
+  s_ext = jnp.concatenate([s_U, jnp.zeros(1, s_U.dtype)])
+  pick_U = ((mass_U > 0) & ~ok(s_U)) | (jnp.arange(nb) == 0)
+  j = nb - 1 - jnp.argmax(pick_U[::-1])
+  # The bucket's finite members' indices first (float32 keys v - i: exact integers), one more
+  # than `TOP_P_CANDIDATES` to see an overflow.
+  key_C, idx_C = jax.lax.top_k(
+      jnp.where(fin_V & (bucket_V == j), (v - jnp.arange(v)).astype(jnp.float32), 0.0), cap)
+  live_C = key_C > 0
+  overflow = live_C[-1] if cap > TOP_P_CANDIDATES else False
+  # The bucket's largest value has S = s_ext[j + 1]: when that is ok, u is in the bucket.
+  fast = live_C[0] & ~overflow & ok(s_ext[j + 1])
 
-  Sort-free (a sort of V = 50k float64 per row costs more than the model's whole step on CPU):
-  with ``p = softmax(x)`` and ``S(u) = sum of p_i over key(x_i) > u`` (int64 order keys, S only
-  changes at the keys of actual values), "ok" meaning ``S <= top_p`` for "published" and
-  ``S < top_p`` for "nucleus", `_smallest_ok_key` finds u, the smallest ok key (always the key
-  of an actual value). Nucleus: c is the value whose key is u. Published: c1 is the smallest
-  value above u (the smallest v whose tokens with x >= v hold at most top_p); below c1 only the
-  next value c0 can still qualify, when it is tied (its first occurrence has cumulative mass
-  S(c0 excluded) + p(c0) <= top_p), and the top value is always kept. c1, c0 = value(u) and
-  S(u) come out of the search (no further pass over V). Equal to the sorted definition up to
-  float64 summation order."""
-  mx_1 = jnp.max(x, axis=-1, keepdims=True)
-  w_V = jnp.exp(x - mx_1)
-  z_1 = jnp.sum(w_V, axis=-1, keepdims=True)
-  p_V = w_V / z_1
-  k_V = _ordered_key(x)
-  u, s_u, above = _smallest_ok_key(x, k_V, p_V, top_p, rule)
-  cu_1 = _key_value(u)[None]
+  def sorted_candidates(_):
+    xs_C, ps_C = jax.lax.sort((-jnp.where(live_C, x[idx_C], -jnp.inf),
+                               jnp.where(live_C, p_V[idx_C], 0.0)), num_keys=1)
+    xs_C = -xs_C                                          # descending; dead ones last (-inf)
+    excl_C = jnp.concatenate([jnp.zeros(1, ps_C.dtype), jnp.cumsum(ps_C)[:-1]])
+    s_C = s_ext[j + 1] + excl_C                           # S(xs_C[i]) at a value's first entry
+    first_C = live_C & jnp.concatenate([jnp.ones(1, bool), xs_C[1:] != xs_C[:-1]])
+    i = cap - 1 - jnp.argmax((first_C & ok(s_C))[::-1])   # the smallest ok value's first entry
+    return xs_C[i], s_C[i]
+
+  def key_search(_):
+    u, s_u, _ = _smallest_ok_key(x, _ordered_key(x), p_V, top_p, rule)
+    return _key_value(u), s_u
+
+  cu, s_u = jax.lax.cond(fast, sorted_candidates, key_search, None)
   if rule == "nucleus":
-    return cu_1
-  has_above = above != jnp.iinfo(jnp.int64).max
-  c1_1 = jnp.where(has_above, _key_value(above), mx_1)
-  tied_ok_1 = has_above & (s_u + jnp.exp(cu_1 - mx_1) / z_1 <= top_p)
-  return jnp.where(tied_ok_1, cu_1, c1_1)
+    return cu, w_V
+  keep_tied = (cu == mx) | (s_u + jnp.exp(cu - mx) / z <= top_p)
+  return jnp.where(keep_tied, cu, jnp.nextafter(cu, jnp.inf)), w_V   # x >= next(u) iff x > u
+
+
+def _value_buckets(x, fin, mx):
+  """int32 bucket of each finite value, monotone in x: `TOP_P_BUCKETS` equal value ranges from
+  the smallest finite value to ``mx`` (non-finite values: bucket 0)."""
+  nb = TOP_P_BUCKETS
+  vmin = jnp.min(jnp.where(fin, x, jnp.inf))
+  scale = jnp.where(mx > vmin, (nb - 1) / (mx - vmin), 0.0)
+  b = jnp.clip(jnp.floor((x - vmin) * scale), 0, nb - 1)
+  return jnp.where(fin, b, 0).astype(jnp.int32)
 
 
 def _smallest_ok_key(x, k, p, top_p, rule: str):
@@ -184,13 +228,8 @@ def _smallest_ok_key(x, k, p, top_p, rule: str):
     return kmin_H[j] - 1, kmax_H[j], kmin_H[j] == kmax_H[j], s_hi, jnp.minimum(up, above)
 
   fin_V = jnp.isfinite(x)
-  vmin = jnp.min(jnp.where(fin_V, x, jnp.inf))
-  vmax = jnp.max(x)
-  scale = jnp.where(vmax > vmin, (nb - 1) / (vmax - vmin), 0.0)
-  by_value_V = jnp.clip(jnp.floor((x - vmin) * scale), 0, nb - 1)
-  by_value_V = jnp.where(jnp.isnan(by_value_V), 0, by_value_V).astype(jnp.int32)
   kf_V = jnp.where(fin_V, k, i64.min)
-  state = level(by_value_V, jnp.min(jnp.where(fin_V, k, i64.max)) - 1, jnp.max(kf_V),
+  state = level(_value_buckets(x, fin_V, jnp.max(x)), jnp.min(jnp.where(fin_V, k, i64.max)) - 1, jnp.max(kf_V),
                 jnp.asarray(i64.max, k.dtype))
 
   def by_key(c):
@@ -219,10 +258,19 @@ def sample_tokens(logits: jax.Array, keys: jax.Array, *, temperature: float = 1.
   if jax.dtypes.canonicalize_dtype(jnp.float64) != jnp.float64:
     raise RuntimeError("sample_tokens: exact sampling needs float64 (x64) while tracing; call the "
                        "jitted sampler inside aogpt_jax.sampling.tokens.exact_sampling()")
-  x_NxV, cut_Nx1 = _scaled_and_cutoff(logits, temperature, top_p, top_p_rule)
+  lead = logits.shape[:-1]
   u_R = jax.vmap(lambda k: jax.random.uniform(k, (), jnp.float64))(keys.reshape(-1))
-  # = inverse_cdf(filter_logits(...), u), without materialising the filtered logits
-  return _inverse_cdf(x_NxV, cut_Nx1, u_R.reshape(x_NxV.shape[:-1]))
+  if not _filters(top_p):
+    return inverse_cdf(_scaled(logits, temperature, top_p_rule), u_R.reshape(lead))
+
+  def row(args):      # = inverse_cdf(filter_logits(...), u) for one row, exp computed once
+    logits_V, u = args
+    x_V = _scaled(logits_V, temperature, top_p_rule)
+    cut, w_V = _top_p_cutoff(x_V, top_p, top_p_rule)
+    return _cdf_draw(jnp.where(x_V >= cut, w_V, 0.0), u)
+
+  # The rows enter in their own dtype (a float64 copy of all rows costs more than the cut-off).
+  return jax.lax.map(row, (logits.reshape(-1, logits.shape[-1]), u_R)).reshape(lead)
 
 
 def commit_tokens(tokens: jax.Array, commit: jax.Array, new: jax.Array) -> jax.Array:
@@ -255,19 +303,14 @@ def inverse_cdf(x: jax.Array, u: jax.Array) -> jax.Array:
   block sums; the block is the first one whose end ``P[b + 1]`` exceeds ``u * P[-1]`` (so it holds
   mass), the token the count of its CDF entries ``<= u * P[-1]``, kept on the block's last token
   of positive mass."""
-  return _inverse_cdf(x, None, u)
+  return _cdf_draw(jnp.exp(x - jnp.max(x, axis=-1, keepdims=True)), u)
 
 
-def _inverse_cdf(x: jax.Array, cut: jax.Array | None, u: jax.Array) -> jax.Array:
-  """`inverse_cdf` of ``x`` with the values below ``cut`` [..., 1] (None: none) set to -inf, the
-  same numbers: ``w = exp(x - max x)`` on the kept values (the maximum is always kept), 0
-  elsewhere."""
-  lead, v = x.shape[:-1], x.shape[-1]
+def _cdf_draw(w: jax.Array, u: jax.Array) -> jax.Array:
+  """`inverse_cdf` from the weights ``w = exp(x - max x)`` [..., V] (0: never drawn)."""
+  lead, v = w.shape[:-1], w.shape[-1]
   nb = -(-v // CDF_BLOCK)
-  x = jnp.pad(x, [(0, 0)] * len(lead) + [(0, nb * CDF_BLOCK - v)], constant_values=-jnp.inf)
-  w_NxP = jnp.exp(x - jnp.max(x, axis=-1, keepdims=True))
-  if cut is not None:
-    w_NxP = jnp.where(x >= cut, w_NxP, 0.0)
+  w_NxP = jnp.pad(w, [(0, 0)] * len(lead) + [(0, nb * CDF_BLOCK - v)])
   w_NxKxCB = w_NxP.reshape(*lead, nb, CDF_BLOCK)
   mass_NxK = jnp.sum(w_NxKxCB, axis=-1)
   ends_NxK = jnp.cumsum(mass_NxK, axis=-1)                           # P[1..nb]
