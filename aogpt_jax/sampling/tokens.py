@@ -159,11 +159,7 @@ def _top_p_cutoff(x: jax.Array, top_p, rule: str) -> tuple[jax.Array, jax.Array]
   s_ext = jnp.concatenate([s_U, jnp.zeros(1, s_U.dtype)])
   pick_U = ((mass_U > 0) & ~ok(s_U)) | (jnp.arange(nb) == 0)
   j = nb - 1 - jnp.argmax(pick_U[::-1])
-  # The bucket's finite members' indices first (float32 keys v - i: exact integers), one more
-  # than `TOP_P_CANDIDATES` to see an overflow.
-  key_C, idx_C = jax.lax.top_k(
-      jnp.where(fin_V & (bucket_V == j), (v - jnp.arange(v)).astype(jnp.float32), 0.0), cap)
-  live_C = key_C > 0
+  idx_C, live_C = _first_members(fin_V & (bucket_V == j), cap)
   overflow = live_C[-1] if cap > TOP_P_CANDIDATES else False
   # The bucket's largest value has S = s_ext[j + 1]: when that is ok, u is in the bucket.
   fast = live_C[0] & ~overflow & ok(s_ext[j + 1])
@@ -187,6 +183,25 @@ def _top_p_cutoff(x: jax.Array, top_p, rule: str) -> tuple[jax.Array, jax.Array]
     return cu, w_V
   keep_tied = (cu == mx) | (s_u + jnp.exp(cu - mx) / z <= top_p)
   return jnp.where(keep_tied, cu, jnp.nextafter(cu, jnp.inf)), w_V   # x >= next(u) iff x > u
+
+
+def _first_members(member: jax.Array, count: int) -> tuple[jax.Array, jax.Array]:
+  """The indices of the first ``count`` True entries of ``member`` [V] (in index order) and
+  whether each is one, int32 [count] and bool [count]. Two float32 top-ks over exact integer
+  keys: first the first ``count`` blocks of `CDF_BLOCK` entries holding a member, then the
+  first ``count`` members inside them (no pass over V but the block test)."""
+  v = member.shape[0]
+  nblk = -(-v // CDF_BLOCK)
+  rows = jnp.pad(member, (0, nblk * CDF_BLOCK - v)).reshape(nblk, CDF_BLOCK)
+  kb = min(count, nblk)
+  key_b, blk_b = jax.lax.top_k(jnp.where(jnp.any(rows, axis=1),
+                                         (nblk - jnp.arange(nblk)).astype(jnp.float32), 0.0), kb)
+  idx_E = (blk_b[:, None] * CDF_BLOCK + jnp.arange(CDF_BLOCK)).reshape(-1)
+  live_E = (rows[blk_b] & (key_b > 0)[:, None]).reshape(-1)
+  key_C, pos_C = jax.lax.top_k(
+      jnp.where(live_E, (idx_E.shape[0] - jnp.arange(idx_E.shape[0])).astype(jnp.float32), 0.0),
+      count)
+  return idx_E[pos_C], key_C > 0
 
 
 def _value_buckets(x, fin, mx):
