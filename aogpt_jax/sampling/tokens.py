@@ -157,29 +157,29 @@ def _top_p_cutoffs(x: jax.Array, top_p, rule: str) -> tuple[jax.Array, jax.Array
   key-bucket search `_smallest_ok_key` runs for the chunk. Equal to the sorted definition up to
   float64 summation order (tests/test_sampler_tokens.py)."""
   ok = (lambda s: s <= top_p) if rule == "published" else (lambda s: s < top_p)
-  fast_C, cu_C, s_C, w_CxV, p_CxV = jax.vmap(lambda r: _bucket_candidates(r, ok))(x)
+  fast_C, cu_C, s_C, w_CxV, mx_C, z_C = jax.vmap(lambda r: _bucket_candidates(r, ok))(x)
 
   def key_search(_):
     u_C, s_u_C, _ = jax.vmap(lambda r, p: _smallest_ok_key(r, _ordered_key(r), p, top_p, rule))(
-        x, p_CxV)
+        x, w_CxV / z_C[:, None])
     return jnp.where(fast_C, cu_C, _key_value(u_C)), jnp.where(fast_C, s_C, s_u_C)
 
   cu_C, s_C = jax.lax.cond(jnp.all(fast_C), lambda _: (cu_C, s_C), key_search, None)
   if rule == "nucleus":
     return cu_C, w_CxV
-  mx_C, z_C = jnp.max(x, axis=-1), jnp.sum(w_CxV, axis=-1)
   keep_tied_C = (cu_C == mx_C) | (s_C + jnp.exp(cu_C - mx_C) / z_C <= top_p)
   return jnp.where(keep_tied_C, cu_C, jnp.nextafter(cu_C, jnp.inf)), w_CxV   # >= next(u): > u
 
 
 def _bucket_candidates(x, ok):
   """`_top_p_cutoffs` for one row [V] up to the sorted candidates: (whether they hold u, u,
-  S(u), w, p)."""
+  S(u), w, max x, sum w)."""
   v = x.shape[-1]
   nb, cap = TOP_P_BUCKETS, min(TOP_P_CANDIDATES + 1, v)
   mx = jnp.max(x)
   w_V = jnp.exp(x - mx)
-  p_V = w_V / jnp.sum(w_V)
+  z = jnp.sum(w_V)
+  p_V = w_V / z
   fin_V = jnp.isfinite(x)
   bucket_V = _value_buckets(x, fin_V, mx)
   mass_U = jnp.zeros(nb, p_V.dtype).at[bucket_V].add(p_V)
@@ -198,7 +198,7 @@ def _bucket_candidates(x, ok):
   s_C = s_ext[j + 1] + excl_C                             # S(xs_C[i]) at a value's first entry
   first_C = live_C & jnp.concatenate([jnp.ones(1, bool), xs_C[1:] != xs_C[:-1]])
   i = cap - 1 - jnp.argmax((first_C & ok(s_C))[::-1])     # the smallest ok value's first entry
-  return fast, xs_C[i], s_C[i], w_V, p_V
+  return fast, xs_C[i], s_C[i], w_V, mx, z
 
 
 def _first_members(member: jax.Array, count: int) -> tuple[jax.Array, jax.Array]:
