@@ -17,8 +17,9 @@ tests/test_sampler_logits.py).
 Padding ids have logits -inf (the model sets them) and stay -inf through temperature and top-p,
 so they are never drawn. Top-p (`filter_logits`) has two named rules: ``"published"`` (the
 released AO-GPT code's ``top_p_sampling_from_probs``, the default) and ``"nucleus"`` (Holtzman
-et al.); the cut-off is found without sorting (`top_p_cutoff`); at ``top_p == 1`` nothing is
-filtered.
+et al.); the cut-off is found without sorting the vocabulary (`top_p_cutoff`); at ``top_p == 1``
+nothing is filtered. Rows are drawn a few at a time from their float32 logits (`_in_chunks`):
+float64 copies of all rows would cost more than the draw.
 
 Keys. A sample's stream is ``fold_in(key, sample_index)`` (`sample_keys`); the token at original
 position p is drawn with ``fold_in(fold_in(sample_key, TOKEN_STREAM), p)`` (`token_keys`), so a
@@ -27,8 +28,9 @@ decoder and the diffusion sampler in L2R order with T = n draw identical tokens)
 
 Shape suffixes of local arrays (nanodo style, ``w_NxKxCB`` = [..., K, CB]): a leading N stands
 for the caller's leading axes ``...`` (rows, queries), R those axes flattened, B rows, Q queries
-per row, V vocabulary; top-p search (one row): U buckets per level (`TOP_P_BUCKETS`), H = U + 2
-(plus the sinks above and below the bracket); inverse CDF: K CDF blocks (``nb``), CB tokens per
+per row, V vocabulary, C rows of a chunk (or candidates of one row); top-p search (one row): U
+buckets per level (`TOP_P_BUCKETS`), H = U + 2 (plus the sinks above and below the bracket), G
+blocks holding candidates, E their entries; inverse CDF: K CDF blocks (``nb``), CB tokens per
 block (`CDF_BLOCK`), P = K CB the vocabulary padded to whole blocks.
 """
 
@@ -79,7 +81,7 @@ def filter_logits(logits: jax.Array, *, temperature: float = 1.0, top_p: float =
     token is always kept.
   - ``"nucleus"`` (Holtzman et al.): the smallest set of most likely tokens whose probability
     reaches ``top_p`` (the token that crosses ``top_p`` is kept).
-  Ties at the cut-off value are kept under both rules. Nothing is sorted (`top_p_cutoff`); at
+  Ties at the cut-off value are kept under both rules. V is not sorted (`top_p_cutoff`); at
   ``top_p == 1`` nothing is filtered. Must be traced inside `exact_sampling()`.
   """
   x = _scaled(logits, temperature, top_p_rule)
@@ -208,12 +210,12 @@ def _first_members(member: jax.Array, count: int) -> tuple[jax.Array, jax.Array]
   first ``count`` members inside them (no pass over V but the block test)."""
   v = member.shape[0]
   nblk = -(-v // CDF_BLOCK)
-  rows = jnp.pad(member, (0, nblk * CDF_BLOCK - v)).reshape(nblk, CDF_BLOCK)
+  rows_KxCB = jnp.pad(member, (0, nblk * CDF_BLOCK - v)).reshape(nblk, CDF_BLOCK)
   kb = min(count, nblk)
-  key_b, blk_b = jax.lax.top_k(jnp.where(jnp.any(rows, axis=1),
+  key_G, blk_G = jax.lax.top_k(jnp.where(jnp.any(rows_KxCB, axis=1),
                                          (nblk - jnp.arange(nblk)).astype(jnp.float32), 0.0), kb)
-  idx_E = (blk_b[:, None] * CDF_BLOCK + jnp.arange(CDF_BLOCK)).reshape(-1)
-  live_E = (rows[blk_b] & (key_b > 0)[:, None]).reshape(-1)
+  idx_E = (blk_G[:, None] * CDF_BLOCK + jnp.arange(CDF_BLOCK)).reshape(-1)
+  live_E = (rows_KxCB[blk_G] & (key_G > 0)[:, None]).reshape(-1)
   key_C, pos_C = jax.lax.top_k(
       jnp.where(live_E, (idx_E.shape[0] - jnp.arange(idx_E.shape[0])).astype(jnp.float32), 0.0),
       count)
