@@ -137,12 +137,18 @@ def activation_placement(axes: Axes, shape) -> tuple[Any, Any] | None:
   return None if placement is None else placement(axes, shape)
 
 
-def row_set(x: jax.Array, index: jax.Array, update: jax.Array) -> jax.Array:
+def row_set(x: jax.Array, index: jax.Array, update: jax.Array, axis: int = 1) -> jax.Array:
   """``x[b, index[b, q]] = update[b, q]`` for every row b (indices past the end are dropped),
   written per row (vmap) so the scatter keeps the batch as a batching dimension: with rows
   split over the data axes every device writes its own rows, no all-gather of the updates
-  (a scatter indexed by an explicit row iota makes XLA's SPMD partitioner gather them)."""
-  return jax.vmap(lambda r, i, u: r.at[i].set(u.astype(r.dtype), mode="drop"))(x, index, update)
+  (a scatter indexed by an explicit row iota makes XLA's SPMD partitioner gather them).
+  ``axis`` > 1: the indexed axis of ``x`` is ``axis`` (``x[b, :, index[b, q]] = update[b, q]``
+  for axis 2), written in place, without moving ``x``'s axes."""
+  lead = (slice(None),) * (axis - 1)
+
+  def one(r, i, u):
+    return r.at[lead + (i,)].set(jnp.moveaxis(u, 0, axis - 1).astype(r.dtype), mode="drop")
+  return jax.vmap(one)(x, index, update)
 
 
 def dense_heads(dense: Dense, x: jax.Array, groups: int, n_head: int, head_dim: int) -> jax.Array:

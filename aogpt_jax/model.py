@@ -44,7 +44,7 @@ START = orders_lib.START          # slot token id meaning "the START vector"
 NO_TARGET = orders_lib.NO_TARGET  # slot target meaning "no conditioning" (zero vector)
 RESIDUAL_DTYPE = jnp.float32  # residual stream (embeddings, adds, norms) under any compute dtype
 
-# KV cache: one (k, v) pair per layer, each [batch, cache_len, n_head, head_dim].
+# KV cache: one (k, v) pair per layer, each [batch, n_head, cache_len, head_dim].
 KVCache = tuple[tuple[jax.Array, jax.Array], ...]
 
 
@@ -200,7 +200,7 @@ class AOGPT(nnx.Module):
     slot_tgt:    int32 [B, S], target positions, or NO_TARGET (-1) for zero conditioning.
     mask:        None for causal attention over the S slots, else bool [B, S, K] with K = S
                  (no cache) or K = cache length: ``mask[b, i, j]`` lets slot i see key j.
-    cache:       per-layer (k, v) [B, K, N, H]; this call's keys/values are first written at
+    cache:       per-layer (k, v) [B, N, K, H]; this call's keys/values are first written at
                  ``write_index`` int32 [B, S] (indices >= K are dropped), then attended to.
     """
     cfg = self.cfg
@@ -272,7 +272,7 @@ class AOGPT(nnx.Module):
   def init_cache(self, batch: int, length: int, dtype=None) -> KVCache:
     """A zeroed KV cache with room for ``length`` slots per row."""
     cfg = self.cfg
-    shape = (batch, length, cfg.n_head, cfg.head_dim)
+    shape = (batch, cfg.n_head, length, cfg.head_dim)   # heads-major (blocks.Attention)
     dt = jnp.dtype(dtype or cfg.dtype)
     return tuple((jnp.zeros(shape, dt), jnp.zeros(shape, dt)) for _ in range(cfg.n_layer))
 

@@ -196,7 +196,7 @@ def test_kv_cache_chunks_equal_full_forward():
                                     cache=cache, write_index=jnp.broadcast_to(q, (2, hi - lo)))
     outs.append(logits)
   _close(jnp.concatenate(outs, 1), full, 1e-5)
-  assert float(jnp.abs(cache[0][0][:, N:]).max()) == 0.0   # nothing written past the slots
+  assert float(jnp.abs(cache[0][0][:, :, N:]).max()) == 0.0   # nothing written past the slots
 
 
 def test_modulation_table_path_equals_direct():

@@ -1,6 +1,7 @@
 """The KV-cached sampler's logits equal uncached forwards; prompts, keys, AR decoding, plans."""
 
 import dataclasses
+import re
 
 import jax
 import jax.numpy as jnp
@@ -9,6 +10,7 @@ import pytest
 
 from aogpt_jax import sampler
 from aogpt_jax.sampling import diffusion, prompts
+from aogpt_jax.sampling import tokens as tokens_lib
 from sampler_testlib import tiny_model
 
 N = 10
@@ -124,3 +126,25 @@ def test_ar_greedy_equals_uncached_argmax(model):
   np.testing.assert_array_equal(out.tokens[:, 2:], logits.argmax(-1)[:, 2:])
   fin = np.isfinite(logits[:, 2:])
   np.testing.assert_allclose(out.logits.transpose(1, 0, 2)[fin], logits[:, 2:][fin], atol=1e-5)
+
+
+@pytest.mark.parametrize("method", ["diffusion", "ar"])
+def test_scan_step_moves_no_cache_sized_array(model, method):
+  """The compiled sampler's scan step writes its slots into the KV cache in place and attends
+  over it as stored: no transpose or copy of a whole layer's keys or values per step (a
+  [B, K, N, H] cache made XLA:CPU transpose every layer's keys and values in every step)."""
+  kw = dict(method="ar", order="l2r") if method == "ar" else dict(steps=N)
+  s = sampler.SampleSettings(length=N, **kw)
+  p = sampler.prepare(model.cfg, jax.random.key(0), s, batch=3)
+  pl = None if method == "ar" else sampler.plan([p])[0]
+  args, jkw = sampler._jit_args(p, pl, s, False)
+  with tokens_lib.exact_sampling():
+    hlo = sampler.model_jit.call(sampler._run_jit.lower, model, *args, **jkw).compile().as_text()
+  cfg = model.cfg
+  cache_len = N + (0 if method == "ar" else pl.shape().block)
+  cache_dims = sorted((3, cache_len, cfg.n_head, cfg.head_dim))
+  moved = [line.strip()[:120] for line in hlo.splitlines()   # in the scan's body (metadata)
+           if (mt := re.search(r"= f32\[([\d,]+)\]\S* (transpose|copy)\(", line))
+           and sorted(int(d) for d in mt.group(1).split(",")) == cache_dims
+           and "/while/body/" in line]
+  assert not moved, moved
