@@ -1,8 +1,9 @@
 """Before/after of any change to aogpt_jax: our half of `benchmarks/vs_published.py`
 (`vs_published/ours_side.py`, same sizes: 4 layers, width 256, 4 heads, n = 256, vocabulary
 50304, batch 8, fp32, CPU) run on the package of git revision ``--old`` and on the working
-tree, alternately, each run in its own subprocess; best time per side over all repeats, and
-new / old per row. Needs git (the old tree is `git archive`d into a scratch folder).
+tree, alternately, each run in its own subprocess; per row the best time per side over all
+repeats, new / old of the bests, and new / old within each repeat (adjacent runs: robust to a
+load that drifts). Needs git (the old tree is `git archive`d into a scratch folder).
 
     python benchmarks/ours_ab.py --old=f748e15 [--parts=sample] [--repeats=3] [--steps=16,256]
 """
@@ -44,21 +45,28 @@ def main() -> None:
   a = ap.parse_args()
   old = old_tree(a.old)
   load_before = os.getloadavg()
-  best: dict[str, dict[str, float]] = {}
+  best: dict[str, dict] = {}
   for rep in range(a.repeats):
     for part in a.parts.split(","):
       extra = [f"--runs={a.runs}"] + ([f"--steps={a.steps}", f"--top_p={a.top_p}"]
                                       if part == "sample" else [])
+      this: dict[str, dict[str, float]] = {}
       for who, root in (("old", old), ("new", REPO)):
         for name, r in side("ours_side.py", part, extra, root).items():
-          row = best.setdefault(name, {})
-          row[who] = min(row.get(who, float("inf")), r.get("step_s", r.get("wall_s")))
+          this.setdefault(name, {})[who] = r.get("step_s", r.get("wall_s"))
+      for name, t in this.items():   # the load drifts: new / old of adjacent runs, per repeat
+        row = best.setdefault(name, {"paired": []})
+        row["paired"].append(round(t["new"] / t["old"], 3))
+        for who in ("old", "new"):
+          row[who] = min(row.get(who, float("inf")), t[who])
       print(f"repeat {rep + 1}/{a.repeats} {part}: done", flush=True)
   shutil.rmtree(old, ignore_errors=True)
-  print(f"| work | {a.old} (s) | working tree (s) | new / old |\n|---|---:|---:|---:|")
+  print(f"| work | {a.old} (s) | working tree (s) | new / old (best) | new / old per repeat |\n"
+        "|---|---:|---:|---:|---|")
   for name, row in best.items():
     row["new_over_old"] = row["new"] / row["old"]
-    print(f"| {name} | {row['old']:.3f} | {row['new']:.3f} | {row['new_over_old']:.2f} |")
+    print(f"| {name} | {row['old']:.3f} | {row['new']:.3f} | {row['new_over_old']:.2f} "
+          f"| {' '.join(f'{x:.2f}' for x in sorted(row['paired']))} |")
   if a.out:
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True, cwd=REPO).stdout.strip()
