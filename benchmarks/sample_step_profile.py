@@ -2,8 +2,9 @@
 `benchmarks/vs_published.py` (4 layers, width 256, 4 heads, n = 256, vocabulary 50304, batch 8,
 fp32, CPU): every piece jitted on its own (model pass, head, one read of the head weight,
 float64 cast, top-p cut-off, inverse-CDF draw, the whole draw), and the whole samplers
-(T = 256 and 16, AR), timed interleaved round by round, best of ``--repeats``. ``rows``: rows of logits per step (8 at
-T = 256: one token per row; 128 at T = 16: 16 per row). Prints one JSON line (milliseconds).
+(T = 256 and 16, AR), timed interleaved round by round, best of ``--repeats``. ``rows``: rows
+of logits per step (8 at T = 256: one token per row; 128 at T = 16: 16 per row). Prints one
+JSON line (milliseconds).
 
     python benchmarks/sample_step_profile.py [--repeats=10] [--only=pieces|samplers]
 """
