@@ -1,9 +1,10 @@
 """Where one step of the KV-cached sampler spends its time (issue 10), at the sizes of
 `benchmarks/vs_published.py` (4 layers, width 256, 4 heads, n = 256, vocabulary 50304, batch 8,
-fp32, CPU): every piece jitted on its own (model pass, head, float64 cast, top-p cut-off,
-inverse-CDF draw, the whole draw), and the whole samplers (T = 256 and 16, AR), timed
-interleaved round by round, best of ``--repeats``. ``rows``: rows of logits per step (8 at
-T = 256: one token per row; 128 at T = 16: 16 per row). Prints one JSON line (milliseconds).
+fp32, CPU): every piece jitted on its own (model pass, head, one read of the head weight,
+float64 cast, top-p cut-off, inverse-CDF draw, the whole draw), and the whole samplers
+(T = 256 and 16, AR), timed interleaved round by round, best of ``--repeats``. ``rows``: rows
+of logits per step (8 at T = 256: one token per row; 128 at T = 16: 16 per row). Prints one
+JSON line (milliseconds).
 
     python benchmarks/sample_step_profile.py [--repeats=10] [--only=pieces|samplers]
 """
@@ -44,6 +45,8 @@ def piece_fns(rows: int, slots: int):
   u = jnp.asarray(rng.random((rows, 1)))
   fns = {
       "head": (jax.jit(lambda s, h, t: nnx.merge(graphdef, s).head(h, t)), (state, h, tgt)),
+      # one read of the head weight (51 MB): the memory-bound floor of the head
+      "sum_head_weight": (jax.jit(jnp.sum), (m.lm_head.kernel[...],)),
       "cast64": (jax.jit(lambda l: tokens_lib.filter_logits(l)), (logits,)),
       "exp_sum64": (jax.jit(lambda x: jnp.sum(jnp.exp(x - jnp.max(x, -1, keepdims=True)), -1)),
                     (x64,)),

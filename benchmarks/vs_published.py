@@ -61,9 +61,11 @@ def patched_copy(published: pathlib.Path) -> pathlib.Path:
   return out
 
 
-def side(script: str, part: str, extra: list[str]) -> dict:
+def side(script: str, part: str, extra: list[str], root: pathlib.Path = REPO) -> dict:
+  """Runs ``vs_published/SCRIPT PART EXTRA`` in a subprocess that imports aogpt_jax from
+  ``root`` (benchmarks/ours_ab.py passes an older revision's tree); returns its JSON line."""
   env = dict(os.environ, JAX_PLATFORMS="cpu", TORCHDYNAMO_DISABLE="1",
-             PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+             PYTHONPATH=str(root) + os.pathsep + os.environ.get("PYTHONPATH", ""))
   p = subprocess.run([sys.executable, str(HERE / "vs_published" / script), part, *extra],
                      capture_output=True, text=True, env=env, cwd=REPO)
   if p.returncode:
