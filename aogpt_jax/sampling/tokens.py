@@ -118,14 +118,14 @@ def _key_value(k: jax.Array) -> jax.Array:
 
 TOP_P_BUCKETS = 4096      # value buckets of the top-p cut-off search
 TOP_P_CANDIDATES = 64     # members of the cut-off's bucket sorted exactly (more: `_smallest_ok_key`)
-TOP_P_ROWS = 1            # rows per chunk of the top-p cut-off (vectorised within a chunk)
+DRAW_ROWS = 4             # rows drawn together (vectorised within a chunk; `_in_chunks`)
 
 
 def top_p_cutoff(x: jax.Array, top_p: float, rule: str) -> jax.Array:
-  """`_top_p_cutoffs` over chunks of `TOP_P_ROWS` rows (``lax.map``: the rows stay in cache):
+  """`_top_p_cutoffs` over chunks of `DRAW_ROWS` rows (``lax.map``: the rows stay in cache):
   float64 logits [..., V] -> the smallest kept value [..., 1] (kept: ``x >= cut``)."""
   cut_R = _in_chunks(lambda x_CxV: _top_p_cutoffs(x_CxV, top_p, rule)[0],
-                     (x.reshape(-1, x.shape[-1]),), TOP_P_ROWS)
+                     (x.reshape(-1, x.shape[-1]),), DRAW_ROWS)
   return cut_R.reshape(*x.shape[:-1], 1)
 
 
@@ -304,8 +304,7 @@ def sample_tokens(logits: jax.Array, keys: jax.Array, *, temperature: float = 1.
 
   # A few rows at a time, entering in their own dtype: float64 copies of all rows cost more
   # than the draw (128 rows at top-p 1.0: 0.41x the time of one vectorised draw).
-  out_R = _in_chunks(rows, (logits.reshape(-1, logits.shape[-1]), u_R),
-                     TOP_P_ROWS if filters else DRAW_ROWS)
+  out_R = _in_chunks(rows, (logits.reshape(-1, logits.shape[-1]), u_R), DRAW_ROWS)
   return out_R.reshape(lead)
 
 
@@ -328,7 +327,6 @@ def draw_and_commit(tokens: jax.Array, logits: jax.Array, keys: jax.Array, commi
 
 
 CDF_BLOCK = 128   # inverse_cdf: tokens per block of the two-level CDF
-DRAW_ROWS = 4     # rows drawn together (vectorised) at top-p 1.0 (top-p: `TOP_P_ROWS`)
 
 
 def inverse_cdf(x: jax.Array, u: jax.Array) -> jax.Array:
