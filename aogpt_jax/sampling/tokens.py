@@ -233,7 +233,7 @@ def _value_buckets(x, fin, mx):
 
 
 def _smallest_ok_key(x, k, p, top_p, rule: str):
-  """u of `_top_p_cutoff` for one row, by bucket levels: the keys in a bracket ``(lo, hi]``
+  """u of `_top_p_cutoffs` for one row, by bucket levels: the keys in a bracket ``(lo, hi]``
   (S(lo) not ok, S(hi) ok) are split into `TOP_P_BUCKETS` monotone buckets (the first level by
   value, later ones by key offset, a power of two apart), and one pass of scatters gives each
   bucket's mass and its smallest and largest key; S just below bucket j is the mass above the
