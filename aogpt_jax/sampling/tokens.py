@@ -18,8 +18,10 @@ Padding ids have logits -inf (the model sets them) and stay -inf through tempera
 so they are never drawn. Top-p (`filter_logits`) has two named rules: ``"published"`` (the
 released AO-GPT code's ``top_p_sampling_from_probs``, the default) and ``"nucleus"`` (Holtzman
 et al.); the cut-off is found without sorting the vocabulary (`top_p_cutoff`); at ``top_p == 1``
-nothing is filtered. Rows are drawn a few at a time from their float32 logits (`_in_chunks`):
-float64 copies of all rows would cost more than the draw.
+nothing is filtered. Under top-p, rows are drawn a few at a time from their float32 logits
+(`_in_chunks`): float64 copies of all rows would cost more than the draw. At top-p 1 all rows
+are drawn at once (chunks across rows split over devices would gather them:
+tests/test_scale_sim.py).
 
 Keys. A sample's stream is ``fold_in(key, sample_index)`` (`sample_keys`); the token at original
 position p is drawn with ``fold_in(fold_in(sample_key, TOKEN_STREAM), p)`` (`token_keys`), so a
@@ -118,7 +120,7 @@ def _key_value(k: jax.Array) -> jax.Array:
 
 TOP_P_BUCKETS = 4096      # value buckets of the top-p cut-off search
 TOP_P_CANDIDATES = 64     # members of the cut-off's bucket sorted exactly (more: `_smallest_ok_key`)
-DRAW_ROWS = 4             # rows drawn together (vectorised within a chunk; `_in_chunks`)
+DRAW_ROWS = 4             # top-p rows drawn together (vectorised within a chunk; `_in_chunks`)
 
 
 def top_p_cutoff(x: jax.Array, top_p: float, rule: str) -> jax.Array:
@@ -295,15 +297,16 @@ def sample_tokens(logits: jax.Array, keys: jax.Array, *, temperature: float = 1.
   u_R = jax.vmap(lambda k: jax.random.uniform(k, (), jnp.float64))(keys.reshape(-1))
   filters = _filters(top_p)
 
+  if not filters:   # all rows at once: rows split over devices stay where they are
+    return inverse_cdf(_scaled(logits, temperature, top_p_rule), u_R.reshape(lead))
+
   def rows(logits_CxV, u_C):      # = inverse_cdf(filter_logits(...), u) for a chunk of rows
     x_CxV = _scaled(logits_CxV, temperature, top_p_rule)
-    if not filters:
-      return inverse_cdf(x_CxV, u_C)
     cut_C, w_CxV = _top_p_cutoffs(x_CxV, top_p, top_p_rule)
     return _cdf_draw(jnp.where(x_CxV >= cut_C[:, None], w_CxV, 0.0), u_C)
 
   # A few rows at a time, entering in their own dtype: float64 copies of all rows cost more
-  # than the draw (128 rows at top-p 1.0: 0.41x the time of one vectorised draw).
+  # than the draw.
   out_R = _in_chunks(rows, (logits.reshape(-1, logits.shape[-1]), u_R), DRAW_ROWS)
   return out_R.reshape(lead)
 
