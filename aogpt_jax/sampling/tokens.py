@@ -119,7 +119,7 @@ def _key_value(k: jax.Array) -> jax.Array:
 
 
 TOP_P_BUCKETS = 4096      # value buckets of the top-p cut-off search
-TOP_P_CANDIDATES = 64     # members of the cut-off's bucket sorted exactly (more: `_smallest_ok_key`)
+TOP_P_CANDIDATES = 64     # cut-off bucket members sorted exactly (more: `_smallest_ok_key`)
 DRAW_ROWS = 4             # top-p rows drawn together (vectorised within a chunk; `_in_chunks`)
 
 
@@ -164,7 +164,7 @@ def _top_p_cutoffs(x: jax.Array, top_p, rule: str) -> tuple[jax.Array, jax.Array
   fast_C, cu_C, s_C, w_CxV, mx_C, z_C = jax.vmap(lambda r: _bucket_candidates(r, ok))(x)
 
   def key_search(_):
-    u_C, s_u_C, _ = jax.vmap(lambda r, p: _smallest_ok_key(r, _ordered_key(r), p, top_p, rule))(
+    u_C, s_u_C = jax.vmap(lambda r, p: _smallest_ok_key(r, _ordered_key(r), p, ok))(
         x, w_CxV / z_C[:, None])
     return jnp.where(fast_C, cu_C, _key_value(u_C)), jnp.where(fast_C, s_C, s_u_C)
 
@@ -234,20 +234,19 @@ def _value_buckets(x, fin, mx):
   return jnp.where(fin, b, 0).astype(jnp.int32)
 
 
-def _smallest_ok_key(x, k, p, top_p, rule: str):
+def _smallest_ok_key(x, k, p, ok):
   """u of `_top_p_cutoffs` for one row, by bucket levels: the keys in a bracket ``(lo, hi]``
   (S(lo) not ok, S(hi) ok) are split into `TOP_P_BUCKETS` monotone buckets (the first level by
   value, later ones by key offset, a power of two apart), and one pass of scatters gives each
   bucket's mass and its smallest and largest key; S just below bucket j is the mass above the
   bracket plus the buckets >= j, so the last bucket j where that is not ok holds u, and the
   next bracket is (its smallest key - 1, its largest key]. Done when that bucket holds one
-  distinct key (u = it): about two levels for 50k distinct logits, at most seven. Returns u,
-  S(u) and the smallest key above u (int64 max: none), both tracked through the levels."""
-  ok = (lambda s: s <= top_p) if rule == "published" else (lambda s: s < top_p)
+  distinct key (u = it): about two levels for 50k distinct logits, at most seven. ``ok``: the
+  rule's test of S. Returns u and S(u)."""
   nb = TOP_P_BUCKETS
   i64 = jnp.iinfo(jnp.int64)
 
-  def level(bucket, lo, hi, above):
+  def level(bucket, lo, hi):
     inside_V = (k > lo) & (k <= hi)
     idx_V = jnp.where(inside_V, bucket, jnp.where(k > hi, nb, nb + 1))
     mass_H = jnp.zeros(nb + 2, p.dtype).at[idx_V].add(p)
@@ -259,24 +258,23 @@ def _smallest_ok_key(x, k, p, top_p, rule: str):
     pick_U = live_U & (~ok(s_U) | (jnp.arange(nb) == jnp.argmax(live_U)))
     j = nb - 1 - jnp.argmax(pick_U[::-1])
     s_hi = jnp.concatenate([s_U, mass_H[nb:nb + 1]])[j + 1]            # S(largest key of j)
-    up = jnp.min(jnp.where(jnp.arange(nb) > j, kmin_H[:nb], i64.max))  # smallest key above j
-    return kmin_H[j] - 1, kmax_H[j], kmin_H[j] == kmax_H[j], s_hi, jnp.minimum(up, above)
+    return kmin_H[j] - 1, kmax_H[j], kmin_H[j] == kmax_H[j], s_hi
 
   fin_V = jnp.isfinite(x)
   kf_V = jnp.where(fin_V, k, i64.min)
-  state = level(_value_buckets(x, fin_V, jnp.max(x)), jnp.min(jnp.where(fin_V, k, i64.max)) - 1, jnp.max(kf_V),
-                jnp.asarray(i64.max, k.dtype))
+  state = level(_value_buckets(x, fin_V, jnp.max(x)), jnp.min(jnp.where(fin_V, k, i64.max)) - 1,
+                jnp.max(kf_V))
 
   def by_key(c):
-    lo, hi, done, _, above = c
+    lo, hi, done, _ = c
     span = jax.lax.bitcast_convert_type(hi - lo - 1, jnp.uint64)      # exact: hi > lo
     shift = jnp.sum((span >> jnp.arange(64, dtype=jnp.uint64)) >= nb).astype(jnp.uint64)
     off_V = jax.lax.bitcast_convert_type(k - lo - 1, jnp.uint64) >> shift
-    new = level(jnp.minimum(off_V, nb - 1).astype(jnp.int32), lo, hi, above)
+    new = level(jnp.minimum(off_V, nb - 1).astype(jnp.int32), lo, hi)
     return tuple(jnp.where(done, a, b) for a, b in zip(c, new))
 
-  _, u, _, s_u, above = jax.lax.while_loop(lambda c: ~c[2], by_key, state)
-  return u, s_u, above
+  _, u, _, s_u = jax.lax.while_loop(lambda c: ~c[2], by_key, state)
+  return u, s_u
 
 
 def sample_tokens(logits: jax.Array, keys: jax.Array, *, temperature: float = 1.0,
