@@ -134,9 +134,9 @@ def train_lower(cfg, mc, mesh, seq_len: int):
   return lambda: trainer.step.lower(trainer.abstract_state, batch)
 
 
-def sample_lower(cfg, mc, mesh, seq_len: int, batch: int, steps: int):
+def sample_lower(cfg, mc, mesh, seq_len: int, batch: int, steps: int, top_p: float = 1.0):
   """The cached diffusion sampler for ``batch`` rows of ``seq_len`` tokens in ``steps`` steps."""
-  s = sampler_lib.SampleSettings(length=seq_len, steps=steps)
+  s = sampler_lib.SampleSettings(length=seq_len, steps=steps, top_p=top_p)
   prep = sampler_lib.prepare(mc, jax.random.key(0), s, batch=batch)
   plan = sampler_lib.plan([prep])[0]
   graphdef, params = _abstract_params(cfg, mc, mesh)
@@ -183,7 +183,7 @@ def _constraints(cfg, mesh):
 def compile_program(program: str, size: str, data: int, fsdp: int, tensor: int,
                     per_device: int, seq_len: int, overrides: dict | None = None, *,
                     sample_per_device: int = 4, sample_steps: int = 256,
-                    ensemble_per_device: int = 16) -> dict:
+                    sample_top_p: float = 1.0, ensemble_per_device: int = 16) -> dict:
   """Compiles one program for one mesh; returns the measurements (memory per device)."""
   if program not in PROGRAMS:
     raise ValueError(f"program: must be one of {PROGRAMS}, got {program!r}")
@@ -192,7 +192,8 @@ def compile_program(program: str, size: str, data: int, fsdp: int, tensor: int,
   if program == "train":
     lower, shape = train_lower(cfg, mc, mesh, seq_len), f"{per_device * dp}x{seq_len}"
   elif program == "sample":
-    lower = sample_lower(cfg, mc, mesh, seq_len, sample_per_device * dp, sample_steps)
+    lower = sample_lower(cfg, mc, mesh, seq_len, sample_per_device * dp, sample_steps,
+                         sample_top_p)
     shape = f"{sample_per_device * dp}x{seq_len}, T={sample_steps}"
   else:
     lower = ensemble_lower(cfg, mc, mesh, seq_len, ensemble_per_device * dp, 1)

@@ -139,6 +139,7 @@ def main():
   ap.add_argument("--sample_per_device", type=int, default=4,
                   help="sampler rows per data-parallel rank (8 ranks: batch 32)")
   ap.add_argument("--sample_steps", type=int, default=256)
+  ap.add_argument("--sample_top_p", type=float, default=1.0)
   ap.add_argument("--ensemble_per_device", type=int, default=16,
                   help="ensemble prefixes per data-parallel rank and call (16 x 1024 slots: the "
                        "evaluator's default slots_per_call)")
@@ -165,7 +166,7 @@ def main():
     if p not in PROGRAMS:
       sys.exit(f"--programs: unknown program {p!r}; known: {list(PROGRAMS)}")
   extra = {"sample_per_device": a.sample_per_device, "sample_steps": a.sample_steps,
-           "ensemble_per_device": a.ensemble_per_device}
+           "sample_top_p": a.sample_top_p, "ensemble_per_device": a.ensemble_per_device}
   rows = []
   for size in a.sizes.split(","):
     for name in a.meshes.split(","):

@@ -5,6 +5,8 @@ sampler forward needs no collective, and the depth extrapolation is linear."""
 import pathlib
 import sys
 
+import pytest
+
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "benchmarks"))
 import scale_programs  # noqa: E402
 import scale_sim  # noqa: E402
@@ -30,11 +32,12 @@ def test_fsdp_shrinks_state_and_data_parallel_reduces_grads():
   assert "all-gather" in fs["collectives"]
 
 
-def test_data_parallel_sampler_issues_no_collective():
+@pytest.mark.parametrize("top_p", [1.0, 0.95])
+def test_data_parallel_sampler_issues_no_collective(top_p):
   # Parameters replicated, rows split over the data axis: the cached sampler's scan (the
-  # forward passes) runs without a single collective.
+  # forward passes and the token draw, top-p search included) runs without a single collective.
   r = scale_sim.compile_program("sample", "tiny", 8, 1, 1, 1, 32, SMALL, sample_per_device=1,
-                                sample_steps=4)
+                                sample_steps=4, sample_top_p=top_p)
   assert r["collectives"] == {}, r["collectives"]
   assert r["shape"] == "8x32, T=4"
 

@@ -18,10 +18,9 @@ Padding ids have logits -inf (the model sets them) and stay -inf through tempera
 so they are never drawn. Top-p (`filter_logits`) has two named rules: ``"published"`` (the
 released AO-GPT code's ``top_p_sampling_from_probs``, the default) and ``"nucleus"`` (Holtzman
 et al.); the cut-off is found without sorting the vocabulary (`top_p_cutoff`); at ``top_p == 1``
-nothing is filtered. Under top-p, rows are drawn a few at a time from their float32 logits
-(`_in_chunks`): float64 copies of all rows would cost more than the draw. At top-p 1 all rows
-are drawn at once (chunks across rows split over devices would gather them:
-tests/test_scale_sim.py).
+nothing is filtered. Rows are drawn from their float32 logits query by query, the batch
+vectorised (`_by_query`: on CPU float64 copies of all rows would cost more than the draw), and
+per shard of the batch under a mesh, with no collective (tests/test_sampler_sharded.py).
 
 Keys. A sample's stream is ``fold_in(key, sample_index)`` (`sample_keys`); the token at original
 position p is drawn with ``fold_in(fold_in(sample_key, TOKEN_STREAM), p)`` (`token_keys`), so a
@@ -30,18 +29,20 @@ decoder and the diffusion sampler in L2R order with T = n draw identical tokens)
 
 Shape suffixes of local arrays (nanodo style, ``w_NxKxCB`` = [..., K, CB]): a leading N stands
 for the caller's leading axes ``...`` (rows, queries), R those axes flattened, B rows, Q queries
-per row, V vocabulary, C rows of a chunk (or candidates of one row); top-p search (one row): U
-buckets per level (`TOP_P_BUCKETS`), H = U + 2 (plus the sinks above and below the bracket), G
-blocks holding candidates, E their entries; inverse CDF: K CDF blocks (``nb``), CB tokens per
+per row, V vocabulary, C rows drawn together; top-p search: U buckets per level
+(`TOP_P_BUCKETS`), H = U + 2 (plus the sinks above and below the bracket), K candidates of a
+row, G blocks holding candidates, E their entries; inverse CDF: K CDF blocks (``nb``), CB tokens per
 block (`CDF_BLOCK`), P = K CB the vocabulary padded to whole blocks.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
 
 from aogpt_jax import layers
 
@@ -89,7 +90,7 @@ def filter_logits(logits: jax.Array, *, temperature: float = 1.0, top_p: float =
   x = _scaled(logits, temperature, top_p_rule)
   if not _filters(top_p):
     return x
-  return jnp.where(x >= top_p_cutoff(x, top_p, top_p_rule), x, -jnp.inf)
+  return jnp.where(x >= top_p_cutoff(logits, top_p, top_p_rule, temperature), x, -jnp.inf)
 
 
 def _scaled(logits, temperature, top_p_rule):
@@ -120,31 +121,54 @@ def _key_value(k: jax.Array) -> jax.Array:
 
 TOP_P_BUCKETS = 4096      # value buckets of the top-p cut-off search
 TOP_P_CANDIDATES = 64     # cut-off bucket members sorted exactly (more: `_smallest_ok_key`)
-DRAW_ROWS = 4             # top-p rows drawn together (vectorised within a chunk; `_in_chunks`)
 
 
-def top_p_cutoff(x: jax.Array, top_p: float, rule: str) -> jax.Array:
-  """`_top_p_cutoffs` over chunks of `DRAW_ROWS` rows (``lax.map``: the rows stay in cache):
-  float64 logits [..., V] -> the smallest kept value [..., 1] (kept: ``x >= cut``)."""
-  cut_R = _in_chunks(lambda x_CxV: _top_p_cutoffs(x_CxV, top_p, rule)[0],
-                     (x.reshape(-1, x.shape[-1]),), DRAW_ROWS)
-  return cut_R.reshape(*x.shape[:-1], 1)
+def top_p_cutoff(logits: jax.Array, top_p: float, rule: str,
+                 temperature: float = 1.0) -> jax.Array:
+  """The smallest value kept by top-p, [..., 1] (kept: ``x >= cut`` with x = `_scaled` logits),
+  from logits [..., V]: `_top_p_cutoffs` query by query (`_by_query`)."""
+  return _by_query(lambda l_CxV: _top_p_cutoffs(l_CxV, temperature, top_p, rule)[0],
+                   logits)[..., None]
 
 
-def _in_chunks(f, rows: tuple, chunk: int):
-  """``f(*chunks)`` (vectorised over a leading axis of ``chunk`` rows) applied to ``rows`` (arrays
-  with a common leading axis R) chunk by chunk with ``lax.map`` (R padded to whole chunks)."""
-  r = rows[0].shape[0]
-  chunk = min(chunk, r)
-  nc = -(-r // chunk)
-  pad = lambda a: jnp.pad(a, [(0, nc * chunk - r)] + [(0, 0)] * (a.ndim - 1))
-  out = jax.lax.map(lambda a: f(*a), tuple(pad(a).reshape(nc, chunk, *a.shape[1:]) for a in rows))
-  return out.reshape(nc * chunk, *out.shape[2:])[:r]
+def _by_query(f, logits: jax.Array, *rest: jax.Array) -> jax.Array:
+  """``f(logits [C, V], *rest [C]) -> [C]``, vectorised over C rows, applied to ``logits`` [..., V]
+  and ``rest`` [...]. Under a mesh (`layers.activation_placement`, i.e. a sharded sampler) it
+  runs per shard of the batch in ``shard_map``: the draw's searches (top-k, conditionals and
+  loops over rows) would otherwise make XLA gather rows or all-reduce predicates across
+  devices (tests/test_scale_sim.py). With two or more leading axes on CPU, the rows of one
+  index of the trailing leading axes (one query of every sample) are done at a time
+  (``lax.map``): a few rows' float64 temporaries stay in cache where all rows' would not (128
+  rows of V = 50304: 51 MB each). Otherwise (accelerators, one leading axis) all rows at once."""
+  lead, v = logits.shape[:-1], logits.shape[-1]
+  placed = layers.activation_placement((layers.BATCH,) + (None,) * len(lead), logits.shape)
+  if placed is not None:
+    mesh, spec = placed
+    row_spec = P(*spec[:len(lead)])
+    return jax.shard_map(lambda l, *r: _by_query_local(f, l, *r), mesh=mesh,
+                         in_specs=(spec,) + (row_spec,) * len(rest), out_specs=row_spec,
+                         check_vma=False)(logits, *rest)
+  return _by_query_local(f, logits, *rest)
 
 
-def _top_p_cutoffs(x: jax.Array, top_p, rule: str) -> tuple[jax.Array, jax.Array]:
-  """The smallest kept value (float64 [C]; kept: ``x >= cut``) of each row of float64 logits
-  ``x`` [C, V], and ``w = exp(x - max x)`` [C, V] (reused by the draw).
+def _by_query_local(f, logits: jax.Array, *rest: jax.Array) -> jax.Array:
+  """`_by_query` on one device."""
+  lead, v = logits.shape[:-1], logits.shape[-1]
+  if len(lead) < 2 or math.prod(lead[1:]) == 1 or jax.default_backend() != "cpu":
+    return f(logits.reshape(-1, v), *(r.reshape(-1) for r in rest)).reshape(lead)
+  b = lead[0]
+  l_BxQxV = logits.reshape(b, -1, v)
+  rest_BxQ = [r.reshape(b, -1) for r in rest]
+  take = lambda a, q: jax.lax.dynamic_index_in_dim(a, q, axis=1, keepdims=False)
+  out_QxB = jax.lax.map(lambda q: f(take(l_BxQxV, q), *(take(r, q) for r in rest_BxQ)),
+                        jnp.arange(l_BxQxV.shape[1]))
+  return out_QxB.T.reshape(lead)
+
+
+def _top_p_cutoffs(logits: jax.Array, temperature, top_p,
+                   rule: str) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """The smallest kept value (float64 [C]; kept: ``x >= cut``) of each row of ``x =
+  _scaled(logits)`` [C, V], with x and ``w = exp(x - max x)`` (float64 [C, V], reused by the draw).
 
   Sort-free over V (a sort of V = 50k float64 costs more than the model's step on CPU): with
   ``p = w / sum w`` and ``S(v) = sum of p_i over x_i > v``, "ok" meaning ``S <= top_p``
@@ -153,56 +177,63 @@ def _top_p_cutoffs(x: jax.Array, top_p, rule: str) -> tuple[jax.Array, jax.Array
   inclusive cumulative mass is at most top_p), plus the values equal to u when their first
   occurrence still fits (``S(u) + p(u) <= top_p``), and the top value always.
 
-  Finding u (`_bucket_candidates`, per row): one scatter sums p into `TOP_P_BUCKETS` buckets by
-  value (monotone in x), so S just below bucket j is a suffix sum; u lies in the highest bucket
-  whose suffix sum is not ok (the lowest live bucket when every one is ok). Its finite members,
-  at most `TOP_P_CANDIDATES` of them, are compacted and sorted and S is accumulated over them in
-  descending order. When a row's bucket holds more (many equal or near-equal values), the
-  key-bucket search `_smallest_ok_key` runs for the chunk. Equal to the sorted definition up to
-  float64 summation order (tests/test_sampler_tokens.py)."""
+  Finding u: one scatter sums w into `TOP_P_BUCKETS` buckets per row by value (monotone in x),
+  so S just below bucket j is a suffix sum; u lies in the highest bucket whose suffix sum is
+  not ok (the lowest live bucket when every one is ok). Its finite members, at most
+  `TOP_P_CANDIDATES` of them, are compacted (`_first_members`) and sorted, and S is
+  accumulated over them in descending order. When a row's bucket holds more (many equal or
+  near-equal values), the key-bucket search `_smallest_ok_key` runs for the rows. Equal to the
+  sorted definition up to float64 summation order (tests/test_sampler_tokens.py). The row
+  maximum and minimum come from the logits in their own dtype (``_scaled`` is monotone, so they
+  are the same values), and the whole search is vectorised over the C rows."""
   ok = (lambda s: s <= top_p) if rule == "published" else (lambda s: s < top_p)
-  fast_C, cu_C, s_C, w_CxV, mx_C, z_C = jax.vmap(lambda r: _bucket_candidates(r, ok))(x)
+  nb, (c, v) = TOP_P_BUCKETS, logits.shape
+  cap = min(TOP_P_CANDIDATES + 1, v)
+  fin_CxV = jnp.isfinite(logits)
+  hi_C = jnp.max(logits, axis=-1)
+  lo_C = jnp.min(jnp.where(fin_CxV, logits, jnp.inf), axis=-1)
+  mx_C = _scaled(hi_C, temperature, rule)
+  x_CxV = _scaled(logits, temperature, rule)
+  w_CxV = jnp.exp(x_CxV - mx_C[:, None])
+  z_C = jnp.sum(w_CxV, axis=-1)
+  # Buckets from the logits in their own dtype (monotone in x); row r's are r * nb + bucket,
+  # non-finite entries (weight 0) go to a spare slot c * nb that no row reads.
+  bucket_CxV = _value_buckets(logits, fin_CxV, lo_C[:, None], hi_C[:, None])
+  flat_CxV = jnp.where(fin_CxV, bucket_CxV + (jnp.arange(c, dtype=jnp.int32) * nb)[:, None],
+                       c * nb)
+  mass_CxU = jnp.zeros(c * nb + 1, w_CxV.dtype).at[flat_CxV.reshape(-1)].add(
+      w_CxV.reshape(-1), mode="promise_in_bounds")[:-1].reshape(c, nb)
+  s_CxU = jnp.flip(jnp.cumsum(jnp.flip(mass_CxU, -1), axis=-1), -1)    # w above bucket j - 1
+  pick_CxU = ((mass_CxU > 0) & ~ok(s_CxU / z_C[:, None])) | (jnp.arange(nb) == 0)
+  j_C = nb - 1 - jnp.argmax(jnp.flip(pick_CxU, -1), axis=-1)
+  s_hi_C = jnp.take_along_axis(jnp.pad(s_CxU, ((0, 0), (0, 1))), (j_C + 1)[:, None], -1)[:, 0]
+  idx_CxK, live_CxK = jax.vmap(lambda m: _first_members(m, cap))(
+      flat_CxV == (j_C + jnp.arange(c) * nb)[:, None])
+  overflow_C = live_CxK[:, -1] if cap > TOP_P_CANDIDATES else jnp.zeros(c, bool)
+  # The bucket's largest value has S = s_hi / z: when that is ok, u is in the bucket.
+  fast_C = live_CxK[:, 0] & ~overflow_C & ok(s_hi_C / z_C)
+  take = lambda a: jnp.take_along_axis(a, idx_CxK, axis=-1)
+  xs_CxK, ws_CxK = jax.lax.sort((-jnp.where(live_CxK, take(x_CxV), -jnp.inf),
+                                 jnp.where(live_CxK, take(w_CxV), 0.0)), num_keys=1)
+  xs_CxK = -xs_CxK                                        # descending; dead ones last (-inf)
+  excl_CxK = jnp.cumsum(ws_CxK, axis=-1) - ws_CxK
+  s_CxK = (s_hi_C[:, None] + excl_CxK) / z_C[:, None]     # S(xs[i]) at a value's first entry
+  first_CxK = live_CxK & jnp.pad(xs_CxK[:, 1:] != xs_CxK[:, :-1], ((0, 0), (1, 0)),
+                                 constant_values=True)
+  i_C = cap - 1 - jnp.argmax(jnp.flip(first_CxK & ok(s_CxK), -1), axis=-1)
+  cu_C = jnp.take_along_axis(xs_CxK, i_C[:, None], -1)[:, 0]
+  s_C = jnp.take_along_axis(s_CxK, i_C[:, None], -1)[:, 0]
 
   def key_search(_):
     u_C, s_u_C = jax.vmap(lambda r, p: _smallest_ok_key(r, _ordered_key(r), p, ok))(
-        x, w_CxV / z_C[:, None])
+        x_CxV, w_CxV / z_C[:, None])
     return jnp.where(fast_C, cu_C, _key_value(u_C)), jnp.where(fast_C, s_C, s_u_C)
 
   cu_C, s_C = jax.lax.cond(jnp.all(fast_C), lambda _: (cu_C, s_C), key_search, None)
   if rule == "nucleus":
-    return cu_C, w_CxV
+    return cu_C, x_CxV, w_CxV
   keep_tied_C = (cu_C == mx_C) | (s_C + jnp.exp(cu_C - mx_C) / z_C <= top_p)
-  return jnp.where(keep_tied_C, cu_C, jnp.nextafter(cu_C, jnp.inf)), w_CxV   # >= next(u): > u
-
-
-def _bucket_candidates(x, ok):
-  """`_top_p_cutoffs` for one row [V] up to the sorted candidates: (whether they hold u, u,
-  S(u), w, max x, sum w)."""
-  v = x.shape[-1]
-  nb, cap = TOP_P_BUCKETS, min(TOP_P_CANDIDATES + 1, v)
-  mx = jnp.max(x)
-  w_V = jnp.exp(x - mx)
-  z = jnp.sum(w_V)
-  p_V = w_V / z
-  fin_V = jnp.isfinite(x)
-  bucket_V = _value_buckets(x, fin_V, mx)
-  mass_U = jnp.zeros(nb, p_V.dtype).at[bucket_V].add(p_V)
-  s_U = jnp.cumsum(mass_U[::-1])[::-1]                   # S just below bucket j
-  s_ext = jnp.concatenate([s_U, jnp.zeros(1, s_U.dtype)])
-  pick_U = ((mass_U > 0) & ~ok(s_U)) | (jnp.arange(nb) == 0)
-  j = nb - 1 - jnp.argmax(pick_U[::-1])
-  idx_C, live_C = _first_members(fin_V & (bucket_V == j), cap)
-  overflow = live_C[-1] if cap > TOP_P_CANDIDATES else False
-  # The bucket's largest value has S = s_ext[j + 1]: when that is ok, u is in the bucket.
-  fast = live_C[0] & ~overflow & ok(s_ext[j + 1])
-  xs_C, ps_C = jax.lax.sort((-jnp.where(live_C, x[idx_C], -jnp.inf),
-                             jnp.where(live_C, p_V[idx_C], 0.0)), num_keys=1)
-  xs_C = -xs_C                                            # descending; dead ones last (-inf)
-  excl_C = jnp.concatenate([jnp.zeros(1, ps_C.dtype), jnp.cumsum(ps_C)[:-1]])
-  s_C = s_ext[j + 1] + excl_C                             # S(xs_C[i]) at a value's first entry
-  first_C = live_C & jnp.concatenate([jnp.ones(1, bool), xs_C[1:] != xs_C[:-1]])
-  i = cap - 1 - jnp.argmax((first_C & ok(s_C))[::-1])     # the smallest ok value's first entry
-  return fast, xs_C[i], s_C[i], w_V, mx, z
+  return jnp.where(keep_tied_C, cu_C, jnp.nextafter(cu_C, jnp.inf)), x_CxV, w_CxV  # >= next(u)
 
 
 def _first_members(member: jax.Array, count: int) -> tuple[jax.Array, jax.Array]:
@@ -224,14 +255,16 @@ def _first_members(member: jax.Array, count: int) -> tuple[jax.Array, jax.Array]
   return idx_E[pos_C], key_C > 0
 
 
-def _value_buckets(x, fin, mx):
-  """int32 bucket of each finite value, monotone in x: `TOP_P_BUCKETS` equal value ranges from
-  the smallest finite value to ``mx`` (non-finite values: bucket 0)."""
-  nb = TOP_P_BUCKETS
-  vmin = jnp.min(jnp.where(fin, x, jnp.inf))
-  scale = jnp.where(mx > vmin, (nb - 1) / (mx - vmin), 0.0)
-  b = jnp.clip(jnp.floor((x - vmin) * scale), 0, nb - 1)
-  return jnp.where(fin, b, 0).astype(jnp.int32)
+def _value_buckets(x, fin, lo, hi):
+  """int32 bucket in [0, `TOP_P_BUCKETS`) of each finite value, monotone in x: equal value ranges
+  from ``lo`` (the smallest finite value) to ``hi`` (the largest), computed in x's dtype
+  (``(x - lo) / (hi - lo)`` cannot overflow); non-finite values, and every value when the span
+  is 0 or overflows: bucket 0."""
+  span = hi - lo
+  good = jnp.isfinite(span) & (span > 0)
+  frac = (x - lo) / jnp.where(good, span, 1)
+  b = jnp.floor(frac * (TOP_P_BUCKETS - 1)).astype(jnp.int32)
+  return jnp.where(fin & good, jnp.clip(b, 0, TOP_P_BUCKETS - 1), 0)
 
 
 def _smallest_ok_key(x, k, p, ok):
@@ -262,8 +295,8 @@ def _smallest_ok_key(x, k, p, ok):
 
   fin_V = jnp.isfinite(x)
   kf_V = jnp.where(fin_V, k, i64.min)
-  state = level(_value_buckets(x, fin_V, jnp.max(x)), jnp.min(jnp.where(fin_V, k, i64.max)) - 1,
-                jnp.max(kf_V))
+  first = _value_buckets(x, fin_V, jnp.min(jnp.where(fin_V, x, jnp.inf)), jnp.max(x))
+  state = level(first, jnp.min(jnp.where(fin_V, k, i64.max)) - 1, jnp.max(kf_V))
 
   def by_key(c):
     lo, hi, done, _ = c
@@ -291,22 +324,19 @@ def sample_tokens(logits: jax.Array, keys: jax.Array, *, temperature: float = 1.
   if jax.dtypes.canonicalize_dtype(jnp.float64) != jnp.float64:
     raise RuntimeError("sample_tokens: exact sampling needs float64 (x64) while tracing; call the "
                        "jitted sampler inside aogpt_jax.sampling.tokens.exact_sampling()")
-  lead = logits.shape[:-1]
-  u_R = jax.vmap(lambda k: jax.random.uniform(k, (), jnp.float64))(keys.reshape(-1))
+  u = jax.vmap(lambda k: jax.random.uniform(k, (), jnp.float64))(
+      keys.reshape(-1)).reshape(keys.shape)
   filters = _filters(top_p)
 
-  if not filters:   # all rows at once: rows split over devices stay where they are
-    return inverse_cdf(_scaled(logits, temperature, top_p_rule), u_R.reshape(lead))
-
-  def rows(logits_CxV, u_C):      # = inverse_cdf(filter_logits(...), u) for a chunk of rows
-    x_CxV = _scaled(logits_CxV, temperature, top_p_rule)
-    cut_C, w_CxV = _top_p_cutoffs(x_CxV, top_p, top_p_rule)
+  def rows(logits_CxV, u_C):      # = inverse_cdf(filter_logits(...), u) for C rows
+    if not filters:
+      return inverse_cdf(_scaled(logits_CxV, temperature, top_p_rule), u_C)
+    cut_C, x_CxV, w_CxV = _top_p_cutoffs(logits_CxV, temperature, top_p, top_p_rule)
     return _cdf_draw(jnp.where(x_CxV >= cut_C[:, None], w_CxV, 0.0), u_C)
 
-  # A few rows at a time, entering in their own dtype: float64 copies of all rows cost more
-  # than the draw.
-  out_R = _in_chunks(rows, (logits.reshape(-1, logits.shape[-1]), u_R), DRAW_ROWS)
-  return out_R.reshape(lead)
+  # Query by query, entering in their own dtype: float64 copies of all rows cost more than
+  # the draw.
+  return _by_query(rows, logits, u)
 
 
 def commit_tokens(tokens: jax.Array, commit: jax.Array, new: jax.Array) -> jax.Array:
