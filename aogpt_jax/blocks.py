@@ -133,15 +133,15 @@ class Block(nnx.Module):
 def modulation(dense: Dense, cond_table: jax.Array, slot_tgt: jax.Array) -> jax.Array:
   """``dense(SiLU(cond[slot_tgt]))`` with zero conditioning for NO_TARGET.
 
-  The conditioning depends only on the target position, so when there are more slots than
-  table rows the projection is computed once per table row and gathered (exactly the same
-  numbers, a fraction of the FLOPs at training batch sizes).
+  The conditioning depends only on the target position, so the projection is computed once per
+  table row (and the zero row) and gathered: a fraction of the FLOPs at training batch sizes,
+  and inside the samplers' step loops XLA hoists it out of the loop (it depends on parameters
+  only), so a sampler step gathers its rows instead of projecting them: 7-10% of a KV-cached
+  sampler step at batch 8 on CPU (n = 256, width 256, 4 layers).
   """
-  if slot_tgt.size > cond_table.shape[0] + 1:
-    full = jnp.concatenate([cond_table, jnp.zeros((1, cond_table.shape[1]), cond_table.dtype)])
-    rows = dense(jax.nn.silu(full))
-    return jnp.take(rows, jnp.where(slot_tgt < 0, cond_table.shape[0], slot_tgt), axis=0)
-  return dense(jax.nn.silu(table_lookup(cond_table, slot_tgt)))
+  full = jnp.concatenate([cond_table, jnp.zeros((1, cond_table.shape[1]), cond_table.dtype)])
+  rows = dense(jax.nn.silu(full))
+  return jnp.take(rows, jnp.where(slot_tgt < 0, cond_table.shape[0], slot_tgt), axis=0)
 
 
 def run_block(block, x, slot_tgt, cond_table, mask, cache, write_index, dropout_key):
