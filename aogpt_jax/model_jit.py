@@ -22,15 +22,18 @@ import jax
 from flax import nnx
 
 
-def jit(*static_argnames: str) -> Callable[[Callable], Any]:
+def jit(*static_argnames: str,
+        compiler_options: dict[str, Any] | None = None) -> Callable[[Callable], Any]:
   """Decorator: ``fn(model, *args, **kw)`` -> jitted ``fn(graphdef, state, *args, **kw)`` with
-  ``graphdef`` and ``static_argnames`` static."""
+  ``graphdef`` and ``static_argnames`` static (``compiler_options``: XLA options of this
+  program only, as ``jax.jit``'s)."""
   def wrap(fn):
     def jitted(graphdef, state, *args, **kw):
       return fn(nnx.merge(graphdef, state), *args, **kw)
     # Not functools.wraps: jax.jit reads the signature to find ``graphdef``.
     jitted.__name__, jitted.__qualname__, jitted.__doc__ = fn.__name__, fn.__qualname__, fn.__doc__
-    return jax.jit(jitted, static_argnames=("graphdef", *static_argnames))
+    return jax.jit(jitted, static_argnames=("graphdef", *static_argnames),
+                   compiler_options=compiler_options)
   return wrap
 
 

@@ -49,14 +49,17 @@ def test_rank_subset_and_nesting(setup, naive):
   assert np.isnan(part[0, :, 1]).all() and np.isnan(part[1, 4, 1])
 
 
+@pytest.mark.parametrize("program", ["_packed_logp", "_packed_logp_cpu"])
 @pytest.mark.parametrize("layout", ["pairs", "buckets"])
-def test_identity_ordering_of_the_prefix_kernel_is_the_base(setup, layout):
-  """j = 0 through the prefix kernel reproduces the full base forward at every rank."""
+def test_identity_ordering_of_the_prefix_kernel_is_the_base(setup, layout, program):
+  """j = 0 through the prefix kernel reproduces the full base forward at every rank, with and
+  without the CPU compiler options (the evaluator's choice on CPU)."""
+  assert ens.packed_logp_jit() is ens._packed_logp_cpu      # the tests run on CPU
   m, x, ids, sigma, base = setup
   g = ens.pack_prefixes(range(N), N, layout, num_buckets=1)[0]
   items = len(g.ranks) * 2
   graphdef, params = nnx.split(m)
-  logp = ens._packed_logp(graphdef, params, jnp.asarray(x), jnp.asarray(sigma), jnp.asarray(ids),
+  logp = getattr(ens, program)(graphdef, params, jnp.asarray(x), jnp.asarray(sigma), jnp.asarray(ids),
                           jnp.uint32(7), jnp.repeat(jnp.arange(2), len(g.ranks)),
                           jnp.zeros((items,), jnp.int32), jnp.asarray(np.tile(g.ranks, (2, 1))),
                           row_len=g.row_len, masked=g.masked)
@@ -118,10 +121,10 @@ def test_default_plan_compiles_one_program(setup):
     assert sum(c for _, c, _ in calls) == total and len(calls) == -(-total // size)
     assert len(calls) * len(calls[0][2][0]) - total < len(calls)
   m, x, ids, sigma, base = setup
-  before = ens._packed_logp._cache_size()
+  before = ens.packed_logp_jit()._cache_size()
   res = ens.ensemble_perplexity(m, [{"tokens": np.concatenate([x, x]), "weight": np.ones(4)}],
                                 max_m=3, seed=5)
-  assert ens._packed_logp._cache_size() - before == 1 and res["layout"] == "pairs"
+  assert ens.packed_logp_jit()._cache_size() - before == 1 and res["layout"] == "pairs"
 
 
 def test_m_values():

@@ -160,9 +160,21 @@ def _segment_slots(tokens, sigma, ekey, j, ranks, row_len):
   return tok_S, pos_S, tgt_S, seg_S, query_G, label_G
 
 
-@model_jit.jit("row_len", "masked")
-def _packed_logp(model, tokens, sigma, ids, seed, item_b, item_j, item_ranks, *, row_len,
-                 masked):
+# XLA:CPU's YNNPACK fuses attention's softmax into its dots at these shapes and runs them at
+# ~10 GFLOP/s; restricted to plain dots the evaluator took 0.72-0.76x the time (n = 256, M = 8,
+# 2-core CPU; same log-probabilities). An option of these programs only, on CPU only
+# (`packed_logp_jit`); the samplers measured no gain from it.
+CPU_COMPILER_OPTIONS = {"xla_cpu_experimental_ynn_fusion_type":
+                        "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT"}
+
+
+def packed_logp_jit():
+  """The jitted `_packed_logp` for the default backend (`CPU_COMPILER_OPTIONS` on CPU)."""
+  return _packed_logp_cpu if jax.default_backend() == "cpu" else _packed_logp
+
+
+def _packed_logp_fn(model, tokens, sigma, ids, seed, item_b, item_j, item_ranks, *, row_len,
+                    masked):
   ekeys_B = jax.vmap(lambda b: ensemble_key(seed, b))(ids)
   tok_IxS, pos_IxS, tgt_IxS, seg_IxS, query_IxG, label_IxG = jax.vmap(
       lambda b, j, r: _segment_slots(tokens[b], sigma[b], ekeys_B[b], j, r, row_len))(
@@ -176,6 +188,11 @@ def _packed_logp(model, tokens, sigma, ids, seed, item_b, item_j, item_ranks, *,
   hq_IxGxD = jnp.take_along_axis(h_IxSxD, query_IxG[..., None], axis=1)
   tq_IxG = jnp.take_along_axis(tgt_IxS, query_IxG, axis=1)
   return -model_lib.nll_from_logits(model.head(hq_IxGxD, tq_IxG), label_IxG)   # log p, [I, G]
+
+
+_packed_logp = model_jit.jit("row_len", "masked")(_packed_logp_fn)
+_packed_logp_cpu = model_jit.jit("row_len", "masked",
+                                 compiler_options=CPU_COMPILER_OPTIONS)(_packed_logp_fn)
 
 
 @model_jit.jit("path")
@@ -252,7 +269,7 @@ def ensemble_logp(model: model_lib.AOGPT, tokens, ids, sigma, base_logp, *, max_
   args = (jnp.asarray(tokens), jnp.asarray(sigma, jnp.int32), jnp.asarray(ids), jnp.uint32(seed))
   for group, count, (b_I, j_I, r_IxG) in packed_calls(ranks, rows, n, max_m, layout, num_buckets,
                                                       slots_per_call):
-    logp_IxG = np.asarray(model_jit.call(_packed_logp, model, *args, jnp.asarray(b_I),
+    logp_IxG = np.asarray(model_jit.call(packed_logp_jit(), model, *args, jnp.asarray(b_I),
                                          jnp.asarray(j_I), jnp.asarray(r_IxG),
                                          row_len=group.row_len, masked=group.masked))[:count]
     b_I, j_I, r_IxG = b_I[:count], j_I[:count], r_IxG[:count]
