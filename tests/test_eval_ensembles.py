@@ -59,10 +59,10 @@ def test_identity_ordering_of_the_prefix_kernel_is_the_base(setup, layout, progr
   g = ens.pack_prefixes(range(N), N, layout, num_buckets=1)[0]
   items = len(g.ranks) * 2
   graphdef, params = nnx.split(m)
-  logp = getattr(ens, program)(graphdef, params, jnp.asarray(x), jnp.asarray(sigma), jnp.asarray(ids),
-                          jnp.uint32(7), jnp.repeat(jnp.arange(2), len(g.ranks)),
-                          jnp.zeros((items,), jnp.int32), jnp.asarray(np.tile(g.ranks, (2, 1))),
-                          row_len=g.row_len, masked=g.masked)
+  logp = getattr(ens, program)(
+      graphdef, params, jnp.asarray(x), jnp.asarray(sigma), jnp.asarray(ids), jnp.uint32(7),
+      jnp.repeat(jnp.arange(2), len(g.ranks)), jnp.zeros((items,), jnp.int32),
+      jnp.asarray(np.tile(g.ranks, (2, 1))), row_len=g.row_len, masked=g.masked)
   got = np.full((2, N), np.nan)
   for it, (b, r) in enumerate(zip(np.repeat(np.arange(2), len(g.ranks)), np.tile(g.ranks, (2, 1)))):
     for gi, rank in enumerate(r):

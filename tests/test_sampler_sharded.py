@@ -32,5 +32,5 @@ def test_sharded_draw_has_no_collective_and_draws_the_same_tokens(top_p):
   hlo = compiled.as_text()
   assert not any(op in hlo for op in ("all-gather", "all-reduce", "all-to-all",
                                       "collective-permute")), "a collective in the draw"
-  assert got.sharding.spec[0] == ("data", "fsdp") or got.sharding.is_equivalent_to(rows, 2)
+  assert got.sharding.is_equivalent_to(rows, 2)               # the tokens stay split
   np.testing.assert_array_equal(np.asarray(got), want)

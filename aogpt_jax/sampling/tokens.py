@@ -30,9 +30,9 @@ decoder and the diffusion sampler in L2R order with T = n draw identical tokens)
 Shape suffixes of local arrays (nanodo style, ``w_NxKxCB`` = [..., K, CB]): a leading N stands
 for the caller's leading axes ``...`` (rows, queries), R those axes flattened, B rows, Q queries
 per row, V vocabulary, C rows drawn together; top-p search: U buckets per level
-(`TOP_P_BUCKETS`), H = U + 2 (plus the sinks above and below the bracket), K candidates of a
-row, G blocks holding candidates, E their entries; inverse CDF: K CDF blocks (``nb``), CB tokens per
-block (`CDF_BLOCK`), P = K CB the vocabulary padded to whole blocks.
+(`TOP_P_BUCKETS`), H = U + 2 (plus the sinks above and below the bracket), J candidates of a
+row, G blocks holding candidates, E their entries; inverse CDF: K CDF blocks (``nb``), CB
+tokens per block (`CDF_BLOCK`), P = K CB the vocabulary padded to whole blocks.
 """
 
 from __future__ import annotations
@@ -142,7 +142,7 @@ def _by_query(f, logits: jax.Array, *rest: jax.Array) -> jax.Array:
   (128 rows of V = 50304: 51 MB each; the draw alone 0.45x the time of all rows at once at
   top-p 1, whole samplers equal within noise). Otherwise (accelerators, one leading axis) all
   rows at once."""
-  lead, v = logits.shape[:-1], logits.shape[-1]
+  lead = logits.shape[:-1]
   placed = layers.activation_placement((layers.BATCH,) + (None,) * len(lead), logits.shape)
   if placed is not None:
     mesh, spec = placed
@@ -209,22 +209,22 @@ def _top_p_cutoffs(logits: jax.Array, temperature, top_p,
   pick_CxU = ((mass_CxU > 0) & ~ok(s_CxU / z_C[:, None])) | (jnp.arange(nb) == 0)
   j_C = nb - 1 - jnp.argmax(jnp.flip(pick_CxU, -1), axis=-1)
   s_hi_C = jnp.take_along_axis(jnp.pad(s_CxU, ((0, 0), (0, 1))), (j_C + 1)[:, None], -1)[:, 0]
-  idx_CxK, live_CxK = jax.vmap(lambda m: _first_members(m, cap))(
+  idx_CxJ, live_CxJ = jax.vmap(lambda m: _first_members(m, cap))(
       flat_CxV == (j_C + jnp.arange(c) * nb)[:, None])
-  overflow_C = live_CxK[:, -1] if cap > TOP_P_CANDIDATES else jnp.zeros(c, bool)
+  overflow_C = live_CxJ[:, -1] if cap > TOP_P_CANDIDATES else jnp.zeros(c, bool)
   # The bucket's largest value has S = s_hi / z: when that is ok, u is in the bucket.
-  fast_C = live_CxK[:, 0] & ~overflow_C & ok(s_hi_C / z_C)
-  take = lambda a: jnp.take_along_axis(a, idx_CxK, axis=-1)
-  xs_CxK, ws_CxK = jax.lax.sort((-jnp.where(live_CxK, take(x_CxV), -jnp.inf),
-                                 jnp.where(live_CxK, take(w_CxV), 0.0)), num_keys=1)
-  xs_CxK = -xs_CxK                                        # descending; dead ones last (-inf)
-  excl_CxK = jnp.cumsum(ws_CxK, axis=-1) - ws_CxK
-  s_CxK = (s_hi_C[:, None] + excl_CxK) / z_C[:, None]     # S(xs[i]) at a value's first entry
-  first_CxK = live_CxK & jnp.pad(xs_CxK[:, 1:] != xs_CxK[:, :-1], ((0, 0), (1, 0)),
+  fast_C = live_CxJ[:, 0] & ~overflow_C & ok(s_hi_C / z_C)
+  take = lambda a: jnp.take_along_axis(a, idx_CxJ, axis=-1)
+  xs_CxJ, ws_CxJ = jax.lax.sort((-jnp.where(live_CxJ, take(x_CxV), -jnp.inf),
+                                 jnp.where(live_CxJ, take(w_CxV), 0.0)), num_keys=1)
+  xs_CxJ = -xs_CxJ                                        # descending; dead ones last (-inf)
+  excl_CxJ = jnp.cumsum(ws_CxJ, axis=-1) - ws_CxJ
+  s_CxJ = (s_hi_C[:, None] + excl_CxJ) / z_C[:, None]     # S(xs[i]) at a value's first entry
+  first_CxJ = live_CxJ & jnp.pad(xs_CxJ[:, 1:] != xs_CxJ[:, :-1], ((0, 0), (1, 0)),
                                  constant_values=True)
-  i_C = cap - 1 - jnp.argmax(jnp.flip(first_CxK & ok(s_CxK), -1), axis=-1)
-  cu_C = jnp.take_along_axis(xs_CxK, i_C[:, None], -1)[:, 0]
-  s_C = jnp.take_along_axis(s_CxK, i_C[:, None], -1)[:, 0]
+  i_C = cap - 1 - jnp.argmax(jnp.flip(first_CxJ & ok(s_CxJ), -1), axis=-1)
+  cu_C = jnp.take_along_axis(xs_CxJ, i_C[:, None], -1)[:, 0]
+  s_C = jnp.take_along_axis(s_CxJ, i_C[:, None], -1)[:, 0]
 
   def key_search(_):
     u_C, s_u_C = jax.vmap(lambda r, p: _smallest_ok_key(r, _ordered_key(r), p, ok))(
