@@ -197,3 +197,28 @@ def test_sample_tokens_draws_what_inverse_cdf_of_filter_logits_draws(top_p, rule
     u = jax.vmap(lambda k: jax.random.uniform(k, (), jnp.float64))(keys)
     want = jax.jit(lambda l, u: tokens_lib.inverse_cdf(tokens_lib.filter_logits(l, **kw), u))(x, u)
   np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
+@pytest.mark.parametrize("shape", [(13, 1), (5, 3)])
+@pytest.mark.parametrize("top_p", [1.0, 0.9])
+def test_rows_drawn_in_chunks_equal_all_rows_at_once(shape, top_p, monkeypatch):
+  """On CPU `_by_query` draws `DRAW_ROWS` rows at a time (13 rows: two chunks of 7 and one padding
+  row; 15: two of 8): the same tokens and cut-offs as every row at once."""
+  rng = np.random.default_rng(6)
+  v = 2 * tokens_lib.CDF_BLOCK + 5
+  x = rng.normal(size=shape + (v,)) * rng.choice([0.1, 3.0], size=shape + (1,))
+  x[..., v - 3:] = -np.inf
+  x = jnp.asarray(x, jnp.float32)
+  keys = tokens_lib.sample_keys(jax.random.key(4), int(np.prod(shape))).reshape(shape)
+  kw = dict(temperature=0.8, top_p=top_p, top_p_rule="published")
+
+  def draw(rows):
+    monkeypatch.setattr(tokens_lib, "DRAW_ROWS", rows)
+    with tokens_lib.exact_sampling():        # a new function per call: traced with this DRAW_ROWS
+      got = jax.jit(lambda l, k: tokens_lib.sample_tokens(l, k, **kw))(x, keys)
+      cut = jax.jit(lambda l: tokens_lib.top_p_cutoff(l, 0.9, "published"))(x)
+    return np.asarray(got), np.asarray(cut)
+
+  assert tokens_lib.DRAW_ROWS == 8
+  for a, b in zip(draw(8), draw(10 ** 9)):
+    np.testing.assert_array_equal(a, b)
