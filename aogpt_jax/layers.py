@@ -259,13 +259,26 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, *, mask: jax.Array | str
   if impl == "blockwise":
     from aogpt_jax.attention_kernels import blockwise_attention
     return blockwise_attention(q, k, v, mask=mask, block=block)
+  if not no_array:
+    return _masked_attention(q, k, v, mask)
   scores = jnp.einsum("bsnh,bcnh->bnsc", q, k, preferred_element_type=jnp.float32)
   scores = scores * (1.0 / math.sqrt(q.shape[-1]))
   if mask is None:
     s, c = q.shape[1], k.shape[1]
     keep = jnp.arange(c)[None, :] <= jnp.arange(s)[:, None]
     scores = jnp.where(keep, scores, jnp.finfo(jnp.float32).min)
-  elif not no_array:
-    scores = jnp.where(mask[:, None, :, :], scores, jnp.finfo(jnp.float32).min)
   probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
   return jnp.einsum("bnsc,bcnh->bsnh", probs, v)
+
+
+def _masked_attention(q, k, v, mask):
+  """The ``xla`` attention under a mask array, on heads-major operands ([B, N, S, H]): XLA:CPU
+  ran the ensembles' packed rows (60 rows x 4 heads of 257 x 257) 0.83x the time of the whole
+  evaluator program than on [B, S, N, H] (whose probs x V dot it laid out transposed); the
+  causal training step was 1.08x slower this way, so it keeps the layout above."""
+  q, k, v = (a.transpose(0, 2, 1, 3) for a in (q, k, v))
+  scores = jnp.einsum("bnsh,bnch->bnsc", q, k, preferred_element_type=jnp.float32)
+  scores = jnp.where(mask[:, None, :, :], scores * (1.0 / math.sqrt(q.shape[-1])),
+                     jnp.finfo(jnp.float32).min)
+  probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+  return jnp.einsum("bnsc,bnch->bnsh", probs, v).transpose(0, 2, 1, 3)
