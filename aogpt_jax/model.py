@@ -244,9 +244,8 @@ class AOGPT(nnx.Module):
     cfg = self.cfg
     x = self.ln_f(h)
     if cfg.target == "adaln":
-      shift, scale = jnp.split(
-          modulation(self.adaLN_final, self.wtpe.embedding[...].astype(cfg.dtype), slot_tgt)
-          .astype(jnp.float32), 2, axis=-1)
+      shift, scale = (m.astype(jnp.float32) for m in modulation(
+          self.adaLN_final, self.wtpe.embedding[...].astype(cfg.dtype), slot_tgt, 2))
       x = x * (1 + scale) + shift
     return x
 

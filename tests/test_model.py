@@ -199,15 +199,17 @@ def test_kv_cache_chunks_equal_full_forward():
   assert float(jnp.abs(cache[0][0][:, :, N:]).max()) == 0.0   # nothing written past the slots
 
 
-def test_modulation_table_path_equals_direct():
+def test_modulation_parts_equal_the_direct_projection():
+  # The table path (project the table rows once, gather each part) against projecting every
+  # slot's own conditioning (zero for NO_TARGET = -1).
   m = model.AOGPT(tiny(), rngs=nnx.Rngs(2))
   table = m.wtpe.embedding[...]
-  tgt = jax.random.randint(jax.random.key(0), (4, 16), -1, 16)       # 64 > 17 rows: table path
-  via_table = model.modulation(m.h[0].adaLN, table, tgt)
-  direct = jnp.concatenate([  # 8 slots per call: fewer than the 17 table rows, direct path
-      jnp.concatenate([model.modulation(m.h[0].adaLN, table, tgt[i:i + 1, j:j + 8])
-                       for j in (0, 8)], axis=1) for i in range(4)], axis=0)
-  _close(via_table, direct, 1e-6)
+  tgt = jax.random.randint(jax.random.key(0), (4, 16), -1, 16)
+  parts = model.modulation(m.h[0].adaLN, table, tgt, 6)
+  cond = jnp.where((tgt >= 0)[..., None], table[jnp.maximum(tgt, 0)], 0.0)
+  direct = m.h[0].adaLN(jax.nn.silu(cond))
+  assert [p.shape for p in parts] == [(4, 16, m.cfg.n_embd)] * 6
+  _close(jnp.concatenate(parts, axis=-1), direct, 1e-6)
 
 
 # ----------------------------------------------------------------------------- loss
