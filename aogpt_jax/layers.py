@@ -151,6 +151,53 @@ def row_set(x: jax.Array, index: jax.Array, update: jax.Array, axis: int = 1) ->
   return jax.vmap(one)(x, index, update)
 
 
+@jax.custom_vjp
+def take_rows(table: jax.Array, ids: jax.Array) -> jax.Array:
+  """``table[ids]`` (rows of a ``[R, D]`` table, ``ids`` in ``[0, R)`` of any shape), with a
+  backward that avoids the scatter-add when every row of ``ids`` (its last axis) holds distinct
+  indices, as the target positions of one training sequence do.
+
+  The plain gather's gradient scatter-adds ``B x S`` rows into ``R``: on a GPU every batch row
+  hits the same ``R`` table rows, and the atomics serialise (AO-GPT Small, 16 x 1024 tokens on
+  an H100: the adaLN tables' scatters were 11.8 of the 66 ms step). With distinct indices per
+  row, row ``b``'s contribution is a gather of its gradient by the inverse map (table row ->
+  slot), and the batch rows are summed (in fp32). Rows with a repeated index (padding slots, say)
+  make the whole backward take the scatter-add, chosen at run time: the gradient is exact
+  either way."""
+  return jnp.take(table, ids, axis=0)
+
+
+def _take_rows_fwd(table, ids):
+  # Residuals must be arrays: a [R, 0] one carries the table's row count and dtype.
+  return jnp.take(table, ids, axis=0), (ids, jnp.zeros((table.shape[0], 0), table.dtype))
+
+
+def _take_rows_bwd(res, g):
+  ids, shape_of = res
+  n_rows, dtype = shape_of.shape[0], shape_of.dtype
+  if ids.ndim == 0:
+    return jnp.zeros((n_rows,) + g.shape, dtype).at[ids].add(g.astype(dtype)), None
+  s = ids.shape[-1]
+  ids2 = ids.reshape(-1, s)
+  g2 = g.reshape(ids2.shape + g.shape[ids.ndim:])
+  slot = jnp.arange(s, dtype=jnp.int32)
+  # Per row (vmap: the batch stays a batching dimension under a mesh, see row_set).
+  inv = jax.vmap(lambda i: jnp.full((n_rows,), s, jnp.int32).at[i].set(slot))(ids2)
+  distinct = jnp.all(jnp.take_along_axis(inv, ids2, axis=1) == slot)
+
+  def by_inverse(_):
+    padded = jnp.concatenate([g2, jnp.zeros_like(g2[:, :1])], axis=1)   # slot s: no slot
+    rows = jax.vmap(lambda gb, ib: jnp.take(gb, ib, axis=0))(padded, inv)
+    return rows.astype(jnp.float32).sum(0).astype(dtype)
+
+  def by_scatter(_):
+    return jnp.zeros((n_rows,) + g2.shape[2:], dtype).at[ids2].add(g2.astype(dtype))
+  return jax.lax.cond(distinct, by_inverse, by_scatter, None), None
+
+
+take_rows.defvjp(_take_rows_fwd, _take_rows_bwd)
+
+
 def dense_heads(dense: Dense, x: jax.Array, groups: int, n_head: int, head_dim: int) -> jax.Array:
   """``dense(x)`` [B, S, groups * heads * head_dim] as [B, S, groups, heads, head_dim], with the
   kernel viewed as [d, groups, heads, head_dim] BEFORE the product and pinned to the heads'

@@ -212,6 +212,30 @@ def test_modulation_parts_equal_the_direct_projection():
   _close(jnp.concatenate(parts, axis=-1), direct, 1e-6)
 
 
+@pytest.mark.parametrize("case", ["permutations", "repeats", "scalar"])
+def test_take_rows_gradient_equals_the_scatter_add(case):
+  # layers.take_rows' backward (inverse-map gather when each row's indices are distinct, the
+  # scatter-add otherwise) against the plain gather's autodiff gradient.
+  from aogpt_jax.layers import take_rows
+  k1, k2, k3 = jax.random.split(jax.random.key(case == "repeats"), 3)
+  table = jax.random.normal(k1, (17, 5))
+  if case == "permutations":     # rows of distinct targets, the sentinel row 16 once per row
+    ids = jnp.stack([jnp.append(jax.random.permutation(k, 16)[:11], 16)
+                     for k in jax.random.split(k2, 6)]).reshape(2, 3, 12)
+  elif case == "repeats":
+    ids = jax.random.randint(k2, (2, 3, 12), 0, 17)
+  else:
+    ids = jnp.int32(4)
+  cot = jax.random.normal(k3, ids.shape + (5,))
+  f = lambda take: lambda t: jnp.sum(take(t, ids) * cot)
+  want = jax.grad(f(lambda t, i: jnp.take(t, i, axis=0)))(table)
+  got = jax.jit(jax.grad(f(take_rows)))(table)
+  np.testing.assert_array_equal(take_rows(table, ids), jnp.take(table, ids, axis=0))
+  _close(got, want, 1e-6)
+  if case == "repeats":
+    assert float(jnp.abs(want).sum()) > 0
+
+
 # ----------------------------------------------------------------------------- loss
 
 
