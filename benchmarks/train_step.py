@@ -11,7 +11,8 @@ the config and ``--config.*`` overrides. Prints one JSON object and writes it to
 (default benchmarks/results/train_step_<config>_<platform>.json). MFU uses the dense bf16 peak
 of the device (metrics.peak_flops; AOGPT_PEAK_TFLOPS overrides) and is null on CPU. Memory per
 device: XLA's estimate of the compiled step (`xla_memory`) and the measured peak
-(`measured_peak_bytes`, from `memory_stats()`; null on CPU).
+(`measured_peak_bytes`, from `memory_stats()`; null on CPU). ``--profile_dir=DIR`` adds a
+``jax.profiler`` trace of three more steps in DIR.
 """
 
 from __future__ import annotations
@@ -38,6 +39,9 @@ _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (file.py[
 _STEPS = flags.DEFINE_integer("steps", 20, "Timed steps.")
 _WARMUP = flags.DEFINE_integer("warmup", 3, "Untimed steps after compilation.")
 _OUT = flags.DEFINE_string("out", "", "Output JSON path.")
+_PROFILE = flags.DEFINE_string(
+    "profile_dir", "", "If set: after timing, a jax.profiler trace of 3 more steps written there "
+    "(open with TensorBoard's profile plugin or xprof).")
 
 
 def main(argv) -> None:
@@ -74,6 +78,11 @@ def main(argv) -> None:
       state, m = step(state, b)
       jax.block_until_ready(m)
       times.append(time.perf_counter() - t)
+    if _PROFILE.value:
+      with jax.profiler.trace(_PROFILE.value):
+        for _ in range(3):
+          state, m = step(state, batch())
+        jax.block_until_ready(m)
 
   step_s = statistics.median(times)
   flops = metrics_lib.train_flops_per_step(mc, cfg.batch_size, cfg.seq_len, cfg.microbatches)

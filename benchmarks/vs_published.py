@@ -8,11 +8,15 @@ step counts; the script copies DIR to a scratch folder and replaces them by
 ``self.config.block_size`` there (DIR is not touched), so the block size 256 used here works.
 
 Sizes (both sides): 4 layers, width 256, 4 heads, n = 256, vocabulary 50304 (50257 valid),
-batch 8, fp32, CPU; PyTorch eager with 2 threads, JAX jitted (compile time reported apart). Each
+batch 8. ``--device=cpu`` (default): fp32, PyTorch eager with 2 threads, JAX jitted on XLA:CPU.
+``--device=gpu``: the first GPU, bf16 compute (the published side under
+``torch.autocast("cuda", bfloat16)`` as its trainer runs, fused AdamW as its
+``configure_optimizers`` picks on CUDA; ours with ``dtype=bfloat16``), fp32 parameters on both.
+Compile time is reported apart. Each
 repeat runs the published half, then ours, each in its own subprocess
 (`vs_published/published_side.py`, `vs_published/ours_side.py`); a ratio is the best time of
 each side over all repeats (the machine is shared: compare ratios from one run). Writes
-benchmarks/results/vs_published_cpu.json and prints a Markdown table.
+benchmarks/results/vs_published_<device>.json and prints a Markdown table.
 
 ``ensembles``: context-order ensembles (Eq. 4) of one 256-token sequence at M = ``--max_m``
 (default 8). The published estimator runs 1 + n (M - 1) = 1,793 full passes; by default
@@ -61,16 +65,31 @@ def patched_copy(published: pathlib.Path) -> pathlib.Path:
   return out
 
 
-def side(script: str, part: str, extra: list[str], root: pathlib.Path = REPO) -> dict:
+def side(script: str, part: str, extra: list[str], root: pathlib.Path = REPO,
+         device: str = "cpu") -> dict:
   """Runs ``vs_published/SCRIPT PART EXTRA`` in a subprocess that imports aogpt_jax from
-  ``root`` (benchmarks/ours_ab.py passes an older revision's tree); returns its JSON line."""
-  env = dict(os.environ, JAX_PLATFORMS="cpu", TORCHDYNAMO_DISABLE="1",
+  ``root`` (benchmarks/ours_ab.py passes an older revision's tree) on ``device`` (cpu | gpu);
+  returns its JSON line."""
+  env = dict(os.environ, JAX_PLATFORMS="cpu" if device == "cpu" else "cuda",
+             TORCHDYNAMO_DISABLE="1",
              PYTHONPATH=str(root) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+  extra = [*extra, f"--device={device}"]
   p = subprocess.run([sys.executable, str(HERE / "vs_published" / script), part, *extra],
                      capture_output=True, text=True, env=env, cwd=REPO)
   if p.returncode:
     sys.exit(f"{script} {part} failed:\n{p.stderr[-3000:]}")
   return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def accelerator(device: str) -> str | None:
+  """The GPU's name (nvidia-smi), or None on CPU."""
+  if device == "cpu":
+    return None
+  try:
+    return subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+                          capture_output=True, text=True).stdout.strip().splitlines()[0]
+  except (OSError, IndexError):
+    return "unknown"
 
 
 def main() -> None:
@@ -84,8 +103,11 @@ def main() -> None:
   ap.add_argument("--max_m", type=int, default=8, help="ensembles: orderings per token")
   ap.add_argument("--passes", type=int, default=24,
                   help="ensembles: published passes timed (0: all 1 + n (M - 1))")
-  ap.add_argument("--out", default=str(HERE / "results" / "vs_published_cpu.json"))
+  ap.add_argument("--device", default="cpu", choices=("cpu", "gpu"),
+                  help="gpu: bf16 compute on the first GPU, both sides")
+  ap.add_argument("--out", default="", help="default: results/vs_published_<device>.json")
   a = ap.parse_args()
+  a.out = a.out or str(HERE / "results" / f"vs_published_{a.device}.json")
   pub = patched_copy(pathlib.Path(a.published).expanduser().resolve())
   load_before = os.getloadavg()
   best: dict[str, dict[str, float]] = {}
@@ -97,7 +119,7 @@ def main() -> None:
       pub_args = [f"--published={pub}"] + ([f"--passes={a.passes}"] if part == "ensembles" else [])
       for who, script, args in (("published", "published_side.py", pub_args),
                                 ("ours", "ours_side.py", [])):
-        for name, r in side(script, part, extra + args).items():
+        for name, r in side(script, part, extra + args, device=a.device).items():
           t = r.get("step_s", r.get("wall_s"))
           row = best.setdefault(name, {})
           row[who] = min(row.get(who, float("inf")), t)
@@ -111,14 +133,14 @@ def main() -> None:
   for name, row in best.items():
     if "published" in row and "ours" in row:
       row["ratio"] = row["ours"] / row["published"]
-      lines.append(f"| {name} | {row['published']:.3f} | {row['ours']:.3f} | {row['ratio']:.2f} "
+      lines.append(f"| {name} | {row['published']:.4g} | {row['ours']:.4g} | {row['ratio']:.2f} "
                    f"| {1 / row['ratio']:.1f}x |")
       if name == "ensembles" and "ours_first_call_s" in row:
         first = row["ours_first_call_s"]
-        lines.append(f"| ensembles, ours incl. compile | {row['published']:.3f} | {first:.3f} "
+        lines.append(f"| ensembles, ours incl. compile | {row['published']:.4g} | {first:.4g} "
                      f"| {first / row['published']:.2f} | {row['published'] / first:.1f}x |")
     else:
-      lines.append(f"| {name} | - | {row['ours']:.3f} | - | - |")
+      lines.append(f"| {name} | - | {row['ours']:.4g} | - | - |")
   print("\n".join(lines))
   pathlib.Path(a.out).parent.mkdir(parents=True, exist_ok=True)
   try:
@@ -128,7 +150,7 @@ def main() -> None:
     commit = "unknown"
   with open(a.out, "w") as f:
     json.dump({"best_s": best, "repeats": a.repeats, "runs": a.runs, "machine": os.uname().nodename,
-               "commit": commit,
+               "commit": commit, "device": a.device, "accelerator": accelerator(a.device),
                "cpus": os.cpu_count(), "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
                "load_avg_1_5_15_before": load_before, "load_avg_1_5_15_after": os.getloadavg()},
               f, indent=1)

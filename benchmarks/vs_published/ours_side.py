@@ -1,13 +1,13 @@
 """aogpt_jax's half of `benchmarks/vs_published.py` (run by it in a subprocess): the same sizes
 as `published_side.py` (4 layers, width 256, 4 heads, n = 256, vocab 50304 of which 50257 valid,
-batch 8, fp32, CPU). ``train``: the trainer's own jitted step (AdamW, clip 1.0, EMA) of the
+batch 8; fp32 on CPU, bf16 compute on ``--device=gpu``). ``train``: the trainer's own jitted step (AdamW, clip 1.0, EMA) of the
 paper recipe at this size; ``sample``: the KV-cached sampler (linear schedule, deterministic
 counts, temperature 1, the published top-p rule) at each T and top-p, and AR decoding. Compile
 time is reported apart. ``ensembles``: context-order ensembles (Eq. 4) of one 256-token sequence,
 M = 8 (`evaluation.ensembles`: the any-order base forward plus the prefix forwards); the first
 call counts compilation. Prints one JSON line."""
-import argparse, json, os, time
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
+import argparse, json, os, sys, time
+os.environ.setdefault("JAX_PLATFORMS", "cuda" if "--device=gpu" in sys.argv else "cpu")
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
@@ -26,8 +26,12 @@ p.add_argument("--layout", default="pairs",
                help="ensembles: pairs (the evaluator's default) | buckets")
 p.add_argument("--num_buckets", type=int, default=-1, help="-1: the evaluator's default")
 p.add_argument("--loss_chunk", type=int, default=-1, help="-1: the recipe's")
+p.add_argument("--device", default="cpu", choices=("cpu", "gpu"))
 a = p.parse_args()
 L, H, E, T, V, B = 4, 4, 256, 256, 50304, 8
+DTYPE = "bfloat16" if a.device == "gpu" else "float32"
+MODEL = dict(n_layer=L, n_head=H, n_embd=E, block_size=T, vocab_size=V, valid_vocab_size=50257,
+             dtype=DTYPE)
 
 
 def best(fn, runs):
@@ -41,7 +45,7 @@ def best(fn, runs):
 res = {}
 if a.part == "train":
   c = recipes.paper("small")
-  recipes.apply(c, {"model.dtype": "float32", "seq_len": T, "batch_size": B, "microbatches": 1,
+  recipes.apply(c, {"model.dtype": DTYPE, "seq_len": T, "batch_size": B, "microbatches": 1,
                     "total_steps": 1000})
   c.model.n_layer, c.model.n_embd, c.model.n_head, c.model.block_size = L, E, H, T
   if a.loss_chunk >= 0:
@@ -58,13 +62,11 @@ if a.part == "train":
       st[0], m = tr.step(st[0], b)
       jax.block_until_ready(m)
     s, ts, first = best(step, a.runs)
-  res["train"] = dict(step_s=round(s, 3), runs=[round(t, 3) for t in ts],
+  res["train"] = dict(step_s=round(s, 5), runs=[round(t, 5) for t in ts],
                       first_incl_compile_s=round(first, 1), loss_chunk=mc.loss_chunk)
 elif a.part == "ensembles":
   from aogpt_jax.evaluation import ensembles as ens, perplexity as ppl
-  m = model_lib.AOGPT(model_lib.ModelConfig(n_layer=L, n_head=H, n_embd=E, block_size=T,
-                                            vocab_size=V, valid_vocab_size=50257),
-                      rngs=nnx.Rngs(0))
+  m = model_lib.AOGPT(model_lib.ModelConfig(**MODEL), rngs=nnx.Rngs(0))
   x = np.random.default_rng(0).integers(0, 50257, (1, T), dtype=np.int32)
   ids = np.zeros((1,), np.int32)
   kw = dict(layout=a.layout)
@@ -76,12 +78,10 @@ elif a.part == "ensembles":
     lp = ens.ensemble_logp(m, x, ids, np.asarray(sigma), -np.asarray(nll), max_m=a.max_m, **kw)
     assert np.isfinite(lp).all()
   s, ts, first = best(ensemble, a.runs)
-  res["ensembles"] = dict(wall_s=round(s, 3), runs=[round(t, 3) for t in ts],
+  res["ensembles"] = dict(wall_s=round(s, 5), runs=[round(t, 5) for t in ts],
                           first_incl_compile_s=round(first, 2), **kw)
 else:
-  m = model_lib.AOGPT(model_lib.ModelConfig(n_layer=L, n_head=H, n_embd=E, block_size=T,
-                                            vocab_size=V, valid_vocab_size=50257),
-                      rngs=nnx.Rngs(0))
+  m = model_lib.AOGPT(model_lib.ModelConfig(**MODEL), rngs=nnx.Rngs(0))
   runs = [(f"sample T={t} top_p={tp}", dict(steps=int(t), top_p=float(tp)))
           for tp in a.top_p.split(",") for t in a.steps.split(",")]
   runs.append(("AR decoding", dict(method="ar", order="l2r")))
@@ -93,6 +93,6 @@ else:
       k[0] += 1
       np.asarray(sampler.generate(m, jax.random.key(k[0]), s_, batch=B).tokens)
     s, ts, first = best(gen, a.runs)
-    res[name] = dict(wall_s=round(s, 3), runs=[round(t, 3) for t in ts],
+    res[name] = dict(wall_s=round(s, 5), runs=[round(t, 5) for t in ts],
                      first_incl_compile_s=round(first, 1))
 print(json.dumps(res))

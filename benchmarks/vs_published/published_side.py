@@ -1,7 +1,9 @@
 """The published AO-GPT code's half of `benchmarks/vs_published.py` (run by it in a subprocess).
 
 Imports the published model classes from ``--published`` (a scratch copy whose generate() uses
-block_size; `vs_published.py` makes it) and times, on CPU in fp32 with 2 torch threads, eager:
+block_size; `vs_published.py` makes it) and times, eager, on CPU in fp32 with 2 torch threads
+(``--device=cpu``) or on the first GPU under ``torch.autocast("cuda", bfloat16)`` as the published
+trainer runs (``--device=gpu``; fused AdamW, as its ``configure_optimizers`` picks on CUDA):
 ``train`` (forward, backward, clip 1.0, AdamW, the EMA update) or ``sample`` (``generate()`` at
 each T of ``--steps`` and top-p of ``--top_p``) or ``ensembles`` (``eval_ppl_AOGPT_ensemble.py``'s
 inner loop on one sequence: a base ``forward_fn_ppl`` pass, then for every rank i and ordering
@@ -21,6 +23,7 @@ p.add_argument("--steps", default="16,64,256")
 p.add_argument("--top_p", default="1.0,0.95")
 p.add_argument("--max_m", type=int, default=8)
 p.add_argument("--passes", type=int, default=24, help="ensembles: timed passes (0: all)")
+p.add_argument("--device", default="cpu", choices=("cpu", "gpu"))
 a = p.parse_args()
 sys.path.insert(0, a.published)
 os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
@@ -30,8 +33,12 @@ import model_AOGPT_AdaLN6_NoRep_cond_128_trunc_qknorm as M  # noqa: E402
 import model_AOGPT_generate as G  # noqa: E402
 from ema import ExponentialMovingAverage  # noqa: E402
 
-torch.set_num_threads(2)
+DEV = "cuda" if a.device == "gpu" else "cpu"
+if DEV == "cpu":
+  torch.set_num_threads(2)
 torch.manual_seed(0)
+AMP = (torch.autocast("cuda", dtype=torch.bfloat16) if DEV == "cuda"
+       else contextlib.nullcontext())
 L, H, E, T, V, B = 4, 4, 256, 256, 50304, 8
 
 
@@ -41,30 +48,35 @@ def cfg(mod):
 
 
 def best(fn, runs):
-  fn()
-  ts = []
-  for _ in range(runs):
-    t0 = time.perf_counter(); fn(); ts.append(time.perf_counter() - t0)
+  def timed():
+    t0 = time.perf_counter()
+    fn()
+    if DEV == "cuda":
+      torch.cuda.synchronize()
+    return time.perf_counter() - t0
+  timed()
+  ts = [timed() for _ in range(runs)]
   return min(ts), ts
 
 
 res = {}
-X = torch.randint(0, 50257, (B, T))
+X = torch.randint(0, 50257, (B, T), device=DEV)
 if a.part == "train":
-  model = M.AOGPT(cfg(M)); model.train()
-  opt = model.configure_optimizers(0.05, 6e-4, (0.9, 0.95), "cpu")
+  model = M.AOGPT(cfg(M)).to(DEV); model.train()
+  opt = model.configure_optimizers(0.05, 6e-4, (0.9, 0.95), DEV)
   ema = ExponentialMovingAverage(model.parameters(), decay=1 - 1e-4)
 
   def step():
-    _, loss = model(X, mode="Random_CL", random_ratio=0.9)
+    with AMP:   # the forward only, as the published trainer
+      _, loss = model(X, mode="Random_CL", random_ratio=0.9)
     loss.backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
     opt.step(); opt.zero_grad(set_to_none=True)
     ema.update(model.parameters())
   s, ts = best(step, a.runs)
-  res["train"] = dict(step_s=round(s, 3), runs=[round(t, 3) for t in ts])
+  res["train"] = dict(step_s=round(s, 5), runs=[round(t, 5) for t in ts])
 elif a.part == "ensembles":
-  model = M.AOGPT(cfg(M)).eval()
+  model = M.AOGPT(cfg(M)).to(DEV).eval()
   x1 = X[:1]
 
   def ppl_pass(orders):    # forward_fn_ppl: logits of every row, per-token CE of every row
@@ -77,30 +89,30 @@ elif a.part == "ensembles":
     items = items[::max(1, len(items) // a.passes)][:a.passes]
 
   def ensemble():
-    with torch.no_grad():
-      orders = torch.randperm(T)[None]
+    with torch.no_grad(), AMP:
+      orders = torch.randperm(T, device=DEV)[None]
       _, base = ppl_pass(orders)
-      out = torch.zeros([1, T, a.max_m], dtype=torch.float64)
+      out = torch.zeros([1, T, a.max_m], dtype=torch.float64, device=DEV)
       out[:, :, 0] = base
       for i, j in items:
-        reshuffle = torch.randperm(i)[None]
+        reshuffle = torch.randperm(i, device=DEV)[None]
         oe = torch.cat((torch.gather(orders[:, :i], dim=1, index=reshuffle), orders[:, i:]), dim=1)
         _, cur = ppl_pass(oe)
         out[:, i, j] = cur[:, i]
   s, ts = best(ensemble, a.runs)
   scale = total / (1 + len(items))
-  res["ensembles"] = dict(wall_s=round(s * scale, 3), measured_s=round(s, 3),
+  res["ensembles"] = dict(wall_s=round(s * scale, 5), measured_s=round(s, 5),
                           passes_timed=1 + len(items), passes_total=total,
                           extrapolated=scale != 1.0)
 else:
-  model = G.AOGPT(cfg(G)).eval()
+  model = G.AOGPT(cfg(G)).to(DEV).eval()
   for top_p in [float(x) for x in a.top_p.split(",")]:
     for steps in [int(x) for x in a.steps.split(",")]:
       def gen():
-        with torch.no_grad(), contextlib.redirect_stdout(io.StringIO()):
-          out = model.generate(B, steps, "cpu", schedules="linear", topp=top_p, temperature=1.0)
+        with torch.no_grad(), AMP, contextlib.redirect_stdout(io.StringIO()):
+          out = model.generate(B, steps, DEV, schedules="linear", topp=top_p, temperature=1.0)
         assert out.shape == (B, T), out.shape
       s, ts = best(gen, a.runs)
-      res[f"sample T={steps} top_p={top_p}"] = dict(wall_s=round(s, 3),
-                                                    runs=[round(t, 3) for t in ts])
+      res[f"sample T={steps} top_p={top_p}"] = dict(wall_s=round(s, 5),
+                                                    runs=[round(t, 5) for t in ts])
 print(json.dumps(res))
