@@ -14,7 +14,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from aogpt_jax.layers import (BATCH, HEADS, MLP_ACT, Dense, Embed, Norm, attention, constrain,
-                              dense_heads, resolve_attention_impl, row_set, take_rows)
+                              dense_heads, query_mask, resolve_attention_impl, row_set, slot_rows,
+                              take_rows)
 
 
 def dropout(x: jax.Array, rate: float, key: jax.Array | None) -> jax.Array:
@@ -52,10 +53,21 @@ class Attention(nnx.Module):
     self.n_head, self.head_dim, self.qk_norm = cfg.n_head, cfg.head_dim, cfg.qk_norm
     self.impl, self.block, self.dtype = cfg.attention_impl, cfg.attention_block, dtype
 
-  def __call__(self, x, *, mask, cache, write_index):
+  def __call__(self, x, *, mask, cache, write_index, query=None, mask_causal=False):
+    """``query`` int32 [B, G] (no cache): keys and values of every slot, the rest (queries,
+    attention, projection: output [B, G, d]) at these slots only. ``mask_causal``: see
+    `layers.attention`."""
     b, s, d = x.shape
-    qkv = dense_heads(self.c_attn, x, 3, self.n_head, self.head_dim)
-    q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+    if query is None:
+      qkv = dense_heads(self.c_attn, x, 3, self.n_head, self.head_dim)
+      q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+    else:
+      if cache is not None:
+        raise ValueError("Attention: query slots take no cache")
+      q = dense_heads(self.c_attn, slot_rows(x, query), 3, self.n_head, self.head_dim,
+                      slice(0, 1))[:, :, 0]
+      kv = dense_heads(self.c_attn, x, 3, self.n_head, self.head_dim, slice(1, 3))
+      k, v, mask = kv[:, :, 0], kv[:, :, 1], query_mask(mask, query, s)
     if self.qk_norm:
       q, k = self.q_norm(q), self.k_norm(k)
     q, k, v = (constrain(t, (BATCH, None, HEADS, None)) for t in (q, k, v))
@@ -73,9 +85,9 @@ class Attention(nnx.Module):
     impl = resolve_attention_impl(self.impl, self.dtype, self.head_dim,
                                   masked=not (mask is None or isinstance(mask, str)),
                                   seq_q=q.shape[1], seq_k=k.shape[1])
-    y = attention(q, k, v, mask=mask, impl=impl, block=self.block)
+    y = attention(q, k, v, mask=mask, impl=impl, block=self.block, mask_causal=mask_causal)
     y = constrain(y, (BATCH, None, HEADS, None))
-    return self.c_proj(y.reshape(b, s, d)), new_cache
+    return self.c_proj(y.reshape(b, q.shape[1], d)), new_cache
 
 
 class MLP(nnx.Module):
@@ -113,18 +125,24 @@ class Block(nnx.Module):
                         std=cfg.init_std, dtype=dtype, param_dtype=param_dtype,
                         truncation=cfg.init_truncation)
 
-  def __call__(self, x, slot_tgt, cond_table, *, mask, cache, write_index, dropout_key):
+  def __call__(self, x, slot_tgt, cond_table, *, mask, cache, write_index, dropout_key,
+               query=None, mask_causal=False):
+    """``query`` int32 [B, G]: only these slots' outputs [B, G, d] (keys and values of all)."""
+    rows = (lambda a: a) if query is None else (lambda a: slot_rows(a, query))
+    kw = dict(mask=mask, cache=cache, write_index=write_index, query=query,
+              mask_causal=mask_causal)
     if self.target == "per_block":
       x = x + table_lookup(self.wtpe.embedding[...], slot_tgt).astype(x.dtype)
     if self.target == "adaln":
-      sa, ca, ga, sm, cm, gm = modulation(self.adaLN, cond_table, slot_tgt, 6)
-      h, new_cache = self.attn(self.ln_1(x) * (1 + ca) + sa, mask=mask, cache=cache,
-                               write_index=write_index)
-      x = x + ga * dropout(h, self.dropout, fold_key(dropout_key, 0))
+      tables = modulation_tables(self.adaLN, cond_table, 6)
+      sa, ca = (condition(t, slot_tgt) for t in tables[:2])
+      ga, sm, cm, gm = (condition(t, rows(slot_tgt)) for t in tables[2:])
+      h, new_cache = self.attn(self.ln_1(x) * (1 + ca) + sa, **kw)
+      x = rows(x) + ga * dropout(h, self.dropout, fold_key(dropout_key, 0))
       h = self.mlp(self.ln_2(x) * (1 + cm) + sm)
       return x + gm * dropout(h, self.dropout, fold_key(dropout_key, 1)), new_cache
-    h, new_cache = self.attn(self.ln_1(x), mask=mask, cache=cache, write_index=write_index)
-    x = x + dropout(h, self.dropout, fold_key(dropout_key, 0))
+    h, new_cache = self.attn(self.ln_1(x), **kw)
+    x = rows(x) + dropout(h, self.dropout, fold_key(dropout_key, 0))
     h = self.mlp(self.ln_2(x))
     return x + dropout(h, self.dropout, fold_key(dropout_key, 1)), new_cache
 
@@ -143,12 +161,22 @@ def modulation(dense: Dense, cond_table: jax.Array, slot_tgt: jax.Array,
   (the ensembles' packed program: 0.95x the time on CPU). The gather's gradient goes through
   `layers.take_rows` (no scatter-add when a sequence's targets are distinct).
   """
+  return [condition(t, slot_tgt) for t in modulation_tables(dense, cond_table, parts)]
+
+
+def modulation_tables(dense: Dense, cond_table: jax.Array, parts: int) -> list[jax.Array]:
+  """``dense(SiLU(row))`` for every conditioning row and, last, the zero row, split into
+  ``parts`` tables [P + 1, ...] (see `modulation`)."""
   full = jnp.concatenate([cond_table, jnp.zeros((1, cond_table.shape[1]), cond_table.dtype)])
-  rows = dense(jax.nn.silu(full))
-  ids = jnp.where(slot_tgt < 0, cond_table.shape[0], slot_tgt)
-  return [take_rows(r, ids) for r in jnp.split(rows, parts, axis=-1)]
+  return jnp.split(dense(jax.nn.silu(full)), parts, axis=-1)
 
 
-def run_block(block, x, slot_tgt, cond_table, mask, cache, write_index, dropout_key):
+def condition(table: jax.Array, slot_tgt: jax.Array) -> jax.Array:
+  """The rows of a `modulation_tables` table for ``slot_tgt`` (NO_TARGET: the zero row's)."""
+  return take_rows(table, jnp.where(slot_tgt < 0, table.shape[0] - 1, slot_tgt))
+
+
+def run_block(block, x, slot_tgt, cond_table, mask, cache, write_index, dropout_key, query=None,
+              *, mask_causal=False):
   return block(x, slot_tgt, cond_table, mask=mask, cache=cache, write_index=write_index,
-               dropout_key=dropout_key)
+               dropout_key=dropout_key, query=query, mask_causal=mask_causal)

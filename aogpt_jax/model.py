@@ -192,7 +192,8 @@ class AOGPT(nnx.Module):
 
   def hidden_slots(self, slot_tokens: jax.Array, slot_pos: jax.Array, slot_tgt: jax.Array, *,
                    mask: jax.Array | None = None, cache: KVCache | None = None,
-                   write_index: jax.Array | None = None, dropout_key: jax.Array | None = None):
+                   write_index: jax.Array | None = None, dropout_key: jax.Array | None = None,
+                   query: jax.Array | None = None, mask_causal: bool = False):
     """Runs the block stack over explicit slots; returns (hidden [B, S, d], new cache or None).
 
     slot_tokens: int32 [B, S], token ids or START (-1).
@@ -202,12 +203,22 @@ class AOGPT(nnx.Module):
                  (no cache) or K = cache length: ``mask[b, i, j]`` lets slot i see key j.
     cache:       per-layer (k, v) [B, N, K, H]; this call's keys/values are first written at
                  ``write_index`` int32 [B, S] (indices >= K are dropped), then attended to.
+    query:       int32 [B, G] (no cache): return only these slots' hidden states [B, G, d]. The
+                 last block then computes keys and values at every slot and everything else
+                 (queries, attention rows, projection, MLP) at these slots only: for callers
+                 that read a few slots of long rows (the ensemble evaluator), about a quarter
+                 of a 4-layer stack's work.
+    mask_causal: the mask lets no slot see a later slot (``mask[b, i, j]`` only for j <= i;
+                 packed causal rows, no cache): the ``xla`` kernel then skips the score blocks
+                 above the diagonal (`layers.attention`).
     """
     cfg = self.cfg
     if (cache is None) != (write_index is None):
       raise ValueError("hidden_slots: cache and write_index go together")
     if cache is not None and mask is None:
       raise ValueError("hidden_slots: a cache needs an explicit mask")
+    if cache is not None and query is not None:
+      raise ValueError("hidden_slots: query slots take no cache")
     dtype = jnp.dtype(cfg.dtype)
     tok = self.wte(jnp.maximum(slot_tokens, 0))
     x = jnp.where((slot_tokens == START)[..., None], self.start_vector[...].astype(RESIDUAL_DTYPE),
@@ -226,9 +237,11 @@ class AOGPT(nnx.Module):
       if cfg.target == "repeat":
         x = x + tgt_emb
       layer_cache = None if cache is None else cache[i]
-      run = nnx.remat(run_block) if cfg.remat else run_block
+      run = lambda *a: run_block(*a, mask_causal=mask_causal)  # noqa: E731 (a static flag)
+      run = nnx.remat(run) if cfg.remat else run
       x, c = run(block, constrain(x, (BATCH, None, None)), slot_tgt, cond_table, mask,
-                 layer_cache, write_index, fold_key(dropout_key, i))
+                 layer_cache, write_index, fold_key(dropout_key, i),
+                 query if i == cfg.n_layer - 1 else None)
       new_cache.append(c)
     return x, (tuple(new_cache) if cache is not None else None)
 

@@ -16,6 +16,7 @@ tests can lower or count compiles with an explicit ``(graphdef, state)``.
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable
 
 import jax
@@ -41,6 +42,13 @@ def call(jitted, model: nnx.Module, *args, **kw):
   """``jitted(graphdef, state, *args, **kw)`` for ``model`` (also works on ``jitted.lower``)."""
   graphdef, state = nnx.split(model)
   return jitted(graphdef, state, *args, **kw)
+
+
+def bind(jitted, model: nnx.Module) -> Callable[..., Any]:
+  """``jitted`` with ``model`` split once: for a loop of calls on the same weights (`call`
+  splits on every call: ~8 ms for a 4-layer model, serial with the dispatch)."""
+  graphdef, state = nnx.split(model)
+  return functools.partial(jitted, graphdef, state)
 
 
 def compile_ahead(jitted, model: nnx.Module, *args, **kw) -> Callable[[], Any]:

@@ -77,7 +77,8 @@ def main() -> None:
   ap.add_argument("--rank_stride", type=int, default=1, help="score ranks 0, s, 2s, ...")
   ap.add_argument("--layout", default="buckets", choices=ens.LAYOUTS)
   ap.add_argument("--num_buckets", type=int, default=16)
-  ap.add_argument("--slots_per_call", type=int, default=16384)
+  ap.add_argument("--slots_per_call", type=int, default=0,
+                  help="0: the evaluator's default for the backend")
   ap.add_argument("--naive_items_per_call", type=int, default=32)
   ap.add_argument("--dtype", default="float32")
   ap.add_argument("--repeats", type=int, default=3,
@@ -131,7 +132,7 @@ def main() -> None:
   xla_fast = 0.0
   for g in g0:
     items = len(g.ranks) * (a.max_m - 1) * a.blocks
-    per_call = min(max(1, a.slots_per_call // g.row_len), items)
+    per_call = min(max(1, (a.slots_per_call or ens.default_slots_per_call()) // g.row_len), items)
     calls = -(-items // per_call)
     z = jnp.zeros((per_call,), jnp.int32)
     xla_fast += calls * xla_flops(ens._packed_logp, graphdef, params, jnp.asarray(tokens),  # pylint: disable=protected-access

@@ -199,6 +199,33 @@ def test_kv_cache_chunks_equal_full_forward():
   assert float(jnp.abs(cache[0][0][:, :, N:]).max()) == 0.0   # nothing written past the slots
 
 
+@pytest.mark.parametrize("target", ["adaln", "per_block"])
+def test_query_slots_and_causal_mask_chunks_equal_the_full_forward(target):
+  """``hidden_slots(query=...)`` (the last block past its keys and values at the query slots
+  only) and ``mask_causal=True`` (query chunks skipping the blocks above the diagonal) give the
+  full forward's hidden states: packed rows of two causal segments (the ensembles' layout), the
+  plain causal mask and full attention."""
+  m = model.AOGPT(tiny(target=target), rngs=nnx.Rngs(4))
+  tokens, order = batch(7, b=3)
+  st, sp, sg = model.gather_slots(tokens, order)
+  s = jnp.arange(N)
+  cut = jnp.array([4, 9, 1])                                   # each row: two segments
+  seg = (s[None, :] >= cut[:, None]).astype(jnp.int32)
+  packed = (seg[:, :, None] == seg[:, None, :]) & (s[None, None, :] <= s[None, :, None])
+  query = jnp.array([[3, 11], [8, 10], [0, 5]])
+  for mask in (packed, None, "full"):
+    full, _ = m.hidden_slots(st, sp, sg, mask=mask)
+    want = jnp.take_along_axis(full, query[..., None], axis=1)
+    got, _ = m.hidden_slots(st, sp, sg, mask=mask, query=query)
+    assert got.shape == (3, 2, m.cfg.n_embd)
+    _close(got, want, 1e-5)
+  chunked, _ = m.hidden_slots(st, sp, sg, mask=packed, mask_causal=True)
+  _close(chunked, m.hidden_slots(st, sp, sg, mask=packed)[0], 1e-5)
+  with pytest.raises(ValueError, match="query slots take no cache"):
+    m.hidden_slots(st, sp, sg, mask=packed, query=query, cache=m.init_cache(3, N),
+                   write_index=jnp.broadcast_to(s, (3, N)))
+
+
 def test_modulation_parts_equal_the_direct_projection():
   # The table path (project the table rows once, gather each part) against projecting every
   # slot's own conditioning (zero for NO_TARGET = -1).

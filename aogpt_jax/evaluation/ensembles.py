@@ -162,10 +162,13 @@ def _segment_slots(tokens, sigma, ekey, j, ranks, row_len):
 
 # XLA:CPU's YNNPACK fuses attention's softmax into its dots at these shapes and runs them at
 # ~10 GFLOP/s; restricted to plain dots the evaluator took 0.72-0.76x the time (n = 256, M = 8,
-# 2-core CPU; same log-probabilities). An option of these programs only, on CPU only
-# (`packed_logp_jit`); the samplers measured no gain from it.
+# 2-core CPU; same log-probabilities). The program's run time is in YNNPACK's dots, so LLVM's
+# optimisation level 1 instead of 3 compiles it in 1.6 instead of 2.5 s and runs as fast (0.73
+# s per 60-row call either way; log-probabilities within 1e-6). Options of these programs only, on CPU
+# only (`packed_logp_jit`); the samplers measured no gain from the first.
 CPU_COMPILER_OPTIONS = {"xla_cpu_experimental_ynn_fusion_type":
-                        "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT"}
+                        "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT",
+                        "xla_backend_optimization_level": 1}
 
 
 def packed_logp_jit():
@@ -184,8 +187,8 @@ def _packed_logp_fn(model, tokens, sigma, ids, seed, item_b, item_j, item_ranks,
     s_S = jnp.arange(row_len)
     mask_IxSxS = ((seg_IxS[:, :, None] == seg_IxS[:, None, :])
                   & (s_S[None, None, :] <= s_S[None, :, None]))
-  h_IxSxD, _ = model.hidden_slots(tok_IxS, pos_IxS, tgt_IxS, mask=mask_IxSxS)
-  hq_IxGxD = jnp.take_along_axis(h_IxSxD, query_IxG[..., None], axis=1)
+  hq_IxGxD, _ = model.hidden_slots(tok_IxS, pos_IxS, tgt_IxS, mask=mask_IxSxS, query=query_IxG,
+                                   mask_causal=masked)
   tq_IxG = jnp.take_along_axis(tgt_IxS, query_IxG, axis=1)
   return -model_lib.nll_from_logits(model.head(hq_IxGxD, tq_IxG), label_IxG)   # log p, [I, G]
 
@@ -229,11 +232,23 @@ def _chunks(arrays: Sequence[np.ndarray], size: int):
     yield a, min(size, total - a), part
 
 
+# Slots per call of the prefix program. On CPU, calls of a few cache-sized rows ran faster than
+# big ones (n = 256, M = 8, 2-core box, one process, interleaved: 2048 slots = 7 rows per call
+# 9.6-10.6 s, 3072 10.1-10.2, 16384 11.0-11.3); accelerators want big calls.
+CPU_SLOTS_PER_CALL = 2048
+ACCELERATOR_SLOTS_PER_CALL = 16384
+
+
+def default_slots_per_call() -> int:
+  return CPU_SLOTS_PER_CALL if jax.default_backend() == "cpu" else ACCELERATOR_SLOTS_PER_CALL
+
+
 def packed_calls(ranks: Sequence[int], rows: Sequence[int], n: int, max_m: int, layout: str,
                  num_buckets: int, slots_per_call: int):
   """The prefix-kernel calls of `ensemble_logp`: yields (group, items used, [item_b, item_j,
   item_ranks] padded to the call size). One compiled program per distinct (row_len, call size):
-  `compiled_shapes` counts them."""
+  `compiled_shapes` counts them. ``slots_per_call`` 0: `default_slots_per_call`."""
+  slots_per_call = slots_per_call or default_slots_per_call()
   for group in pack_prefixes(ranks, n, layout, num_buckets):
     rb, jj, rr = np.meshgrid(np.array(rows, np.int32), np.arange(1, max_m, dtype=np.int32),
                              np.arange(len(group.ranks), dtype=np.int32), indexing="ij")
@@ -244,7 +259,7 @@ def packed_calls(ranks: Sequence[int], rows: Sequence[int], n: int, max_m: int, 
 
 
 def compiled_shapes(ranks, rows, n, max_m, layout="pairs", num_buckets=16,
-                    slots_per_call=16384) -> set[tuple[int, ...]]:
+                    slots_per_call=0) -> set[tuple[int, ...]]:
   """(row_len, items per call, segments per row) of every call `ensemble_logp` makes: each one
   is a compilation (seconds on CPU, as much as the whole run at n = 256 with 16 shapes)."""
   return {(g.row_len,) + part[2].shape for g, _, part in
@@ -254,7 +269,7 @@ def compiled_shapes(ranks, rows, n, max_m, layout="pairs", num_buckets=16,
 def ensemble_logp(model: model_lib.AOGPT, tokens, ids, sigma, base_logp, *, max_m: int,
                   seed: int = 0, ranks: Sequence[int] | None = None,
                   rows: Sequence[int] | None = None, layout: str = "pairs", num_buckets: int = 16,
-                  slots_per_call: int = 16384) -> np.ndarray:
+                  slots_per_call: int = 0) -> np.ndarray:
   """float32 [B, n, max_m] log-probabilities: column 0 is ``base_logp`` [B, n] (order space),
   column j >= 1 the prefix forward of ordering j. Only ``ranks`` (default all) of ``rows``
   (default all) are computed; the other entries are NaN."""
@@ -267,11 +282,16 @@ def ensemble_logp(model: model_lib.AOGPT, tokens, ids, sigma, base_logp, *, max_
   if max_m == 1 or not rows:
     return out_BxNxM
   args = (jnp.asarray(tokens), jnp.asarray(sigma, jnp.int32), jnp.asarray(ids), jnp.uint32(seed))
-  for group, count, (b_I, j_I, r_IxG) in packed_calls(ranks, rows, n, max_m, layout, num_buckets,
-                                                      slots_per_call):
-    logp_IxG = np.asarray(model_jit.call(packed_logp_jit(), model, *args, jnp.asarray(b_I),
-                                         jnp.asarray(j_I), jnp.asarray(r_IxG),
-                                         row_len=group.row_len, masked=group.masked))[:count]
+  run = model_jit.bind(packed_logp_jit(), model)
+  # Every call is dispatched before the first result is read, so the host's work overlaps the
+  # device's (the results are [I, G] floats).
+  pending = [(count, b_I, j_I, r_IxG, run(*args, jnp.asarray(b_I), jnp.asarray(j_I),
+                                          jnp.asarray(r_IxG), row_len=group.row_len,
+                                          masked=group.masked))
+             for group, count, (b_I, j_I, r_IxG) in packed_calls(
+                 ranks, rows, n, max_m, layout, num_buckets, slots_per_call)]
+  for count, b_I, j_I, r_IxG, logp_IxG in pending:
+    logp_IxG = np.asarray(logp_IxG)[:count]
     b_I, j_I, r_IxG = b_I[:count], j_I[:count], r_IxG[:count]
     for g in range(r_IxG.shape[1]):
       ok_I = r_IxG[:, g] >= 0
@@ -313,7 +333,7 @@ def ensemble_nll(logp: np.ndarray, ms: Sequence[int]) -> np.ndarray:
 
 def ensemble_perplexity(model: model_lib.AOGPT, batches: Iterable[Mapping[str, Any]], *,
                         max_m: int = 64, seed: int = 0, layout: str = "pairs",
-                        num_buckets: int = 16, slots_per_call: int = 16384,
+                        num_buckets: int = 16, slots_per_call: int = 0,
                         max_batches: int = 0) -> dict:
   """Ensemble perplexity for every M in ``m_values(max_m)`` (M = 1: the any-order NLL with
   the same seed, order index 0)."""

@@ -29,7 +29,8 @@ class EvalSettings:
   ensemble_max_m: int = 0          # > 0: ensembles for M = 1, 2, 4, ..., ensemble_max_m
   ensemble_layout: str = "pairs"   # pairs (one compiled shape) | buckets (evaluation/ensembles.py)
   ensemble_num_buckets: int = 16
-  slots_per_call: int = 16384      # ensemble slots per compiled call (memory knob)
+  slots_per_call: int = 0          # ensemble slots per compiled call; 0: the backend's default
+                                   # (ensembles.default_slots_per_call; also a memory knob)
   max_batches: int = 0             # > 0: only the first batches (smoke tests)
   model_kind: str = "aogpt"        # aogpt | encoder (the encoder-only MDM model, aogpt_jax.mdm)
   elbo_samples: int = 16           # encoder only: t samples per block of the ELBO row (0: off)
@@ -50,6 +51,9 @@ class EvalSettings:
       orders_lib.check_kwargs(self.order, dict(self.order_kwargs))
     except ValueError as e:
       raise ValueError(f"eval.order / eval.order_kwargs: {e}") from None
+    if self.slots_per_call < 0:
+      raise ValueError(f"eval.slots_per_call must be >= 0 (0: the backend's default), got "
+                       f"{self.slots_per_call}")
     if self.ensemble_max_m < 0:
       raise ValueError(f"eval.ensemble_max_m must be >= 0, got {self.ensemble_max_m}")
     if self.ensemble_layout not in ens_lib.LAYOUTS:
