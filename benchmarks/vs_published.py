@@ -12,10 +12,9 @@ batch 8. ``--device=cpu`` (default): fp32, PyTorch eager with 2 threads, JAX jit
 ``--device=gpu``: the first GPU, bf16 compute (the published side under
 ``torch.autocast("cuda", bfloat16)`` as its trainer runs, fused AdamW as its
 ``configure_optimizers`` picks on CUDA; ours with ``dtype=bfloat16``), fp32 parameters on both.
-Compile time is reported apart. Each
-repeat runs the published half, then ours, each in its own subprocess
-(`vs_published/published_side.py`, `vs_published/ours_side.py`); a ratio is the best time of
-each side over all repeats (the machine is shared: compare ratios from one run). Writes
+Compile time is reported apart. Each repeat runs the published half, then ours, each in its own
+subprocess (`vs_published/published_side.py`, `vs_published/ours_side.py`); a ratio is the best
+time of each side over all repeats (the machine is shared: compare ratios from one run). Writes
 benchmarks/results/vs_published_<device>.json and prints a Markdown table.
 
 ``ensembles``: context-order ensembles (Eq. 4) of one 256-token sequence at M = ``--max_m``

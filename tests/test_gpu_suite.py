@@ -3,6 +3,7 @@ suite's JSON files into one JSON and a Markdown table (the full --dry-run takes 
 2-core box and is run by hand: `benchmarks/gpu_suite.sh --dry-run`)."""
 
 import json
+import os
 import pathlib
 import subprocess
 import sys
@@ -39,3 +40,17 @@ def test_report_collects_every_number(tmp_path):
                "ours / AR = 0.5", "3.00 s (naive published-style 30.00 s, 10.0x)"):
     assert part in p.stdout, p.stdout
   assert len(json.loads((tmp_path / "gpu_suite.json").read_text())["rows"]) == 4
+
+
+def test_train_step_benchmark_writes_a_profile(tmp_path):
+  """`benchmarks/train_step.py --profile_dir` (the GPU suite's profile of the train step) runs on
+  the quickstart config and leaves a jax.profiler trace beside its JSON."""
+  out = tmp_path / "step.json"
+  subprocess.run([sys.executable, str(REPO / "benchmarks" / "train_step.py"),
+                  f"--config={REPO / 'configs' / 'quickstart.py'}", "--config.model.n_layer=1",
+                  "--config.data.tokenizer=byte", "--steps=1", "--warmup=0",
+                  f"--profile_dir={tmp_path / 'prof'}", f"--out={out}"],
+                 check=True, capture_output=True, text=True, cwd=REPO,
+                 env={**os.environ, "JAX_PLATFORMS": "cpu"})
+  assert json.loads(out.read_text())["step_s_median"] > 0
+  assert list((tmp_path / "prof").rglob("*.xplane.pb"))

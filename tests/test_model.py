@@ -45,8 +45,9 @@ def _gelu(x):
 
 
 def reference_logits(m, tokens, order):
-  """docs/method.md ("Slot layout") written out in float64 numpy, one sequence at a time, in the ORIGINAL
-  layout [START, x_0..x_{n-1}] with the mask built from ranks: independent of the model code."""
+  """docs/method.md ("Slot layout") written out in float64 numpy, one sequence at a time, in the
+  ORIGINAL layout [START, x_0..x_{n-1}] with the mask built from ranks: independent of the model
+  code."""
   cfg = m.cfg
   p = jax.tree.map(lambda a: np.asarray(a, np.float64), nnx.to_pure_dict(nnx.state(m, nnx.Param)))
   tokens, order = np.asarray(tokens), np.asarray(order)

@@ -164,8 +164,8 @@ def _segment_slots(tokens, sigma, ekey, j, ranks, row_len):
 # ~10 GFLOP/s; restricted to plain dots the evaluator took 0.72-0.76x the time (n = 256, M = 8,
 # 2-core CPU; same log-probabilities). The program's run time is in YNNPACK's dots, so LLVM's
 # optimisation level 1 instead of 3 compiles it in 1.6 instead of 2.5 s and runs as fast (0.73
-# s per 60-row call either way; log-probabilities within 1e-6). Options of these programs only, on CPU
-# only (`packed_logp_jit`); the samplers measured no gain from the first.
+# s per 60-row call either way; log-probabilities within 1e-6). Options of these programs only,
+# on CPU only (`packed_logp_jit`); the samplers measured no gain from the first.
 CPU_COMPILER_OPTIONS = {"xla_cpu_experimental_ynn_fusion_type":
                         "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT",
                         "xla_backend_optimization_level": 1}

@@ -1,11 +1,11 @@
 """aogpt_jax's half of `benchmarks/vs_published.py` (run by it in a subprocess): the same sizes
 as `published_side.py` (4 layers, width 256, 4 heads, n = 256, vocab 50304 of which 50257 valid,
-batch 8; fp32 on CPU, bf16 compute on ``--device=gpu``). ``train``: the trainer's own jitted step (AdamW, clip 1.0, EMA) of the
-paper recipe at this size; ``sample``: the KV-cached sampler (linear schedule, deterministic
-counts, temperature 1, the published top-p rule) at each T and top-p, and AR decoding. Compile
-time is reported apart. ``ensembles``: context-order ensembles (Eq. 4) of one 256-token sequence,
-M = 8 (`evaluation.ensembles`: the any-order base forward plus the prefix forwards); the first
-call counts compilation. Prints one JSON line."""
+batch 8; fp32 on CPU, bf16 compute on ``--device=gpu``). ``train``: the trainer's own jitted step
+(AdamW, clip 1.0, EMA) of the paper recipe at this size; ``sample``: the KV-cached sampler
+(linear schedule, deterministic counts, temperature 1, the published top-p rule) at each T and
+top-p, and AR decoding. Compile time is reported apart. ``ensembles``: context-order ensembles
+(Eq. 4) of one 256-token sequence, M = 8 (`evaluation.ensembles`: the any-order base forward plus
+the prefix forwards); the first call counts compilation. Prints one JSON line."""
 import argparse, json, os, sys, time
 os.environ.setdefault("JAX_PLATFORMS", "cuda" if "--device=gpu" in sys.argv else "cpu")
 import jax  # noqa: E402
