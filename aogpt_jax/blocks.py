@@ -126,15 +126,18 @@ class Block(nnx.Module):
                         truncation=cfg.init_truncation)
 
   def __call__(self, x, slot_tgt, cond_table, *, mask, cache, write_index, dropout_key,
-               query=None, mask_causal=False):
-    """``query`` int32 [B, G]: only these slots' outputs [B, G, d] (keys and values of all)."""
+               query=None, mask_causal=False, tables=None):
+    """``query`` int32 [B, G]: only these slots' outputs [B, G, d] (keys and values of all).
+    ``tables``: this block's six `modulation_tables`, computed by the caller (``cond_table`` is
+    then unused)."""
     rows = (lambda a: a) if query is None else (lambda a: slot_rows(a, query))
     kw = dict(mask=mask, cache=cache, write_index=write_index, query=query,
               mask_causal=mask_causal)
     if self.target == "per_block":
       x = x + table_lookup(self.wtpe.embedding[...], slot_tgt).astype(x.dtype)
     if self.target == "adaln":
-      tables = modulation_tables(self.adaLN, cond_table, 6)
+      if tables is None:
+        tables = modulation_tables(self.adaLN, cond_table, 6)
       sa, ca = (condition(t, slot_tgt) for t in tables[:2])
       ga, sm, cm, gm = (condition(t, rows(slot_tgt)) for t in tables[2:])
       h, new_cache = self.attn(self.ln_1(x) * (1 + ca) + sa, **kw)
@@ -177,6 +180,6 @@ def condition(table: jax.Array, slot_tgt: jax.Array) -> jax.Array:
 
 
 def run_block(block, x, slot_tgt, cond_table, mask, cache, write_index, dropout_key, query=None,
-              *, mask_causal=False):
+              tables=None, *, mask_causal=False):
   return block(x, slot_tgt, cond_table, mask=mask, cache=cache, write_index=write_index,
-               dropout_key=dropout_key, query=query, mask_causal=mask_causal)
+               dropout_key=dropout_key, query=query, mask_causal=mask_causal, tables=tables)

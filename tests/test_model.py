@@ -227,6 +227,27 @@ def test_query_slots_and_causal_mask_chunks_equal_the_full_forward(target):
                    write_index=jnp.broadcast_to(s, (3, N)))
 
 
+@pytest.mark.parametrize("target", ["adaln", "sigma_gpt"])
+def test_precomputed_modulation_tables_give_the_same_forward(target):
+  """``modulation_tables()`` computed once and passed to `hidden_slots` and `head` (the ensemble
+  evaluator's programs) give the logits of each block projecting its own tables; models
+  without adaLN have none."""
+  m = model.AOGPT(tiny(target=target, zero_init_modulation=False), rngs=nnx.Rngs(5))
+  tables = m.modulation_tables()
+  if target != "adaln":
+    assert tables is None
+  else:
+    assert [len(t) for t in tables] == [6] * m.cfg.n_layer + [2]
+    assert tables[0][0].shape == (m.cfg.block_size + 1, m.cfg.n_embd)
+  tokens, order = batch(8, b=2)
+  st, sp, sg = model.gather_slots(tokens, order)
+  query = jnp.array([[2, 7], [0, 12]])
+  want_h, _ = m.hidden_slots(st, sp, sg, query=query)
+  got_h, _ = m.hidden_slots(st, sp, sg, query=query, tables=tables)
+  tq = jnp.take_along_axis(sg, query, axis=1)
+  _close(m.head(got_h, tq, tables), m.head(want_h, tq), 1e-6)
+
+
 def test_modulation_parts_equal_the_direct_projection():
   # The table path (project the table rows once, gather each part) against projecting every
   # slot's own conditioning (zero for NO_TARGET = -1).

@@ -176,8 +176,8 @@ def packed_logp_jit():
   return _packed_logp_cpu if jax.default_backend() == "cpu" else _packed_logp
 
 
-def _packed_logp_fn(model, tokens, sigma, ids, seed, item_b, item_j, item_ranks, *, row_len,
-                    masked):
+def _packed_logp_fn(model, tokens, sigma, ids, seed, item_b, item_j, item_ranks, tables=None, *,
+                    row_len, masked):
   ekeys_B = jax.vmap(lambda b: ensemble_key(seed, b))(ids)
   tok_IxS, pos_IxS, tgt_IxS, seg_IxS, query_IxG, label_IxG = jax.vmap(
       lambda b, j, r: _segment_slots(tokens[b], sigma[b], ekeys_B[b], j, r, row_len))(
@@ -188,9 +188,15 @@ def _packed_logp_fn(model, tokens, sigma, ids, seed, item_b, item_j, item_ranks,
     mask_IxSxS = ((seg_IxS[:, :, None] == seg_IxS[:, None, :])
                   & (s_S[None, None, :] <= s_S[None, :, None]))
   hq_IxGxD, _ = model.hidden_slots(tok_IxS, pos_IxS, tgt_IxS, mask=mask_IxSxS, query=query_IxG,
-                                   mask_causal=masked)
+                                   mask_causal=masked, tables=tables)
   tq_IxG = jnp.take_along_axis(tgt_IxS, query_IxG, axis=1)
-  return -model_lib.nll_from_logits(model.head(hq_IxGxD, tq_IxG), label_IxG)   # log p, [I, G]
+  logits_IxGxV = model.head(hq_IxGxD, tq_IxG, tables)
+  return -model_lib.nll_from_logits(logits_IxGxV, label_IxG)   # log p, [I, G]
+
+
+@model_jit.jit()
+def _modulation_tables(model):
+  return model.modulation_tables()
 
 
 _packed_logp = model_jit.jit("row_len", "masked")(_packed_logp_fn)
@@ -283,10 +289,12 @@ def ensemble_logp(model: model_lib.AOGPT, tokens, ids, sigma, base_logp, *, max_
     return out_BxNxM
   args = (jnp.asarray(tokens), jnp.asarray(sigma, jnp.int32), jnp.asarray(ids), jnp.uint32(seed))
   run = model_jit.bind(packed_logp_jit(), model)
+  # The adaLN tables depend on the weights only: projected once here, not in every call.
+  tables = model_jit.call(_modulation_tables, model)
   # Every call is dispatched before the first result is read, so the host's work overlaps the
   # device's (the results are [I, G] floats).
   pending = [(count, b_I, j_I, r_IxG, run(*args, jnp.asarray(b_I), jnp.asarray(j_I),
-                                          jnp.asarray(r_IxG), row_len=group.row_len,
+                                          jnp.asarray(r_IxG), tables, row_len=group.row_len,
                                           masked=group.masked))
              for group, count, (b_I, j_I, r_IxG) in packed_calls(
                  ranks, rows, n, max_m, layout, num_buckets, slots_per_call)]
