@@ -150,26 +150,21 @@ class Block(nnx.Module):
     return x + dropout(h, self.dropout, fold_key(dropout_key, 1)), new_cache
 
 
-def modulation(dense: Dense, cond_table: jax.Array, slot_tgt: jax.Array,
-               parts: int) -> list[jax.Array]:
-  """``dense(SiLU(cond[slot_tgt]))`` with zero conditioning for NO_TARGET, split into ``parts``
-  equal arrays along the features (shift, scale, gate, ...).
+def modulation_tables(dense: Dense, cond_table: jax.Array, parts: int) -> list[jax.Array]:
+  """``dense(SiLU(row))`` for every conditioning row and, last, the zero row (NO_TARGET), split
+  into ``parts`` tables [P + 1, ...] along the features (shift, scale, gate, ...); `condition`
+  gathers a slot's rows.
 
   The conditioning depends only on the target position, so the projection is computed once per
   table row (and the zero row) and gathered: a fraction of the FLOPs at training batch sizes,
   and inside the samplers' step loops XLA hoists it out of the loop (it depends on parameters
   only), so a sampler step gathers its rows instead of projecting them: 7-10% of a KV-cached
-  sampler step at batch 8 on CPU (n = 256, width 256, 4 layers). Each part is gathered on its
-  own, so XLA can fuse the gather into the part's one use instead of writing all of them out
+  sampler step at batch 8 on CPU (n = 256, width 256, 4 layers); programs called many times on
+  the same weights take them precomputed (`AOGPT.modulation_tables`). Each part is gathered on
+  its own, so XLA can fuse the gather into the part's one use instead of writing all of them out
   (the ensembles' packed program: 0.95x the time on CPU). The gather's gradient goes through
   `layers.take_rows` (no scatter-add when a sequence's targets are distinct).
   """
-  return [condition(t, slot_tgt) for t in modulation_tables(dense, cond_table, parts)]
-
-
-def modulation_tables(dense: Dense, cond_table: jax.Array, parts: int) -> list[jax.Array]:
-  """``dense(SiLU(row))`` for every conditioning row and, last, the zero row, split into
-  ``parts`` tables [P + 1, ...] (see `modulation`)."""
   full = jnp.concatenate([cond_table, jnp.zeros((1, cond_table.shape[1]), cond_table.dtype)])
   return jnp.split(dense(jax.nn.silu(full)), parts, axis=-1)
 

@@ -34,8 +34,8 @@ from flax import nnx
 
 from aogpt_jax import cross_entropy
 from aogpt_jax import orders as orders_lib
-from aogpt_jax.blocks import (Block, condition, dropout, fold_key, modulation, modulation_tables,
-                              run_block, table_lookup)
+from aogpt_jax.blocks import (Block, condition, dropout, fold_key, modulation_tables, run_block,
+                              table_lookup)
 from aogpt_jax.layers import (ATTENTION_IMPLS, BATCH, NORMS, Dense, Embed, Norm, check_choice,
                               constrain, matmul, trunc_normal)
 
@@ -226,26 +226,25 @@ class AOGPT(nnx.Module):
       raise ValueError("hidden_slots: a cache needs an explicit mask")
     if cache is not None and query is not None:
       raise ValueError("hidden_slots: query slots take no cache")
-    dtype = jnp.dtype(cfg.dtype)
     tok = self.wte(jnp.maximum(slot_tokens, 0))
     x = jnp.where((slot_tokens == START)[..., None], self.start_vector[...].astype(RESIDUAL_DTYPE),
                   tok)
     x = x + self.wpe(slot_pos)
     cond_table = None
     if cfg.target == "adaln":
-      cond_table = self.wtpe.embedding[...].astype(dtype)
+      cond_table = self._cond_table()
     elif cfg.target in ("sigma_gpt", "repeat"):
       tgt_emb = table_lookup(self.wtpe.embedding[...], slot_tgt).astype(RESIDUAL_DTYPE)
       if cfg.target == "sigma_gpt":
         x = x + tgt_emb
     x = dropout(x, cfg.dropout, fold_key(dropout_key, cfg.n_layer))
     new_cache = []
+    run = lambda *a: run_block(*a, mask_causal=mask_causal)  # noqa: E731 (a static flag)
+    run = nnx.remat(run) if cfg.remat else run
     for i, block in enumerate(self.h):
       if cfg.target == "repeat":
         x = x + tgt_emb
       layer_cache = None if cache is None else cache[i]
-      run = lambda *a: run_block(*a, mask_causal=mask_causal)  # noqa: E731 (a static flag)
-      run = nnx.remat(run) if cfg.remat else run
       x, c = run(block, constrain(x, (BATCH, None, None)), slot_tgt, cond_table, mask,
                  layer_cache, write_index, fold_key(dropout_key, i),
                  query if i == cfg.n_layer - 1 else None, None if tables is None else tables[i])
@@ -266,9 +265,9 @@ class AOGPT(nnx.Module):
     cfg = self.cfg
     x = self.ln_f(h)
     if cfg.target == "adaln":
-      parts = (modulation(self.adaLN_final, self.wtpe.embedding[...].astype(cfg.dtype), slot_tgt, 2)
-               if tables is None else [condition(t, slot_tgt) for t in tables[-1]])
-      shift, scale = (p.astype(jnp.float32) for p in parts)
+      final = (modulation_tables(self.adaLN_final, self._cond_table(), 2) if tables is None
+               else tables[-1])
+      shift, scale = (condition(t, slot_tgt).astype(jnp.float32) for t in final)
       x = x * (1 + scale) + shift
     return x
 
@@ -278,12 +277,15 @@ class AOGPT(nnx.Module):
     only). A caller that runs many programs on the same weights computes them once and passes
     them to `hidden_slots` and `head`: the ensemble evaluator, whose every prefix program
     projected all n + 1 rows in every layer (~6% of its time on CPU)."""
-    cfg = self.cfg
-    if cfg.target != "adaln":
+    if self.cfg.target != "adaln":
       return None
-    cond = self.wtpe.embedding[...].astype(cfg.dtype)
+    cond = self._cond_table()
     return (tuple(tuple(modulation_tables(b.adaLN, cond, 6)) for b in self.h)
             + (tuple(modulation_tables(self.adaLN_final, cond, 2)),))
+
+  def _cond_table(self) -> jax.Array:
+    """adaLN: the target-position embedding rows the modulation tables project."""
+    return self.wtpe.embedding[...].astype(self.cfg.dtype)
 
   def output_layer(self) -> tuple[jax.Array, jax.Array]:
     """(w [d, V], b [V] fp32) of the output head: the untied head or the token embedding, and

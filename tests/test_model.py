@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from aogpt_jax import model, orders
+from aogpt_jax import blocks, model, orders
 
 N = 12
 
@@ -254,7 +254,7 @@ def test_modulation_parts_equal_the_direct_projection():
   m = model.AOGPT(tiny(), rngs=nnx.Rngs(2))
   table = m.wtpe.embedding[...]
   tgt = jax.random.randint(jax.random.key(0), (4, 16), -1, 16)
-  parts = model.modulation(m.h[0].adaLN, table, tgt, 6)
+  parts = [blocks.condition(t, tgt) for t in blocks.modulation_tables(m.h[0].adaLN, table, 6)]
   cond = jnp.where((tgt >= 0)[..., None], table[jnp.maximum(tgt, 0)], 0.0)
   direct = m.h[0].adaLN(jax.nn.silu(cond))
   assert [p.shape for p in parts] == [(4, 16, m.cfg.n_embd)] * 6
