@@ -4,7 +4,7 @@
 command line can only override keys that exist in the file's config). `resolve(cfg)` checks
 every key and value BEFORE anything is compiled, raising a `ConfigError` that names the key,
 and returns the `ModelConfig` the run trains. The mesh-dependent checks (device count, batch
-divisibility) live in `aogpt_jax.sharding`, which needs the devices.
+divisibility) live in `aogpt_jax.train.sharding`, which needs the devices.
 
 Top-level keys::
 
@@ -12,13 +12,13 @@ Top-level keys::
     seq_len, log_every, eval_every, checkpoint_every
     model.*       preset + any ModelConfig field (None = the preset's value); the vocabulary is
                   derived from data.tokenizer (valid ids = tokenizer.vocab_size, padded to 64)
-    order.*       name (a distribution in aogpt_jax.orders) + kwargs for it
+    order.*       name (a distribution in aogpt_jax.model.orders) + kwargs for it
     optimizer.*   AdamW, warmup + cosine schedule, clipping, EMA
     mesh.*        (data, fsdp, tensor) sizes, -1 = all remaining devices; rules: logical -> mesh
     data.*        source, tokenizer, cache_dir
     eval.*        evaluation: held-out eval during training and --mode=eval
                   (aogpt_jax/evaluation/settings.py, eval_config)
-    sample.*      --mode=sample (aogpt_jax/sampler.py, sample_config)
+    sample.*      --mode=sample (aogpt_jax/sampling/sampler.py, sample_config)
     genppl.*      --mode=genppl
     checkpoint.*  retention and async saving
     distributed.* jax.distributed.initialize() options (multi-host)
@@ -42,9 +42,9 @@ import jax
 from ml_collections import config_dict
 
 from aogpt_jax import config_groups
-from aogpt_jax import model as model_lib
-from aogpt_jax import objectives as objectives_lib
-from aogpt_jax import orders as orders_lib
+from aogpt_jax.model import aogpt as model_lib
+from aogpt_jax.model import objectives as objectives_lib
+from aogpt_jax.model import orders as orders_lib
 from aogpt_jax.data import config as data_config
 
 MESH_AXES = ("data", "fsdp", "tensor")
@@ -67,8 +67,8 @@ def default_config() -> config_dict.ConfigDict:
   c.microbatches = 1            # gradient accumulation: the batch is split into this many parts
   c.seq_len = 256
   c.objective = "ao"            # ao: any-order AR (AO-GPT / sigma-GPT / GPT) | mdm: encoder-only
-                                # masked diffusion baseline (aogpt_jax/mdm.py; order.* unused);
-                                # aogpt_jax/objectives.py. sample.method and eval.model_kind
+                                # masked diffusion baseline (aogpt_jax/model/encoder.py; order.* unused);
+                                # aogpt_jax/model/objectives.py. sample.method and eval.model_kind
                                 # follow from it when left "" (follow_objective)
   c.log_every = 10
   c.eval_every = 250            # 0 = only at the end

@@ -28,8 +28,8 @@ from ml_collections import config_flags
 
 from aogpt_jax import config as config_lib
 from aogpt_jax import modes
-from aogpt_jax import sharding as sharding_lib
-from aogpt_jax import train_loop
+from aogpt_jax.train import sharding as sharding_lib
+from aogpt_jax.train import loop as train_loop
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Config file (optionally file.py:arg); override fields as --config.a.b=v.",
@@ -41,7 +41,7 @@ _MODE = flags.DEFINE_string("mode", "train", "What to do; one of the keys of MOD
 _CHECKPOINT = flags.DEFINE_string(
     "checkpoint", "", "eval/sample/genppl: load this instead of WORKDIR's checkpoint (published "
     ".pt, converted folder, hf:OWNER/REPO/PATH from the local HF cache, or hf:/local/hub/folder; "
-    "see aogpt_jax/checkpoint_spec.py); WORKDIR then only receives outputs.")
+    "see aogpt_jax/checkpoints/spec.py); WORKDIR then only receives outputs.")
 
 # mode name -> function(config, workdir).
 MODES: dict[str, Callable[..., object]] = {

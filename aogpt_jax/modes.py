@@ -21,10 +21,12 @@ import os
 
 import jax
 
-from aogpt_jax import checkpoint as checkpoint_lib
-from aogpt_jax import data, evaluate, sampler
+from aogpt_jax.checkpoints import store as checkpoint_lib
+from aogpt_jax import data
+from aogpt_jax.evaluation import zero_shot as evaluate
+from aogpt_jax.sampling import sampler
 from aogpt_jax import config as config_lib
-from aogpt_jax import objectives
+from aogpt_jax.model import objectives
 from aogpt_jax.config import ConfigError
 
 EVAL_SETTINGS = tuple(f.name for f in dataclasses.fields(evaluate.EvalSettings))
@@ -77,7 +79,7 @@ def eval_order_kwargs(cfg) -> dict:
 
 def _from_spec(cfg, spec: str, which: str):
   """--checkpoint=SPEC: (model, provenance); the tokenizer must fit; the model is an AO-GPT."""
-  from aogpt_jax import checkpoint_spec  # pylint: disable=g-import-not-at-top
+  from aogpt_jax.checkpoints import spec as checkpoint_spec  # pylint: disable=g-import-not-at-top
   m, mc, prov = checkpoint_spec.load(spec, which)
   tok = data.get_tokenizer(cfg.data.tokenizer)
   checkpoint_spec.check_vocab(mc, cfg.data.tokenizer, tok.vocab_size)

@@ -20,7 +20,7 @@ from typing import Any, Callable
 from ml_collections import config_dict
 
 from aogpt_jax import config as config_lib
-from aogpt_jax import model as model_lib
+from aogpt_jax.model import aogpt as model_lib
 
 PAPER_LR = {"small": 6e-4, "medium": 3e-4}
 PUBLISHED_MIN_LR = 6e-5   # the released trainer's min_lr, for both sizes (no config overrides it)

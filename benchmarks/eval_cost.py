@@ -28,7 +28,7 @@ import numpy as np
 from flax import nnx
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from aogpt_jax import model as model_lib  # noqa: E402
+from aogpt_jax.model import aogpt as model_lib  # noqa: E402
 from aogpt_jax.evaluation import ensembles as ens  # noqa: E402
 from aogpt_jax.evaluation import perplexity as ppl  # noqa: E402
 

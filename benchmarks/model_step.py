@@ -24,7 +24,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from aogpt_jax import model, orders
+from aogpt_jax.model import aogpt as model
+from aogpt_jax.model import orders
 
 
 def machine() -> str:

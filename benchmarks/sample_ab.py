@@ -18,7 +18,8 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 
-from aogpt_jax import model as model_lib, sampler  # noqa: E402
+from aogpt_jax.model import aogpt as model_lib  # noqa: E402
+from aogpt_jax.sampling import sampler
 from aogpt_jax.sampling import ar, diffusion, tokens as tokens_new  # noqa: E402
 
 p = argparse.ArgumentParser()

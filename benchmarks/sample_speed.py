@@ -3,7 +3,7 @@
 Compares, at the same size (one preset), batch and length, in one run:
 (a) ``diffusion``: the AO-GPT KV-cached masked-diffusion sampler;
 (b) ``ar``: left-to-right AR decoding of the same AO-GPT with a KV cache (independent of T);
-(c) ``encoder``: the real encoder-only MDM baseline (`aogpt_jax.mdm`: the same blocks with
+(c) ``encoder``: the real encoder-only MDM baseline (`aogpt_jax.model.encoder`: the same blocks with
     bidirectional attention and [MASK] tokens, no target conditioning), sampled by the standard
     reverse process, one full forward over the whole sequence per step (`sampling.encoder`);
 (d) ``uncached`` (optional, ``--methods=...,uncached``): the AO-GPT with a full uncached forward
@@ -35,9 +35,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import jax  # noqa: E402
 from flax import nnx  # noqa: E402
 
-from aogpt_jax import mdm  # noqa: E402
-from aogpt_jax import model as model_lib  # noqa: E402
-from aogpt_jax import sampler  # noqa: E402
+from aogpt_jax.model import encoder as mdm  # noqa: E402
+from aogpt_jax.model import aogpt as model_lib  # noqa: E402
+from aogpt_jax.sampling import sampler  # noqa: E402
 from aogpt_jax.sampling import timing  # noqa: E402
 
 

@@ -22,12 +22,12 @@ from flax import nnx
 from jax.sharding import NamedSharding
 
 from aogpt_jax import config as config_lib
-from aogpt_jax import metrics
-from aogpt_jax import model as model_lib
+from aogpt_jax.train import metrics
+from aogpt_jax.model import aogpt as model_lib
 from aogpt_jax import recipes
-from aogpt_jax import sampler as sampler_lib
-from aogpt_jax import sharding as sharding_lib
-from aogpt_jax import train as train_lib
+from aogpt_jax.sampling import sampler as sampler_lib
+from aogpt_jax.train import sharding as sharding_lib
+from aogpt_jax.train import step as train_lib
 from aogpt_jax.evaluation import ensembles
 from aogpt_jax.sampling import tokens as tokens_lib
 

@@ -47,8 +47,9 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 
-from aogpt_jax import checkpoint, sampler  # noqa: E402
-from aogpt_jax import model as model_lib  # noqa: E402
+from aogpt_jax.checkpoints import store as checkpoint  # noqa: E402
+from aogpt_jax.sampling import sampler
+from aogpt_jax.model import aogpt as model_lib  # noqa: E402
 from aogpt_jax.evaluation.genppl import unigram_entropy  # noqa: E402
 sys.path.insert(0, os.path.join(REPO, "benchmarks"))
 from sample_speed import machine  # noqa: E402

@@ -35,9 +35,9 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 from flax import nnx  # noqa: E402
 
-from aogpt_jax import checkpoint  # noqa: E402
-from aogpt_jax import model as model_lib  # noqa: E402
-from aogpt_jax import orders as orders_lib  # noqa: E402
+from aogpt_jax.checkpoints import store as checkpoint  # noqa: E402
+from aogpt_jax.model import aogpt as model_lib  # noqa: E402
+from aogpt_jax.model import orders as orders_lib  # noqa: E402
 from aogpt_jax.sampling import speculative as spec  # noqa: E402
 from aogpt_jax.sampling import tokens as tokens_lib  # noqa: E402
 from sample_speed import machine  # noqa: E402

@@ -31,9 +31,9 @@ from ml_collections import config_flags
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from aogpt_jax import config as config_lib  # noqa: E402
-from aogpt_jax import metrics as metrics_lib  # noqa: E402
-from aogpt_jax import sharding as sharding_lib  # noqa: E402
-from aogpt_jax import train as train_lib  # noqa: E402
+from aogpt_jax.train import metrics as metrics_lib  # noqa: E402
+from aogpt_jax.train import sharding as sharding_lib  # noqa: E402
+from aogpt_jax.train import step as train_lib  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (file.py[:arg]).")
 _STEPS = flags.DEFINE_integer("steps", 20, "Timed steps.")

@@ -10,8 +10,8 @@ import os
 import numpy as np
 from flax import nnx
 
-from aogpt_jax import model as model_lib
-from aogpt_jax.evaluation import convert
+from aogpt_jax.model import aogpt as model_lib
+from aogpt_jax.checkpoints import convert
 
 TINY = dict(n_layer=1, n_embd=32, n_head=2, target_dim=8, block_size=32, dtype="float32")
 

@@ -12,8 +12,8 @@ import numpy as np
 from flax import nnx
 from scipy import stats
 
-from aogpt_jax import mdm
-from aogpt_jax import model as model_lib
+from aogpt_jax.model import encoder as mdm
+from aogpt_jax.model import aogpt as model_lib
 
 
 def tiny_model(vocab=16, valid=13, block=12, std=0.3, seed=0, **kw) -> model_lib.AOGPT:
@@ -33,7 +33,7 @@ def forward(m):
 
 
 def tiny_encoder(vocab=4, valid=3, block=4, std=0.5, seed=0) -> model_lib.AOGPT:
-  """A tiny encoder-only MDM model (`aogpt_jax.mdm`; [MASK] = ``valid``)."""
+  """A tiny encoder-only MDM model (`aogpt_jax.model.encoder`; [MASK] = ``valid``)."""
   cfg = model_lib.ModelConfig(vocab_size=vocab, valid_vocab_size=valid, block_size=block,
                               n_layer=2, n_head=2, n_embd=16, target_dim=8, init_std=std)
   return mdm.make_encoder(cfg, rngs=nnx.Rngs(seed))

@@ -12,8 +12,10 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from aogpt_jax import config as config_lib
-from aogpt_jax import layers, model, orders
-from aogpt_jax import sharding as sharding_lib
+from aogpt_jax.model import layers
+from aogpt_jax.model import aogpt as model
+from aogpt_jax.model import orders
+from aogpt_jax.train import sharding as sharding_lib
 
 
 def _setup():

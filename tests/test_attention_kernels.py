@@ -11,7 +11,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from aogpt_jax import layers, model, orders
+from aogpt_jax.model import layers
+from aogpt_jax.model import aogpt as model
+from aogpt_jax.model import orders
 
 
 def _qkv(b, s, c, n=2, h=8, seed=0):
@@ -142,7 +144,7 @@ def test_splash_runs_per_shard_under_a_mesh():
   """In a sharded step the Pallas call runs inside shard_map (batch over data x fsdp, heads over
   tensor; XLA cannot partition it), with the same numbers as the XLA path on one device."""
   from aogpt_jax import config as config_lib
-  from aogpt_jax import sharding as sharding_lib
+  from aogpt_jax.train import sharding as sharding_lib
   cfg = config_lib.default_config()
   cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor = 2, 2, 2
   mesh = sharding_lib.make_mesh(cfg, devices=jax.devices()[:8])

@@ -9,13 +9,13 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from aogpt_jax import checkpoint as checkpoint_lib
+from aogpt_jax.checkpoints import store as checkpoint_lib
 from aogpt_jax import config as config_lib
 from aogpt_jax import data as data_lib
-from aogpt_jax import model as model_lib
+from aogpt_jax.model import aogpt as model_lib
 from aogpt_jax import recipes
-from aogpt_jax import sharding as sharding_lib
-from aogpt_jax import train as train_lib
+from aogpt_jax.train import sharding as sharding_lib
+from aogpt_jax.train import step as train_lib
 from trainer_util import tiny_config
 
 

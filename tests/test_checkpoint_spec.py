@@ -5,8 +5,8 @@ import os
 import numpy as np
 import pytest
 
-from aogpt_jax import checkpoint_spec
-from aogpt_jax.evaluation import convert
+from aogpt_jax.checkpoints import spec as checkpoint_spec
+from aogpt_jax.checkpoints import convert
 
 pytest.importorskip("torch", reason="needs torch (pip install -r requirements-extra.txt)")
 from tests.test_convert import _checkpoint  # pylint: disable=g-import-not-at-top

@@ -9,11 +9,11 @@ import pytest
 from flax import nnx
 
 from aogpt_jax import config as config_lib
-from aogpt_jax import model as model_lib
+from aogpt_jax.model import aogpt as model_lib
 from aogpt_jax import recipes
-from aogpt_jax import sharding as sharding_lib
-from aogpt_jax import train as train_lib
-from aogpt_jax import train_loop
+from aogpt_jax.train import sharding as sharding_lib
+from aogpt_jax.train import step as train_lib
+from aogpt_jax.train import loop as train_loop
 from trainer_util import REPO, tiny_config
 
 ConfigError = config_lib.ConfigError
@@ -215,7 +215,8 @@ def test_sigma_gpt_config_is_the_published_sigma_gpt_field_by_field():
 
 
 def test_eval_mode_takes_the_order_options():
-  from aogpt_jax import evaluate as evaluate_lib, modes
+  from aogpt_jax import modes
+  from aogpt_jax.evaluation import zero_shot as evaluate_lib
   cfg = _load("configs/experiments/fig3a_orders.py", "blockwise,tiny")
   cfg.eval.order = "blockwise"           # the run's own order: its kwargs by default
   assert modes.eval_order_kwargs(cfg) == {"block": 16, "seed": 0}
@@ -246,7 +247,7 @@ def test_degenerate_run_settings_are_refused(overrides, message, tmp_path):
 @pytest.mark.parametrize("temperature", [float("inf"), float("nan"), 1e-308, 5e-324, 0.0, -1.0,
                                          "1.0"])
 def test_temperatures_that_cannot_be_sampled_are_refused(temperature):
-  from aogpt_jax import sampler
+  from aogpt_jax.sampling import sampler
   s = sampler.SampleSettings(length=8, steps=8, temperature=temperature)
   want = ("sample.temperature: must be a number, got str" if isinstance(temperature, str) else
           "sample.temperature: must be a finite number >= 1e-06")

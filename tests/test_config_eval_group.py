@@ -8,7 +8,7 @@ import logging
 import pytest
 from ml_collections import config_dict
 
-from aogpt_jax import checkpoint as checkpoint_lib
+from aogpt_jax.checkpoints import store as checkpoint_lib
 from aogpt_jax import data
 from aogpt_jax import config as config_lib
 from aogpt_jax import main as main_lib

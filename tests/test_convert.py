@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 
-from aogpt_jax.evaluation import convert
+from aogpt_jax.checkpoints import convert
 
 torch = pytest.importorskip("torch", reason="needs torch (pip install -r requirements-extra.txt)")
 nn, F = torch.nn, torch.nn.functional
@@ -246,7 +246,7 @@ def test_conflicting_overrides_and_variants_are_named(tmp_path):
 
 def test_published_export_refuses_what_the_published_code_cannot_load(tmp_path):
   from flax import nnx
-  from aogpt_jax import model as model_lib
+  from aogpt_jax.model import aogpt as model_lib
   for bad in (dict(target_dim=64), dict(mlp_ratio=2)):
     cfg = model_lib.preset("tiny", vocab_size=V, valid_vocab_size=V, block_size=N, **bad)
     m = model_lib.AOGPT(cfg, rngs=nnx.Rngs(0))

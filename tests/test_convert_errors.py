@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 import published_util as pu
-from aogpt_jax import checkpoint_spec
-from aogpt_jax.evaluation import convert
+from aogpt_jax.checkpoints import spec as checkpoint_spec
+from aogpt_jax.checkpoints import convert
 
 torch = pytest.importorskip("torch", reason="needs torch (pip install -r requirements-extra.txt)")
 

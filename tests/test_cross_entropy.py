@@ -9,7 +9,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from aogpt_jax import cross_entropy, model, orders
+from aogpt_jax.model import cross_entropy
+from aogpt_jax.model import aogpt as model
+from aogpt_jax.model import orders
 
 
 def _cfg(**kw):

@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from aogpt_jax import model as model_lib
+from aogpt_jax.model import aogpt as model_lib
 from aogpt_jax.evaluation import ensembles as ens
 from aogpt_jax.evaluation import perplexity as ppl
 

@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from aogpt_jax import evaluate, mdm
-from aogpt_jax import model as model_lib
+from aogpt_jax.evaluation import zero_shot as evaluate
+from aogpt_jax.model import encoder as mdm
+from aogpt_jax.model import aogpt as model_lib
 from aogpt_jax.evaluation import encoder_nll as enc
 from aogpt_jax.evaluation import perplexity as ppl
 from sampler_testlib import encoder_forward, exact_elbo, tiny_encoder

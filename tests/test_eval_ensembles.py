@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from aogpt_jax import model as model_lib
+from aogpt_jax.model import aogpt as model_lib
 from aogpt_jax.evaluation import ensembles as ens
 from aogpt_jax.evaluation import perplexity as ppl
 

@@ -7,8 +7,8 @@ import pytest
 from flax import nnx
 from scipy.special import erf
 
-from aogpt_jax import model as model_lib
-from aogpt_jax.evaluation import convert
+from aogpt_jax.model import aogpt as model_lib
+from aogpt_jax.checkpoints import convert
 from aogpt_jax.evaluation import perplexity as ppl
 
 N = 12

@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from aogpt_jax import checkpoint, evaluate
-from aogpt_jax import model as model_lib
+from aogpt_jax.checkpoints import store as checkpoint
+from aogpt_jax.evaluation import zero_shot as evaluate
+from aogpt_jax.model import aogpt as model_lib
 from aogpt_jax.evaluation import ensembles as ens
 from aogpt_jax.evaluation import perplexity as ppl
 

@@ -23,12 +23,12 @@ import numpy as np
 import pytest
 from absl import flags
 
-from aogpt_jax import checkpoint as checkpoint_lib
+from aogpt_jax.checkpoints import store as checkpoint_lib
 from aogpt_jax import config as config_lib
 from aogpt_jax import data as data_lib
 from aogpt_jax import modes
-from aogpt_jax import train as train_lib
-from aogpt_jax import train_loop
+from aogpt_jax.train import step as train_lib
+from aogpt_jax.train import loop as train_loop
 
 from trainer_util import REPO, checkpoint_steps, cli_args, cpu_env, start, tiny_config, wait_for
 from trainer_util import run as run_cli, saved_state
@@ -292,7 +292,8 @@ def test_cli_errors_are_one_line_and_verbose_shows_the_traceback(cache_dir, tmp_
 _KILL_AT_MANIFEST = """
 import os, pathlib, signal, sys
 from absl import app
-from aogpt_jax import checkpoint, main
+from aogpt_jax import main
+from aogpt_jax.checkpoints import store as checkpoint
 real, die_at = checkpoint.write_manifest, sys.argv.pop()   # the step to die at
 def write_manifest(step_dir):
   if pathlib.Path(step_dir).name.split(".")[0] == die_at:

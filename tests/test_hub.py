@@ -7,8 +7,10 @@ import subprocess
 import numpy as np
 import pytest
 
-from aogpt_jax import checkpoint_spec, hub
-from aogpt_jax.evaluation import convert, genppl
+from aogpt_jax.checkpoints import spec as checkpoint_spec
+from aogpt_jax.checkpoints import hub
+from aogpt_jax.evaluation import genppl
+from aogpt_jax.checkpoints import convert
 import published_util as pu
 import trainer_util as tu
 

@@ -21,7 +21,7 @@ pytest.importorskip("torch", reason="needs torch to write the published .pt")
 import lm_eval  # noqa: E402
 from lm_eval.tasks import TaskManager  # noqa: E402
 
-from aogpt_jax import checkpoint_spec  # noqa: E402
+from aogpt_jax.checkpoints import spec as checkpoint_spec  # noqa: E402
 from aogpt_jax.data import tokenizers  # noqa: E402
 from aogpt_jax.evaluation import ensembles as ens_lib  # noqa: E402
 from aogpt_jax.evaluation import lmeval  # noqa: E402

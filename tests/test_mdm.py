@@ -9,7 +9,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from aogpt_jax import mdm, model, orders
+from aogpt_jax.model import encoder as mdm
+from aogpt_jax.model import aogpt as model
+from aogpt_jax.model import orders
 from sampler_testlib import exact_elbo
 
 exact_order_nll = nnx.jit(mdm.exact_order_nll)

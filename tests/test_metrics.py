@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from aogpt_jax import metrics as metrics_lib
-from aogpt_jax import model as model_lib
+from aogpt_jax.train import metrics as metrics_lib
+from aogpt_jax.model import aogpt as model_lib
 
 
 @pytest.mark.parametrize("target", ["adaln", "none"])

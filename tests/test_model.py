@@ -7,7 +7,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from aogpt_jax import blocks, model, orders
+from aogpt_jax.model import blocks
+from aogpt_jax.model import aogpt as model
+from aogpt_jax.model import orders
 
 N = 12
 
@@ -265,7 +267,7 @@ def test_modulation_parts_equal_the_direct_projection():
 def test_take_rows_gradient_equals_the_scatter_add(case):
   # layers.take_rows' backward (inverse-map gather when each row's indices are distinct, the
   # scatter-add otherwise) against the plain gather's autodiff gradient.
-  from aogpt_jax.layers import take_rows
+  from aogpt_jax.model.layers import take_rows
   k1, k2, k3 = jax.random.split(jax.random.key(case == "repeats"), 3)
   table = jax.random.normal(k1, (17, 5))
   if case == "permutations":     # rows of distinct targets, the sentinel row 16 once per row

@@ -7,7 +7,9 @@ import pathlib
 import numpy as np
 import pytest
 
-from aogpt_jax import checkpoint, data, evaluate, modes
+from aogpt_jax import data, modes
+from aogpt_jax.checkpoints import store as checkpoint
+from aogpt_jax.evaluation import zero_shot as evaluate
 from aogpt_jax.config import ConfigError
 import trainer_util as tu
 
@@ -81,8 +83,8 @@ def test_genppl_mode_from_the_workdir(trained, tmp_path):
 
 
 def test_export_hub_dir_has_a_model_card_and_loads_back_as_hf(trained, tmp_path):
-  from aogpt_jax import checkpoint_spec  # pylint: disable=g-import-not-at-top
-  from aogpt_jax.evaluation import convert  # pylint: disable=g-import-not-at-top
+  from aogpt_jax.checkpoints import spec as checkpoint_spec  # pylint: disable=g-import-not-at-top
+  from aogpt_jax.checkpoints import convert  # pylint: disable=g-import-not-at-top
   _, workdir = trained
   hub = tmp_path / "hub"
   convert.main(["export", "--workdir", str(workdir), "--hub-dir", str(hub)])
@@ -171,7 +173,7 @@ def test_encoder_baseline_trains_evaluates_and_samples(tmp_path):
 
 
 def test_checkpoint_spec_evaluates_and_samples_into_an_empty_workdir(trained, tmp_path):
-  from aogpt_jax.evaluation import convert
+  from aogpt_jax.checkpoints import convert
   cache, workdir = trained
   folder = tmp_path / "conv"
   convert.main(["export", "--workdir", str(workdir), "--which", "ema", "--out", str(folder)])

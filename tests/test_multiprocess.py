@@ -8,7 +8,7 @@ import jax
 import numpy as np
 from flax import nnx
 
-from aogpt_jax import checkpoint as checkpoint_lib
+from aogpt_jax.checkpoints import store as checkpoint_lib
 from aogpt_jax import data as data_lib
 from trainer_util import cli_args, run, start, tiny_config
 

@@ -9,7 +9,7 @@ import re
 import pytest
 
 import published_util as pu
-from aogpt_jax import checkpoint_spec
+from aogpt_jax.checkpoints import spec as checkpoint_spec
 
 COLABS = pathlib.Path(__file__).resolve().parent.parent / "colabs"
 README = COLABS.parent / "README.md"

@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from aogpt_jax import orders
+from aogpt_jax.model import orders
 
 
 def _is_perm_rows(o):

@@ -13,9 +13,9 @@ import jax
 import numpy as np
 import pytest
 
-from aogpt_jax import checkpoint as checkpoint_lib
+from aogpt_jax.checkpoints import store as checkpoint_lib
 from aogpt_jax import data as data_lib
-from aogpt_jax import train_loop
+from aogpt_jax.train import loop as train_loop
 from trainer_util import (REPO, checkpoint_steps, cli_args, cpu_env, run, saved_state, start,
                           tiny_config, wait_for)
 

@@ -16,7 +16,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from aogpt_jax import mdm, sampler
+from aogpt_jax.model import encoder as mdm
+from aogpt_jax.sampling import sampler
 from aogpt_jax.data import get_tokenizer
 from aogpt_jax.sampling import prompts
 from aogpt_jax.sampling import tokens as tokens_lib

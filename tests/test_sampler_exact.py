@@ -13,7 +13,7 @@ import jax
 import numpy as np
 import pytest
 
-from aogpt_jax import sampler
+from aogpt_jax.sampling import sampler
 from aogpt_jax.sampling import prompts
 import exact_tiny
 from sampler_testlib import chisquare_p, histogram, mixture_over_orders, parallel_logprob

@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from aogpt_jax import orders
+from aogpt_jax.model import orders
 from aogpt_jax.sampling import diffusion, schedules
 
 

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from aogpt_jax import sampler
+from aogpt_jax.sampling import sampler
 from aogpt_jax.sampling import diffusion, prompts
 from aogpt_jax.sampling import tokens as tokens_lib
 from sampler_testlib import tiny_model

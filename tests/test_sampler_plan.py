@@ -6,7 +6,7 @@ import jax
 import numpy as np
 import pytest
 
-from aogpt_jax import sampler
+from aogpt_jax.sampling import sampler
 from aogpt_jax.sampling import prompts, schedules
 from sampler_testlib import tiny_model
 

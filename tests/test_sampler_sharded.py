@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
-from aogpt_jax import sharding as sharding_lib
+from aogpt_jax.train import sharding as sharding_lib
 from aogpt_jax.sampling import tokens as tokens_lib
 
 

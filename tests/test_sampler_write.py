@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from aogpt_jax import sampler
+from aogpt_jax.sampling import sampler
 from aogpt_jax.data import get_tokenizer
 from sampler_testlib import tiny_model
 

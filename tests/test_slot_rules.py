@@ -7,8 +7,8 @@ query targets are checked against the same table."""
 import numpy as np
 import jax.numpy as jnp
 
-from aogpt_jax import model as model_lib
-from aogpt_jax import orders
+from aogpt_jax.model import aogpt as model_lib
+from aogpt_jax.model import orders
 
 B, N = 3, 7
 RNG = np.random.default_rng(0)

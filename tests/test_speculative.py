@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from aogpt_jax import model as model_lib, sampler
+from aogpt_jax.model import aogpt as model_lib
+from aogpt_jax.sampling import sampler
 from aogpt_jax.sampling import diffusion, prompts, speculative, tokens as tokens_lib
 import exact_tiny
 from sampler_testlib import (chisquare_p, histogram, mixture_over_orders, parallel_logprob,

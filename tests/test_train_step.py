@@ -13,8 +13,8 @@ from jax.sharding import PartitionSpec as P
 
 from aogpt_jax import config as config_lib
 from aogpt_jax import data as data_lib
-from aogpt_jax import sharding as sharding_lib
-from aogpt_jax import train as train_lib
+from aogpt_jax.train import sharding as sharding_lib
+from aogpt_jax.train import step as train_lib
 from trainer_util import tiny_config
 
 
@@ -202,7 +202,8 @@ def test_logical_rules_drop_axes_that_do_not_divide(cache_dir):
 def test_heldout_eval_includes_a_fixed_training_order(cache_dir):
   # A run on fixed_random / blockwise orders (the paper's Figure 3a) is also scored under its own
   # order; L2R, uniform and mixture runs are not (the L2R and uniform rows cover them).
-  from aogpt_jax import model as model_lib, orders as orders_lib
+  from aogpt_jax.model import aogpt as model_lib
+  from aogpt_jax.model import orders as orders_lib
   from flax import nnx
   assert [l for l, _, _ in train_lib.heldout_orders(tiny_config(cache_dir))] == ["l2r", "random"]
   cfg = tiny_config(cache_dir, order__name="blockwise",
@@ -225,7 +226,7 @@ def test_heldout_eval_includes_a_fixed_training_order(cache_dir):
 
 
 def test_train_logs_mesh_and_memory_estimate_before_the_first_step(cache_dir, tmp_path, caplog):
-  from aogpt_jax import train_loop
+  from aogpt_jax.train import loop as train_loop
   caplog.set_level(logging.INFO)
   train_loop.train(tiny_config(cache_dir, total_steps=1, checkpoint_every=0), str(tmp_path / "w"))
   msgs = [r.getMessage() for r in caplog.records]

@@ -1,4 +1,4 @@
-"""Likelihood of the encoder-only MDM baseline (`aogpt_jax.mdm`) in the evaluation format of
+"""Likelihood of the encoder-only MDM baseline (`aogpt_jax.model.encoder`) in the evaluation format of
 perplexity.py, so an encoder and an AO-GPT sit in one table (``EvalSettings.model_kind``).
 
 * Exact order NLL (`order_nll`): for the scoring orders of `perplexity.eval_orders` — the SAME
@@ -30,9 +30,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from aogpt_jax import mdm
-from aogpt_jax import model as model_lib
-from aogpt_jax import model_jit
+from aogpt_jax.model import encoder as mdm
+from aogpt_jax.model import aogpt as model_lib
+from aogpt_jax.model import jit as model_jit
 from aogpt_jax.evaluation import perplexity as ppl_lib
 
 ELBO_STREAM = 0xE1B0      # fold-in tag of the ELBO times and masks

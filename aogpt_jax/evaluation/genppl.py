@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from aogpt_jax import hub
+from aogpt_jax.checkpoints import hub
 from aogpt_jax.evaluation import gpt2 as gpt2_lib
 
 GRID: dict[str, Any] = {
@@ -57,7 +57,7 @@ class GPT2Scorer:
   @classmethod
   def from_pretrained(cls, path: str, dtype: str = "float32") -> "GPT2Scorer":
     """``path``: a local Hugging Face GPT-2 folder, or ``hf:OWNER/REPO`` (e.g.
-    ``hf:openai-community/gpt2-large``) read from the local Hugging Face cache (`aogpt_jax.hub`;
+    ``hf:openai-community/gpt2-large``) read from the local Hugging Face cache (`aogpt_jax.checkpoints.hub`;
     nothing is downloaded)."""
     if path.startswith("hf:"):
       path = hub.resolve(path, files=("config.json", "model.safetensors"))

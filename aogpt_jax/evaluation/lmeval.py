@@ -10,7 +10,7 @@ model registered first: the harness has no plugin discovery, so a bare ``lm_eval
 does not know the name.
 
 model_args: ``checkpoint=SPEC`` (resolved as ``--checkpoint``: a published .pt, a converted
-folder or ``hf:...``; `aogpt_jax.checkpoint_spec`), ``which=ema|params``, ``tokenizer=NAME``
+folder or ``hf:...``; `aogpt_jax.checkpoints.spec`), ``which=ema|params``, ``tokenizer=NAME``
 (default: ``gpt2`` for a 50257-id model, ``byte`` for 257 ids), ``batch_size``,
 ``ensemble_m=M``, ``seed``, ``max_gen_toks``, ``trust_pickle``.
 
@@ -45,10 +45,10 @@ from flax import nnx
 from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import register_model
 
-from aogpt_jax import checkpoint_spec
-from aogpt_jax import model as model_lib
-from aogpt_jax import model_jit
-from aogpt_jax import sampler
+from aogpt_jax.checkpoints import spec as checkpoint_spec
+from aogpt_jax.model import aogpt as model_lib
+from aogpt_jax.model import jit as model_jit
+from aogpt_jax.sampling import sampler
 from aogpt_jax.data import tokenizers
 from aogpt_jax.evaluation import ensembles as ens_lib
 from aogpt_jax.evaluation import perplexity as ppl_lib

@@ -24,10 +24,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from aogpt_jax import mdm
-from aogpt_jax import model as model_lib
-from aogpt_jax import model_jit
-from aogpt_jax import orders as orders_lib
+from aogpt_jax.model import encoder as mdm
+from aogpt_jax.model import aogpt as model_lib
+from aogpt_jax.model import jit as model_jit
+from aogpt_jax.model import orders as orders_lib
 
 BASE_STREAM = 0xBA5E      # fold-in tag of the base (scoring) orders
 ENSEMBLE_STREAM = 0xE45E  # fold-in tag of the ensemble context orderings (ensembles.py)
@@ -86,7 +86,7 @@ def eval_orders(name: str, seed, ids: jax.Array, n: int, order_index=0,
 @model_jit.jit("order_name", "order_kwargs", "encoder")
 def _token_nll(m, tokens, ids, seed, order_index, *, order_name, order_kwargs, encoder):
   order = eval_orders(order_name, seed, ids, tokens.shape[1], order_index, order_kwargs)
-  if encoder:   # the encoder-only MDM baseline: n bidirectional forwards (aogpt_jax.mdm)
+  if encoder:   # the encoder-only MDM baseline: n bidirectional forwards (aogpt_jax.model.encoder)
     return mdm.exact_order_nll(m, tokens, order), order
   _, per_token = model_lib.loss(m, tokens, order)
   return per_token, order

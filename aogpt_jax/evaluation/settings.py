@@ -1,6 +1,6 @@
-"""`EvalSettings`: what `aogpt_jax.evaluate` computes, and the ``eval`` config group that holds
+"""`EvalSettings`: what `aogpt_jax.evaluation.zero_shot` computes, and the ``eval`` config group that holds
 them (`eval_config`, registered in `aogpt_jax.config_groups`). A leaf module: it does not import
-`aogpt_jax.evaluate` (which loads checkpoints, and `checkpoint` imports `config`)."""
+`aogpt_jax.evaluation.zero_shot` (which loads checkpoints, and `checkpoint` imports `config`)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any, Mapping
 from ml_collections import config_dict
 
 from aogpt_jax import config_groups
-from aogpt_jax import orders as orders_lib
+from aogpt_jax.model import orders as orders_lib
 from aogpt_jax.evaluation import ensembles as ens_lib
 
 MODEL_KINDS = ("aogpt", "encoder")
@@ -32,7 +32,7 @@ class EvalSettings:
   slots_per_call: int = 0          # ensemble slots per compiled call; 0: the backend's default
                                    # (ensembles.default_slots_per_call; also a memory knob)
   max_batches: int = 0             # > 0: only the first batches (smoke tests)
-  model_kind: str = "aogpt"        # aogpt | encoder (the encoder-only MDM model, aogpt_jax.mdm)
+  model_kind: str = "aogpt"        # aogpt | encoder (the encoder-only MDM model, aogpt_jax.model.encoder)
   elbo_samples: int = 16           # encoder only: t samples per block of the ELBO row (0: off)
   elbo_stratified: bool = False    # encoder only: stratified t per block (see encoder_nll.py)
 

@@ -1,4 +1,4 @@
-"""Building blocks of the samplers (the public entry points are in `aogpt_jax.sampler`).
+"""Building blocks of the samplers (the public entry points are in `aogpt_jax.sampling.sampler`).
 
   schedules.py  noise schedules, reveal counts (deterministic / Lemma 4.1), the static step plan
   tokens.py     temperature, top-p, float64 Gumbel-max, per-sample key streams (shared)

@@ -17,8 +17,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from aogpt_jax import orders as orders_lib
-from aogpt_jax.model import AOGPT
+from aogpt_jax.model import orders as orders_lib
+from aogpt_jax.model.aogpt import AOGPT
 from aogpt_jax.sampling import tokens as tokens_lib
 from aogpt_jax.sampling.state import Draw
 

@@ -48,8 +48,8 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from aogpt_jax import orders as orders_lib
-from aogpt_jax.model import AOGPT, NO_TARGET
+from aogpt_jax.model import orders as orders_lib
+from aogpt_jax.model.aogpt import AOGPT, NO_TARGET
 from aogpt_jax.sampling import tokens as tokens_lib
 from aogpt_jax.sampling.state import Draw, Passes, PassShape
 

@@ -1,6 +1,6 @@
 """The encoder-only masked-diffusion sampler: the standard MDM reverse process (method ``encoder``).
 
-The model is the encoder of `aogpt_jax.mdm` (an AOGPT with ``target='none'`` run with
+The model is the encoder of `aogpt_jax.model.encoder` (an AOGPT with ``target='none'`` run with
 bidirectional attention; [MASK] = ``valid_vocab_size``). It shares everything but the forward
 with the AO-GPT sampler: the host-side plan (`sampler.prepare` / `sampler.plan`: the generation
 order with prompt positions first, the linear / cosine schedule, deterministic or Lemma 4.1
@@ -29,9 +29,9 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from aogpt_jax import mdm
-from aogpt_jax import orders as orders_lib
-from aogpt_jax.model import AOGPT
+from aogpt_jax.model import encoder as mdm
+from aogpt_jax.model import orders as orders_lib
+from aogpt_jax.model.aogpt import AOGPT
 from aogpt_jax.sampling import tokens as tokens_lib
 from aogpt_jax.sampling.state import Draw, Passes
 

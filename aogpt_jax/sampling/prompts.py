@@ -8,7 +8,7 @@ generated). `validate_prompt` checks shapes, vocabulary and (for pairs) position
 The generation order sigma of a row puts the prompt positions first (ascending, so a prefix
 prompt is read left to right exactly as a GPT reads it) and then the remaining positions in the
 requested order: a registered order distribution (``random``/``uniform``, ``l2r``,
-``blockwise``, ...; see `aogpt_jax.orders`) drawn from the sample's own key, or a given
+``blockwise``, ...; see `aogpt_jax.model.orders`) drawn from the sample's own key, or a given
 permutation (int [n] or [B, n]) restricted to the positions still to generate.
 """
 
@@ -18,7 +18,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from aogpt_jax import orders as orders_lib
+from aogpt_jax.model import orders as orders_lib
 
 ORDER_ALIASES = {"random": "uniform"}
 Pairs = Mapping[int, int] | Sequence[tuple[int, int]]

@@ -36,7 +36,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from aogpt_jax.layers import check_choice
+from aogpt_jax.model.layers import check_choice
 from aogpt_jax.sampling.state import Passes, PassShape
 
 SCHEDULES = ("linear", "cosine")

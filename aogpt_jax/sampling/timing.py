@@ -14,13 +14,13 @@ from typing import Callable, Sequence
 import jax
 import numpy as np
 
-from aogpt_jax import sampler
+from aogpt_jax.sampling import sampler
 
 
 def build(m, method: str, steps: int, *, length: int, batch: int, seed: int = 0,
           count_mode: str = "deterministic", schedule: str = "linear", order: str = "random"):
   """Compiles one configuration and warms it up; returns (row, run). ``m``: the AO-GPT, or the
-  `aogpt_jax.mdm` encoder for ``method='encoder'``."""
+  `aogpt_jax.model.encoder` encoder for ``method='encoder'``."""
   s = sampler.SampleSettings(length=length, steps=steps, method=method, count_mode=count_mode,
                              schedule=schedule, order=order)
   p = sampler.prepare(m.cfg, jax.random.key(seed), s, batch=batch)
@@ -60,7 +60,7 @@ def compare(m, encoder=None, *, length: int, batch: int, steps: Sequence[int],
   on ``batch`` samples of ``length`` tokens; returns one row per configuration, the diffusion
   rows with ``vs_ar_time_ratio`` and ``<method>_over_diffusion_speedup`` (how many times faster
   the KV-cached sampler is than each full-forward one at the same T). ``encoder``: the
-  `aogpt_jax.mdm` model for ``'encoder'``; ``settings``: seed, count_mode, schedule, order;
+  `aogpt_jax.model.encoder` model for ``'encoder'``; ``settings``: seed, count_mode, schedule, order;
   ``log`` gets each row once compiled."""
   unknown = sorted(set(methods) - set(sampler.METHODS))
   if unknown:

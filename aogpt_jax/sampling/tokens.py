@@ -43,7 +43,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
-from aogpt_jax import layers
+from aogpt_jax.model import layers
 
 ORDER_STREAM, COUNT_STREAM, TOKEN_STREAM = 0, 1, 2
 

@@ -12,9 +12,11 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 
-from aogpt_jax import config as config_lib, model as model_lib, recipes  # noqa: E402
-from aogpt_jax import sampler, sharding  # noqa: E402
-from aogpt_jax import train as train_lib  # noqa: E402
+from aogpt_jax import config as config_lib, recipes
+from aogpt_jax.model import aogpt as model_lib  # noqa: E402
+from aogpt_jax.sampling import sampler  # noqa: E402
+from aogpt_jax.train import sharding
+from aogpt_jax.train import step as train_lib  # noqa: E402
 
 p = argparse.ArgumentParser()
 p.add_argument("part", choices=("train", "sample", "ensembles"))

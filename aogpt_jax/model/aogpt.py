@@ -32,11 +32,11 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from aogpt_jax import cross_entropy
-from aogpt_jax import orders as orders_lib
-from aogpt_jax.blocks import (Block, condition, dropout, fold_key, modulation_tables, run_block,
+from aogpt_jax.model import cross_entropy
+from aogpt_jax.model import orders as orders_lib
+from aogpt_jax.model.blocks import (Block, condition, dropout, fold_key, modulation_tables, run_block,
                               table_lookup)
-from aogpt_jax.layers import (ATTENTION_IMPLS, BATCH, NORMS, Dense, Embed, Norm, check_choice,
+from aogpt_jax.model.layers import (ATTENTION_IMPLS, BATCH, NORMS, Dense, Embed, Norm, check_choice,
                               constrain, matmul, trunc_normal)
 
 TARGETS = ("adaln", "sigma_gpt", "repeat", "per_block", "none")
@@ -386,7 +386,7 @@ def loss(m: AOGPT, tokens: jax.Array, order: jax.Array, *,
   targets = orders_lib.permute(tokens, order)
   cfg = m.cfg
   if cfg.loss_chunk:
-    # No [B, n, V] logits: the head and its gradients chunk by chunk (aogpt_jax/cross_entropy.py).
+    # No [B, n, V] logits: the head and its gradients chunk by chunk (aogpt_jax/model/cross_entropy.py).
     x = m.head_features(m.hidden(tokens, order, dropout_key=dropout_key), order)
     w, b = m.output_layer()
     return cross_entropy.fused_mean_nll(x, w, b, targets, valid_vocab=cfg.vocab_size,

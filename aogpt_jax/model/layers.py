@@ -262,7 +262,7 @@ def resolve_attention_impl(requested: str, dtype, head_dim: int, *, masked: bool
     return requested
   backend = jax.default_backend()
   if requested == "splash":
-    from aogpt_jax.attention_kernels import splash_problems
+    from aogpt_jax.model.attention_kernels import splash_problems
     if backend == "tpu" and masked:
       _log_once("attention: explicit mask array, splash runs causal or full attention only; "
                 "using the XLA kernel for these calls", "splash-masked")
@@ -313,7 +313,7 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, *, mask: jax.Array | str
       return jax.nn.dot_product_attention(q, k, v, is_causal=mask is None, implementation=impl)
     return jax.nn.dot_product_attention(q, k, v, mask=mask[:, None, :, :], implementation=impl)
   if impl in ("splash", "splash_interpret"):
-    from aogpt_jax.attention_kernels import splash_attention
+    from aogpt_jax.model.attention_kernels import splash_attention
     if not no_array:
       raise ValueError("splash attention takes no mask array")
     heads = (BATCH, None, HEADS, None)
@@ -323,7 +323,7 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, *, mask: jax.Array | str
     return splash_attention(q, k, v, causal=mask is None, interpret=impl == "splash_interpret",
                             shards=shards)
   if impl == "blockwise":
-    from aogpt_jax.attention_kernels import blockwise_attention
+    from aogpt_jax.model.attention_kernels import blockwise_attention
     return blockwise_attention(q, k, v, mask=mask, block=block)
   if not no_array:
     if mask_causal and q.shape[1] == k.shape[1]:

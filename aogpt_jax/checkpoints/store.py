@@ -38,7 +38,7 @@ from flax import nnx
 from ml_collections import config_dict
 
 from aogpt_jax import config as config_lib
-from aogpt_jax import model as model_lib
+from aogpt_jax.model import aogpt as model_lib
 
 STATE_ITEMS = ("params", "opt_state", "ema")
 # Model fields that do not change the parameters (free to differ between save and restore).

@@ -2,7 +2,7 @@
 model over one or more datasets in one pass each, written as WORKDIR/eval/<name>.json (every
 number and the settings that produced it) and <name>.md (the paper's Table 4 layout).
 
-    from aogpt_jax import evaluate
+    from aogpt_jax.evaluation import zero_shot as evaluate
     settings = evaluate.EvalSettings(num_orders=4, ensemble_max_m=8)
     results = evaluate.evaluate(model, {"wikitext2": batches_w2, "ptb": batches_ptb}, settings,
                                 workdir=WORKDIR)
@@ -10,7 +10,7 @@ number and the settings that produced it) and <name>.md (the paper's Table 4 lay
     results = evaluate.evaluate_workdir(WORKDIR, {"wikitext2": lambda: data.eval_batches(...)},
                                         settings)
 
-The encoder-only MDM baseline (`aogpt_jax.mdm`) is evaluated by the same driver with
+The encoder-only MDM baseline (`aogpt_jax.model.encoder`) is evaluated by the same driver with
 ``EvalSettings(model_kind="encoder")``: its L2R and any-order rows are exact NLLs for the same
 orders (n forwards each), plus an ELBO row (K Monte Carlo t samples, 95% CI);
 `markdown_comparison` puts several models' results in one table.
@@ -33,9 +33,9 @@ from typing import Any, Callable, Iterable, Mapping
 import jax
 import numpy as np
 
-from aogpt_jax import mdm
-from aogpt_jax import metrics as metrics_lib
-from aogpt_jax import model as model_lib
+from aogpt_jax.model import encoder as mdm
+from aogpt_jax.train import metrics as metrics_lib
+from aogpt_jax.model import aogpt as model_lib
 from aogpt_jax.evaluation import encoder_nll as enc_lib
 from aogpt_jax.evaluation import ensembles as ens_lib
 from aogpt_jax.evaluation import perplexity as ppl_lib
@@ -211,7 +211,7 @@ def evaluate_workdir(workdir: str, datasets: Mapping[str, Batches | Callable[[],
                      settings: EvalSettings | None = None, *, which: str = "ema",
                      name: str = "zero_shot") -> dict:
   """Loads the ``which`` (default EMA) weights of a training workdir and runs `evaluate`."""
-  from aogpt_jax import checkpoint  # pylint: disable=g-import-not-at-top  (trainer's module)
+  from aogpt_jax.checkpoints import store as checkpoint  # pylint: disable=g-import-not-at-top  (trainer's module)
   m, run_cfg = checkpoint.load_model(workdir, which=which)
   return evaluate(m, datasets, settings, workdir=workdir, name=name,
                   meta={"workdir": os.path.abspath(workdir), **run_cfg.loaded.to_dict()})

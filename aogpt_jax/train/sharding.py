@@ -21,7 +21,7 @@ from flax import nnx
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
 from aogpt_jax import config as config_lib
-from aogpt_jax import layers
+from aogpt_jax.model import layers
 
 MESH_AXES = config_lib.MESH_AXES
 BATCH_AXES = ("data", "fsdp")

@@ -4,11 +4,11 @@ SPEC is one of
 * a published PyTorch ``.pt`` (AO-GPT or sigma-GPT): converted on the fly and cached as a
   safetensors folder next to it (``FILE.aogpt_jax/<which>/``), or under ``$AOGPT_JAX_CACHE``
   (default ``~/.cache/aogpt_jax``) when that directory is read-only;
-* a folder written by ``python -m aogpt_jax.evaluation.convert`` (``config.json`` +
+* a folder written by ``python -m aogpt_jax.checkpoints.convert`` (``config.json`` +
   ``model.safetensors``);
 * ``hf:OWNER/REPO[@REV]/PATH``: PATH (a ``.pt`` file or a converted / Hub folder) in the
   repository's snapshot in the local Hugging Face cache; ``hf:/local/DIR[/PATH]``: a folder laid
-  out like a Hub repository (see `aogpt_jax.hub`; nothing is downloaded at run time).
+  out like a Hub repository (see `aogpt_jax.checkpoints.hub`; nothing is downloaded at run time).
 
 `load` returns ``(model, model_config, provenance)``; provenance is a dict
 ``{"source": SPEC, "step": ..., "weights": "ema"|"params"}`` for output writers.
@@ -20,8 +20,8 @@ import hashlib
 import json
 import os
 
-from aogpt_jax import hub
-from aogpt_jax.evaluation import convert
+from aogpt_jax.checkpoints import hub
+from aogpt_jax.checkpoints import convert
 
 
 _RUN = "AdaLN6_NoRep_cond_128_trunc_bs1M_wd_0.03_drop_0.0_CL_0.1_qknorm"
@@ -114,7 +114,7 @@ def load(spec: str, which: str = "ema", trust_pickle: bool = False):
     except Exception as err:  # pylint: disable=broad-except
       raise CheckpointSpecError(f"--checkpoint={spec}: {path} is not a readable converted folder "
                                 f"({type(err).__name__}: {str(err).splitlines()[0][:300]}); "
-                                f"re-run `python -m aogpt_jax.evaluation.convert`") from err
+                                f"re-run `python -m aogpt_jax.checkpoints.convert`") from err
     step = meta.get("iter_num")
     weights = meta.get("which", which)
   elif os.path.isfile(path):

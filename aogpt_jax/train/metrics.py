@@ -23,7 +23,7 @@ import time
 
 import jax
 
-from aogpt_jax import model as model_lib
+from aogpt_jax.model import aogpt as model_lib
 
 
 class NullWriter:

@@ -19,9 +19,9 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from aogpt_jax.layers import FULL
-from aogpt_jax.orders import ranks
-from aogpt_jax.model import AOGPT, NO_TARGET, ModelConfig, check_length, nll_from_logits
+from aogpt_jax.model.layers import FULL
+from aogpt_jax.model.orders import ranks
+from aogpt_jax.model.aogpt import AOGPT, NO_TARGET, ModelConfig, check_length, nll_from_logits
 
 
 def encoder_config(cfg: ModelConfig) -> ModelConfig:
@@ -37,7 +37,7 @@ def check_encoder(cfg: ModelConfig, what: str) -> None:
   config: ``target='none'`` (as `make_encoder` builds it) and a padding id for [MASK]."""
   if cfg.target != "none":
     raise ValueError(f"{what} needs the encoder-only MDM model (built with "
-                     f"aogpt_jax.mdm.make_encoder, model.target='none'); this model has "
+                     f"aogpt_jax.model.encoder.make_encoder, model.target='none'); this model has "
                      f"model.target={cfg.target!r}, an AO-GPT")
   encoder_config(cfg)
 

@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from aogpt_jax.layers import (BATCH, HEADS, MLP_ACT, Dense, Embed, Norm, attention, constrain,
+from aogpt_jax.model.layers import (BATCH, HEADS, MLP_ACT, Dense, Embed, Norm, attention, constrain,
                               dense_heads, query_mask, resolve_attention_impl, row_set, slot_rows,
                               take_rows)
 

@@ -9,9 +9,9 @@ bias); sigma-GPT is ``model_sigmaGPT.py`` (variant ``sigma_gpt``: LayerNorm, a f
 embedding added to the input, head tied to ``wte`` without bias). PyTorch Linear weights are
 [out, in]; our Dense kernels are [in, out].
 
-    python -m aogpt_jax.evaluation.convert import --ckpt ckpt_500000.pt --out converted/
+    python -m aogpt_jax.checkpoints.convert import --ckpt ckpt_500000.pt --out converted/
         # -> converted/{ema,params}/{model.safetensors,config.json}
-    python -m aogpt_jax.evaluation.convert export --workdir WORKDIR --which ema --out DIR \\
+    python -m aogpt_jax.checkpoints.convert export --workdir WORKDIR --which ema --out DIR \\
         [--layout aogpt_jax|published]
 
 torch is imported lazily, only to read ``.pt`` files (requirements-extra.txt).
@@ -29,7 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from aogpt_jax import model as model_lib
+from aogpt_jax.model import aogpt as model_lib
 
 VARIANTS = ("aogpt", "sigma_gpt")
 GPT2_VALID_VOCAB = 50257
@@ -369,7 +369,7 @@ def load_safetensors(path: str) -> tuple[model_lib.AOGPT, model_lib.ModelConfig]
   for f in ("config.json", "model.safetensors"):
     if not os.path.exists(os.path.join(path, f)):
       raise FileNotFoundError(f"expected {os.path.join(path, f)} (written by "
-                              f"`python -m aogpt_jax.evaluation.convert`)")
+                              f"`python -m aogpt_jax.checkpoints.convert`)")
   with open(os.path.join(path, "config.json")) as f:
     meta = json.load(f)
   cfg = model_lib.ModelConfig(**meta["model"])
@@ -382,7 +382,7 @@ def load_safetensors(path: str) -> tuple[model_lib.AOGPT, model_lib.ModelConfig]
 
 
 def main(argv=None) -> None:
-  ap = argparse.ArgumentParser(prog="python -m aogpt_jax.evaluation.convert",
+  ap = argparse.ArgumentParser(prog="python -m aogpt_jax.checkpoints.convert",
                                description="Import published AO-GPT/sigma-GPT checkpoints; "
                                            "export ours to safetensors.")
   common = argparse.ArgumentParser(add_help=False)
@@ -431,7 +431,7 @@ def _run(a: argparse.Namespace) -> None:
           "source": os.path.abspath(a.ckpt), "which": which, "iter_num": ck.get("iter_num")})
       print(f"wrote {out} ({cfg.n_layer} layers, d={cfg.n_embd}, target={cfg.target})")
   else:
-    from aogpt_jax import checkpoint  # pylint: disable=g-import-not-at-top  (trainer's module)
+    from aogpt_jax.checkpoints import store as checkpoint  # pylint: disable=g-import-not-at-top  (trainer's module)
     m, run_cfg = checkpoint.load_model(a.workdir, which=a.which)   # (model, the run's config)
     loaded = run_cfg.loaded.to_dict()
     meta = {"workdir": os.path.abspath(a.workdir), "which": loaded.get("weights", a.which),
@@ -440,7 +440,7 @@ def _run(a: argparse.Namespace) -> None:
       if out:
         print(f"wrote {export_safetensors(m, out, a.layout, meta=meta)}")
     if a.hub_dir:
-      from aogpt_jax.evaluation import model_card  # pylint: disable=g-import-not-at-top
+      from aogpt_jax.checkpoints import model_card  # pylint: disable=g-import-not-at-top
       print(f"wrote {model_card.write(a.hub_dir, m.cfg, a.workdir, loaded)}; upload the folder "
             f"with `huggingface-cli upload OWNER/REPO {a.hub_dir}`")
 

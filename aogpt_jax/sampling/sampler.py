@@ -14,13 +14,13 @@ scheme (`sampling.tokens`):
   the parallel (Figure 10) draft queries of the next round; distributed exactly as T = n (one
   token per step) in the same order, in fewer passes than tokens. ``draft`` = K or "auto";
   ``steps`` / ``schedule`` / ``count_mode`` are unused.
-* ``encoder``: the encoder-only masked-diffusion model of `aogpt_jax.mdm` (bidirectional,
+* ``encoder``: the encoder-only masked-diffusion model of `aogpt_jax.model.encoder` (bidirectional,
   [MASK] tokens; `sampling.encoder`): the standard MDM reverse process, one full forward per
   step. Needs a model built with `mdm.make_encoder`.
 
 Usage::
 
-    from aogpt_jax import sampler
+    from aogpt_jax.sampling import sampler
     from aogpt_jax.sampling import prompts
     s = sampler.SampleSettings(length=256, steps=64, top_p=0.95, temperature=0.9)
     out = sampler.generate(model, jax.random.key(0), s, batch=8)
@@ -48,12 +48,12 @@ import ml_collections
 import numpy as np
 
 from aogpt_jax import config_groups
-from aogpt_jax import mdm
-from aogpt_jax import metrics as metrics_lib
-from aogpt_jax import model_jit
-from aogpt_jax import orders as orders_lib
-from aogpt_jax.layers import check_choice
-from aogpt_jax.model import AOGPT, ModelConfig
+from aogpt_jax.model import encoder as mdm
+from aogpt_jax.train import metrics as metrics_lib
+from aogpt_jax.model import jit as model_jit
+from aogpt_jax.model import orders as orders_lib
+from aogpt_jax.model.layers import check_choice
+from aogpt_jax.model.aogpt import AOGPT, ModelConfig
 from aogpt_jax.sampling import ar as ar_lib
 from aogpt_jax.sampling import encoder as encoder_lib
 from aogpt_jax.sampling import diffusion, prompts, schedules

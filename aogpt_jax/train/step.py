@@ -27,10 +27,10 @@ from flax import nnx
 from jax.sharding import PartitionSpec as P
 
 from aogpt_jax import config as config_lib
-from aogpt_jax import model as model_lib
-from aogpt_jax import objectives
-from aogpt_jax import orders as orders_lib
-from aogpt_jax import sharding as sharding_lib
+from aogpt_jax.model import aogpt as model_lib
+from aogpt_jax.model import objectives
+from aogpt_jax.model import orders as orders_lib
+from aogpt_jax.train import sharding as sharding_lib
 
 State = dict[str, Any]
 

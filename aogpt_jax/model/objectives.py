@@ -19,9 +19,9 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from aogpt_jax import mdm as mdm_lib
-from aogpt_jax import model as model_lib
-from aogpt_jax import orders as orders_lib
+from aogpt_jax.model import encoder as mdm_lib
+from aogpt_jax.model import aogpt as model_lib
+from aogpt_jax.model import orders as orders_lib
 
 # (label, order name, sorted kwargs) of one held-out loss (`train.heldout_orders`).
 HeldoutOrders = tuple[tuple[str, str, tuple], ...]
