@@ -135,13 +135,13 @@ def main() -> None:
     per_call = min(max(1, (a.slots_per_call or ens.default_slots_per_call()) // g.row_len), items)
     calls = -(-items // per_call)
     z = jnp.zeros((per_call,), jnp.int32)
-    xla_fast += calls * xla_flops(ens._packed_logp, graphdef, params, jnp.asarray(tokens),  # pylint: disable=protected-access
+    xla_fast += calls * xla_flops(ens.packed_logp_any, graphdef, params, jnp.asarray(tokens),
                                   jnp.asarray(sigma), jnp.asarray(ids), jnp.uint32(0), z, z,
                                   jnp.asarray(g.ranks[:1].repeat(per_call, 0)),
                                   row_len=g.row_len, masked=g.masked)
   z = jnp.zeros((a.naive_items_per_call,), jnp.int32)
   naive_calls = -(-len(ranks) * (a.max_m - 1) * a.blocks // a.naive_items_per_call)
-  xla_naive = naive_calls * xla_flops(ens._naive_logp, graphdef, params, jnp.asarray(tokens),  # pylint: disable=protected-access
+  xla_naive = naive_calls * xla_flops(ens.naive_logp, graphdef, params, jnp.asarray(tokens),
                                       jnp.asarray(sigma), jnp.asarray(ids), jnp.uint32(0), z, z,
                                       z, path="gather")
 

@@ -1,9 +1,9 @@
 """The programs `scale_sim.py` compiles for one mesh of (fake) devices, from abstract inputs only.
 
   train     `train.build(...).step`: loss gradient, AdamW, EMA, on the config's shardings
-  sample    the KV-cached diffusion sampler's scan (`sampler._run_jit`), parameters sharded as
+  sample    the KV-cached diffusion sampler's scan (`sampler.sampler_program`), parameters sharded as
             in training, the sample batch over the batch axes
-  ensemble  one call of the context-order ensemble evaluator (`ensembles._packed_logp`) for the
+  ensemble  one call of the context-order ensemble evaluator (`ensembles.packed_logp_any`) for the
             longest prefix bucket (row length = seq_len), items over the batch axes
 
 `measure(lowered)` compiles and reads XLA's memory analysis and the collectives of the compiled
@@ -140,7 +140,7 @@ def sample_lower(cfg, mc, mesh, seq_len: int, batch: int, steps: int, top_p: flo
   prep = sampler_lib.prepare(mc, jax.random.key(0), s, batch=batch)
   plan = sampler_lib.plan([prep])[0]
   graphdef, params = _abstract_params(cfg, mc, mesh)
-  args, kw = sampler_lib._jit_args(prep, plan, s, False)
+  args, kw = sampler_lib.program_args(prep, plan, s, False)
   rep = sharding_lib.replicated(mesh)
   order, tokens0, plen, keys = (_batch_struct(mesh, np.shape(a), a.dtype) for a in args[:4])
   passes = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=rep), args[4])
@@ -148,12 +148,12 @@ def sample_lower(cfg, mc, mesh, seq_len: int, batch: int, steps: int, top_p: flo
 
   def lower():
     with tokens_lib.exact_sampling(), _constraints(cfg, mesh):
-      return sampler_lib._run_jit.lower(*abstract, **kw)
+      return sampler_lib.sampler_program.lower(*abstract, **kw)
   return lower
 
 
 def ensemble_lower(cfg, mc, mesh, seq_len: int, items: int, blocks: int):
-  """One `_packed_logp` call of the longest bucket: ``items`` prefixes of up to seq_len slots."""
+  """One `packed_logp_any` call of the longest bucket: ``items`` prefixes of up to seq_len slots."""
   group = ensembles.pack_prefixes(range(seq_len), seq_len)[-1]
   graphdef, params = _abstract_params(cfg, mc, mesh)
   rep = sharding_lib.replicated(mesh)
@@ -166,7 +166,7 @@ def ensemble_lower(cfg, mc, mesh, seq_len: int, items: int, blocks: int):
   item_r = _batch_struct(mesh, (items, group.ranks.shape[1]), i32)
   def lower():
     with _constraints(cfg, mesh):
-      return ensembles._packed_logp.lower(graphdef, params, tokens, sigma, ids, seed, item_b,
+      return ensembles.packed_logp_any.lower(graphdef, params, tokens, sigma, ids, seed, item_b,
                                           item_j, item_r, row_len=group.row_len,
                                           masked=group.masked)
   return lower

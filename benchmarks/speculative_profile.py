@@ -60,7 +60,7 @@ def spec_pieces(m, order, keys, K: int, queries: str, *, temperature: float):
            jnp.zeros((batch,), jnp.int32),
            jnp.zeros((batch, max(K - 1, 1), m.cfg.vocab_size), jnp.float64),
            jnp.zeros((batch,), jnp.int32), jnp.full((batch,), K, jnp.int32), jnp.int32(0), None)
-  rnd = functools.partial(spec._round, m, order, keys, filt, K=K, kmax=K, cache_len=cache_len,
+  rnd = functools.partial(spec.speculative_round, m, order, keys, filt, K=K, kmax=K, cache_len=cache_len,
                           queries=queries, debug=False)
   # The trunk on the slots of a round at frontier n // 2 with K - 1 pending drafts.
   c = n // 2

@@ -49,12 +49,12 @@ def test_rank_subset_and_nesting(setup, naive):
   assert np.isnan(part[0, :, 1]).all() and np.isnan(part[1, 4, 1])
 
 
-@pytest.mark.parametrize("program", ["_packed_logp", "_packed_logp_cpu"])
+@pytest.mark.parametrize("program", ["packed_logp_any", "packed_logp_cpu"])
 @pytest.mark.parametrize("layout", ["pairs", "buckets"])
 def test_identity_ordering_of_the_prefix_kernel_is_the_base(setup, layout, program):
   """j = 0 through the prefix kernel reproduces the full base forward at every rank, with and
   without the CPU compiler options (the evaluator's choice on CPU)."""
-  assert ens.packed_logp_jit() is ens._packed_logp_cpu      # the tests run on CPU
+  assert ens.packed_logp_jit() is ens.packed_logp_cpu      # the tests run on CPU
   m, x, ids, sigma, base = setup
   g = ens.pack_prefixes(range(N), N, layout, num_buckets=1)[0]
   items = len(g.ranks) * 2

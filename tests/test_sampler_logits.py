@@ -137,9 +137,9 @@ def test_scan_step_moves_no_cache_sized_array(model, method):
   s = sampler.SampleSettings(length=N, **kw)
   p = sampler.prepare(model.cfg, jax.random.key(0), s, batch=3)
   pl = None if method == "ar" else sampler.plan([p])[0]
-  args, jkw = sampler._jit_args(p, pl, s, False)
+  args, jkw = sampler.program_args(p, pl, s, False)
   with tokens_lib.exact_sampling():
-    hlo = sampler.model_jit.call(sampler._run_jit.lower, model, *args, **jkw).compile().as_text()
+    hlo = sampler.model_jit.call(sampler.sampler_program.lower, model, *args, **jkw).compile().as_text()
   cfg = model.cfg
   cache_len = N + (0 if method == "ar" else pl.shape().block)
   cache_dims = sorted((3, cache_len, cfg.n_head, cfg.head_dim))

@@ -24,9 +24,9 @@ def _cfg(**kw):
 def test_write_samples_with_prompt_and_suffix(model, tmp_path):
   tok = get_tokenizer("byte")
   c = _cfg(prompt="Hi", suffix="!", order="random", top_p=0.9, temperature=0.8)
-  compiled_before = sampler._run_jit._cache_size()
+  compiled_before = sampler.sampler_program._cache_size()
   path = sampler.write_samples(model, c, str(tmp_path), tok, step=7)
-  assert sampler._run_jit._cache_size() == compiled_before + 1   # 3 batches, one compile
+  assert sampler.sampler_program._cache_size() == compiled_before + 1   # 3 batches, one compile
   lines = [json.loads(l) for l in open(path)]
   assert [l["index"] for l in lines] == list(range(5))
   for l in lines:

@@ -172,11 +172,11 @@ CPU_COMPILER_OPTIONS = {"xla_cpu_experimental_ynn_fusion_type":
 
 
 def packed_logp_jit():
-  """The jitted `_packed_logp` for the default backend (`CPU_COMPILER_OPTIONS` on CPU)."""
-  return _packed_logp_cpu if jax.default_backend() == "cpu" else _packed_logp
+  """The jitted `packed_logp_any` for the default backend (`CPU_COMPILER_OPTIONS` on CPU)."""
+  return packed_logp_cpu if jax.default_backend() == "cpu" else packed_logp_any
 
 
-def _packed_logp_fn(model, tokens, sigma, ids, seed, item_b, item_j, item_ranks, tables=None, *,
+def packed_logp_fn(model, tokens, sigma, ids, seed, item_b, item_j, item_ranks, tables=None, *,
                     row_len, masked):
   ekeys_B = jax.vmap(lambda b: ensemble_key(seed, b))(ids)
   tok_IxS, pos_IxS, tgt_IxS, seg_IxS, query_IxG, label_IxG = jax.vmap(
@@ -199,13 +199,13 @@ def _modulation_tables(model):
   return model.modulation_tables()
 
 
-_packed_logp = model_jit.jit("row_len", "masked")(_packed_logp_fn)
-_packed_logp_cpu = model_jit.jit("row_len", "masked",
-                                 compiler_options=CPU_COMPILER_OPTIONS)(_packed_logp_fn)
+packed_logp_any = model_jit.jit("row_len", "masked")(packed_logp_fn)
+packed_logp_cpu = model_jit.jit("row_len", "masked",
+                                 compiler_options=CPU_COMPILER_OPTIONS)(packed_logp_fn)
 
 
 @model_jit.jit("path")
-def _naive_logp(model, tokens, sigma, ids, seed, item_b, item_i, item_j, *, path):
+def naive_logp(model, tokens, sigma, ids, seed, item_b, item_i, item_j, *, path):
   """Reference: one full-length forward per (block, i, j); keeps logit row i."""
   n = tokens.shape[1]
   x_IxN = tokens[item_b]
@@ -321,7 +321,7 @@ def naive_logp(model: model_lib.AOGPT, tokens, ids, sigma, *, max_m: int, seed: 
       np.arange(b), np.array(ranks), np.array(list(range(max_m)) if js is None else js),
       indexing="ij"))
   for _, count, (b_I, i_I, j_I) in _chunks([all_b, all_i, all_j], items_per_call):
-    logp_I = np.asarray(model_jit.call(_naive_logp, model, *args, jnp.asarray(b_I),
+    logp_I = np.asarray(model_jit.call(naive_logp, model, *args, jnp.asarray(b_I),
                                        jnp.asarray(i_I), jnp.asarray(j_I), path=path))[:count]
     out_BxNxM[b_I[:count], i_I[:count], j_I[:count]] = logp_I
   return out_BxNxM

@@ -236,7 +236,7 @@ def plan(batches: Sequence[Prepared], *, block: int | None = None, pass_overhead
 
 
 @model_jit.jit("kind", "shape", "draw", "draft", "queries")
-def _run_jit(model, order, tokens0, prompt_len, tok_keys, passes: Passes | None, *, kind: str,
+def sampler_program(model, order, tokens0, prompt_len, tok_keys, passes: Passes | None, *, kind: str,
              shape: PassShape | None, draw: Draw, draft, queries=None):
   """Every sampler behind one jit: ``kind`` (sample.method) picks it; ``shape`` (planned
   methods), ``draw`` and ``draft`` (speculative) are static."""
@@ -254,7 +254,7 @@ def _run_jit(model, order, tokens0, prompt_len, tok_keys, passes: Passes | None,
   return fn(model, order, tokens0, tok_keys, passes, shape.queries, draw)
 
 
-def _jit_args(p: Prepared, pl: schedules.StepPlan | None, s: SampleSettings, debug: bool):
+def program_args(p: Prepared, pl: schedules.StepPlan | None, s: SampleSettings, debug: bool):
   draw = Draw(temperature=float(s.temperature), top_p=float(s.top_p),
               top_p_rule=str(s.top_p_rule), greedy=bool(s.greedy), debug=bool(debug))
   shape, passes, draft, queries = None, None, None, None
@@ -274,16 +274,16 @@ def compile_sampler(model: AOGPT, p: Prepared, pl: schedules.StepPlan | None,
                     s: SampleSettings, debug: bool = False):
   """Ahead-of-time compiles the sampler for this batch shape; returns ``run() -> (tokens,
   logits)`` (for benchmarks: compile time apart from run time)."""
-  args, kw = _jit_args(p, pl, s, debug)
+  args, kw = program_args(p, pl, s, debug)
   with tokens_lib.exact_sampling():
-    return model_jit.compile_ahead(_run_jit, model, *args, **kw)
+    return model_jit.compile_ahead(sampler_program, model, *args, **kw)
 
 
 def sample_batch(model: AOGPT, p: Prepared, pl: schedules.StepPlan | None, s: SampleSettings,
                  *, debug: bool = False) -> Samples:
-  args, kw = _jit_args(p, pl, s, debug)
+  args, kw = program_args(p, pl, s, debug)
   with tokens_lib.exact_sampling():
-    toks, logits = model_jit.call(_run_jit, model, *args, **kw)
+    toks, logits = model_jit.call(sampler_program, model, *args, **kw)
   if s.method == "speculative":
     passes, trace = logits
     trace = None if trace is None else {k: np.asarray(v) for k, v in trace.items()}

@@ -147,7 +147,7 @@ def query_layout(K: int, queries: str):
   return grp_Q, (np.arange(grp_Q.size) - first_K[grp_Q] + 1).astype(np.int32), first_K, sizes_K
 
 
-def _round(model, order, tok_keys, filt, carry, *, K: int, kmax: int, cache_len: int,
+def speculative_round(model, order, tok_keys, filt, carry, *, K: int, kmax: int, cache_len: int,
            queries: str, debug: bool):
   """One round (one pass) with static block K: causal slots c..c+m (m <= K-1 pending drafts)
   and the draft queries of `query_layout`; every row drafts its own k - 1 <= K - 1 next."""
@@ -307,7 +307,7 @@ def sample_speculative(model: AOGPT, order, tokens0, prompt_len, tok_keys, *, dr
                  d=jnp.zeros((n, batch, kmax), jnp.int32),
                  p=jnp.zeros((n, batch, kmax, v), jnp.float32),
                  q=jnp.zeros((n, batch, kmax, max(kmax - 1, 0), v), jnp.float32))
-  rnd = [functools.partial(_round, model, order, tok_keys, filt, K=b, kmax=kmax,
+  rnd = [functools.partial(speculative_round, model, order, tok_keys, filt, K=b, kmax=kmax,
                            cache_len=cache_len, queries=queries, debug=debug) for b in blocks]
 
   def cond(carry):
