@@ -13,9 +13,9 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from aogpt_jax.model.layers import (BATCH, HEADS, MLP_ACT, Dense, Embed, Norm, attention, constrain,
-                              dense_heads, query_mask, resolve_attention_impl, row_set, slot_rows,
-                              take_rows)
+from aogpt_jax.model.attention import attention, query_mask, resolve_attention_impl
+from aogpt_jax.model.layers import (BATCH, HEADS, MLP_ACT, Dense, Embed, Norm, constrain,
+                                    dense_heads, row_set, slot_rows, take_rows)
 
 
 def dropout(x: jax.Array, rate: float, key: jax.Array | None) -> jax.Array:
@@ -56,7 +56,7 @@ class Attention(nnx.Module):
   def __call__(self, x, *, mask, cache, write_index, query=None, mask_causal=False):
     """``query`` int32 [B, G] (no cache): keys and values of every slot, the rest (queries,
     attention, projection: output [B, G, d]) at these slots only. ``mask_causal``: see
-    `layers.attention`."""
+    `attention.attention`."""
     b, s, d = x.shape
     if query is None:
       qkv = dense_heads(self.c_attn, x, 3, self.n_head, self.head_dim)

@@ -37,7 +37,6 @@ tokens per block (`CDF_BLOCK`), P = K CB the vocabulary padded to whole blocks.
 from __future__ import annotations
 
 import contextlib
-import math
 
 import jax
 import jax.numpy as jnp
