@@ -116,8 +116,10 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 def test_import_graph_has_no_cycle():
   graph = import_graph()
-  assert {"aogpt_jax.config", "aogpt_jax.evaluation.zero_shot", "aogpt_jax.checkpoints.store"} <= set(graph)
-  assert "aogpt_jax.checkpoints.store" in graph["aogpt_jax.evaluation.zero_shot"]    # function-level edges count
+  assert {"aogpt_jax.config", "aogpt_jax.evaluation.zero_shot",
+          "aogpt_jax.checkpoints.store"} <= set(graph)
+  # function-level edges count
+  assert "aogpt_jax.checkpoints.store" in graph["aogpt_jax.evaluation.zero_shot"]
   cycle = find_cycle(graph)
   assert cycle is None, "import cycle: " + " -> ".join(cycle)
 

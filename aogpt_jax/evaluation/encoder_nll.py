@@ -1,4 +1,4 @@
-"""Likelihood of the encoder-only MDM baseline (`aogpt_jax.model.encoder`) in the evaluation format of
+"""Likelihood of the encoder-only MDM baseline (`model.encoder`) in the evaluation format of
 perplexity.py, so an encoder and an AO-GPT sit in one table (``EvalSettings.model_kind``).
 
 * Exact order NLL (`order_nll`): for the scoring orders of `perplexity.eval_orders` — the SAME

@@ -160,12 +160,12 @@ def _segment_slots(tokens, sigma, ekey, j, ranks, row_len):
   return tok_S, pos_S, tgt_S, seg_S, query_G, label_G
 
 
-# XLA:CPU's YNNPACK fuses attention's softmax into its dots at these shapes and runs them at
-# ~10 GFLOP/s; restricted to plain dots the evaluator took 0.72-0.76x the time (n = 256, M = 8,
-# 2-core CPU; same log-probabilities). The program's run time is in YNNPACK's dots, so LLVM's
-# optimisation level 1 instead of 3 compiles it in 1.6 instead of 2.5 s and runs as fast (0.73
-# s per 60-row call either way; log-probabilities within 1e-6). Options of these programs only,
-# on CPU only (`packed_logp_jit`); the samplers measured no gain from the first.
+# XLA:CPU's YNNPACK fuses attention's softmax into its dots at these shapes and runs the fused
+# kernel far below the plain dots' speed; restricted to plain dots the evaluator runs about a
+# quarter faster with the same log-probabilities. The program's run time is in those dots, so
+# LLVM's optimisation level 1 instead of 3 compiles it faster and runs as fast (log-probabilities
+# within 1e-6). Options of these programs only, on CPU only (`packed_logp_jit`); the samplers
+# measured no gain from the first. Numbers: docs/performance.md.
 CPU_COMPILER_OPTIONS = {"xla_cpu_experimental_ynn_fusion_type":
                         "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT",
                         "xla_backend_optimization_level": 1}

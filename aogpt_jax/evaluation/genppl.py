@@ -58,8 +58,8 @@ class GPT2Scorer:
   @classmethod
   def from_pretrained(cls, path: str, dtype: str = "float32") -> "GPT2Scorer":
     """``path``: a local Hugging Face GPT-2 folder, or ``hf:OWNER/REPO`` (e.g.
-    ``hf:openai-community/gpt2-large``) read from the local Hugging Face cache (`aogpt_jax.checkpoints.hub`;
-    nothing is downloaded)."""
+    ``hf:openai-community/gpt2-large``) read from the local Hugging Face cache
+    (`aogpt_jax.checkpoints.hub`; nothing is downloaded)."""
     if path.startswith("hf:"):
       path = hub.resolve(path, files=("config.json", "model.safetensors"))
     return cls(*gpt2_lib.load(path, dtype))

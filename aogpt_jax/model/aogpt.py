@@ -387,7 +387,7 @@ def loss(m: AOGPT, tokens: jax.Array, order: jax.Array, *,
   targets = orders_lib.permute(tokens, order)
   cfg = m.cfg
   if cfg.loss_chunk:
-    # No [B, n, V] logits: the head and its gradients chunk by chunk (aogpt_jax/model/cross_entropy.py).
+    # No [B, n, V] logits: the head and its gradients chunk by chunk (model/cross_entropy.py).
     x = m.head_features(m.hidden(tokens, order, dropout_key=dropout_key), order)
     w, b = m.output_layer()
     return cross_entropy.fused_mean_nll(x, w, b, targets, valid_vocab=cfg.vocab_size,

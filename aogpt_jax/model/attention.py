@@ -158,10 +158,9 @@ def _masked_attention(q, k, v, mask):
 
 
 # Query chunks of `attention(..., mask_causal=True)` on the ``xla`` kernel: chunk c attends only
-# the keys up to its last slot, (K + 1) / 2K of the score matrix for K chunks. The ensembles'
-# packed rows (60 rows x 4 heads of 257 slots, 2-core CPU): one layer's attention 125-141 ms ->
-# 80-86 ms with 4 chunks (2 or 3: 81-91; transposing to heads-major once and slicing there:
-# 89-92).
+# the keys up to its last slot, (K + 1) / 2K of the score matrix for K chunks. Four chunks were
+# the fastest on the ensembles' packed rows on CPU (docs/performance.md): more chunks add
+# per-chunk overhead, fewer compute more of the masked half.
 MASK_CHUNKS = 4
 
 

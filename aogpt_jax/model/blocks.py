@@ -76,8 +76,8 @@ class Attention(nnx.Module):
       # Write this block's keys and values into the preallocated cache (indices past its end
       # are dropped), then attend over the whole cache under the caller's mask.
       # The cache is heads-major [B, N, K, H], as attention reads it: a [B, K, N, H] cache made
-      # XLA:CPU transpose every layer's whole keys and values in every sampler step (3 of the
-      # 14 ms of a step at n = 256, batch 8; tests/test_sampler_logits.py checks for it).
+      # XLA:CPU transpose every layer's whole keys and values in every sampler step (a fifth of
+      # a step: docs/performance.md; tests/test_sampler_logits.py checks none comes back).
       ck, cv = cache
       ck, cv = row_set(ck, write_index, k, axis=2), row_set(cv, write_index, v, axis=2)
       new_cache = (ck, cv)

@@ -156,8 +156,8 @@ def take_rows(table: jax.Array, ids: jax.Array) -> jax.Array:
   indices, as the target positions of one training sequence do.
 
   The plain gather's gradient scatter-adds ``B x S`` rows into ``R``: on a GPU every batch row
-  hits the same ``R`` table rows, and the atomics serialise (AO-GPT Small, 16 x 1024 tokens on
-  an H100: the adaLN tables' scatters were 11.8 of the 66 ms step). With distinct indices per
+  hits the same ``R`` table rows, and the atomics serialise (on an H100 they were a sixth of the
+  AO-GPT Small train step: docs/performance.md). With distinct indices per
   row, row ``b``'s contribution is a gather of its gradient by the inverse map (table row ->
   slot), and the batch rows are summed (in fp32). Rows with a repeated index (padding slots, say)
   make the whole backward take the scatter-add, chosen at run time: the gradient is exact

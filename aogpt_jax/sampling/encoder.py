@@ -4,8 +4,8 @@ The model is the encoder of `aogpt_jax.model.encoder` (an AOGPT with ``target='n
 bidirectional attention; [MASK] = ``valid_vocab_size``). It shares everything but the forward
 with the AO-GPT sampler: the host-side plan (`sampler.prepare` / `sampler.plan`: the generation
 order with prompt positions first, the linear / cosine schedule, deterministic or Lemma 4.1
-counts) and the token draw (`sampling.tokens`: temperature, top-p, float64 Gumbel, the token at
-original position p of sample i drawn with the key ``fold_in(fold_in(fold_in(key, i), 2), p)``).
+counts) and the token draw (`sampling.tokens`: temperature, top-p, the inverse-CDF draw, the token
+at original position p of sample i drawn with the key ``fold_in(fold_in(fold_in(key, i), 2), p)``).
 
 One step (frontier m = tokens known, k to reveal). The input is the current tokens at positions
 of rank < m (prompt and revealed) and [MASK] everywhere else, and ONE full bidirectional forward

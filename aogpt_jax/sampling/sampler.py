@@ -231,8 +231,8 @@ def plan(batches: Sequence[Prepared], *, block: int | None = None, pass_overhead
 
 
 @model_jit.jit("kind", "shape", "draw", "draft", "queries")
-def sampler_program(model, order, tokens0, prompt_len, tok_keys, passes: Passes | None, *, kind: str,
-             shape: PassShape | None, draw: Draw, draft, queries=None):
+def sampler_program(model, order, tokens0, prompt_len, tok_keys, passes: Passes | None, *,
+                    kind: str, shape: PassShape | None, draw: Draw, draft, queries=None):
   """Every sampler behind one jit: ``kind`` (sample.method) picks it; ``shape`` (planned
   methods), ``draw`` and ``draft`` (speculative) are static."""
   if kind == "ar":
