@@ -31,7 +31,7 @@ from typing import Any, Callable, Iterable, Mapping
 import jax
 import numpy as np
 
-from aogpt_jax.model import encoder as mdm
+from aogpt_jax.model import encoder as encoder_model
 from aogpt_jax.train import metrics as metrics_lib
 from aogpt_jax.model import aogpt as model_lib
 from aogpt_jax.evaluation import encoder_nll as enc_lib
@@ -48,7 +48,7 @@ Batches = Iterable[Mapping[str, Any]]
 def check_model(m: model_lib.AOGPT, s: EvalSettings) -> None:
   """Raises if ``s.model_kind`` does not fit the model (before anything compiles)."""
   if s.model_kind == "encoder":
-    mdm.check_encoder(m.cfg, "eval.model_kind='encoder'")
+    encoder_model.check_encoder(m.cfg, "eval.model_kind='encoder'")
 
 
 def evaluate_dataset(m: model_lib.AOGPT, batches: Batches, s: EvalSettings,

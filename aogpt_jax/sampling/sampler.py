@@ -17,7 +17,7 @@ scheme (`sampling.tokens`):
   ``steps`` / ``schedule`` / ``count_mode`` are unused.
 * ``encoder``: the encoder-only masked-diffusion model of `aogpt_jax.model.encoder` (bidirectional,
   [MASK] tokens; `sampling.encoder`): the standard MDM reverse process, one full forward per
-  step. Needs a model built with `mdm.make_encoder`.
+  step. Needs a model built with `encoder_model.make_encoder`.
 
 Usage::
 
@@ -44,7 +44,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from aogpt_jax.model import encoder as mdm
+from aogpt_jax.model import encoder as encoder_model
 from aogpt_jax.model import jit as model_jit
 from aogpt_jax.model import orders as orders_lib
 from aogpt_jax.model.layers import check_choice
@@ -86,7 +86,7 @@ class SampleSettings:
     if self.method not in METHODS:
       raise ValueError(f"sample.method: must be one of {METHODS}, got {self.method!r}")
     if self.method == "encoder":
-      mdm.check_encoder(cfg, "sample.method='encoder'")
+      encoder_model.check_encoder(cfg, "sample.method='encoder'")
     for name in ("length", "steps"):
       v = getattr(self, name)
       if isinstance(v, bool) or not isinstance(v, numbers.Integral):
