@@ -67,7 +67,7 @@ def default_config() -> config_dict.ConfigDict:
   c.microbatches = 1            # gradient accumulation: the batch is split into this many parts
   c.seq_len = 256
   c.objective = "ao"            # ao: any-order AR (AO-GPT / sigma-GPT / GPT) | mdm: encoder-only
-                                # masked diffusion baseline (aogpt_jax/model/encoder.py; order.* unused);
+                                # masked diffusion baseline (model/encoder.py; order.* unused);
                                 # aogpt_jax/model/objectives.py. sample.method and eval.model_kind
                                 # follow from it when left "" (follow_objective)
   c.log_every = 10

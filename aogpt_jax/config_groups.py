@@ -5,7 +5,7 @@ data, checkpoint, distributed) and takes the others from here, so `config.py` im
 sampler or evaluation code::
 
     eval    aogpt_jax/evaluation/settings.py   held-out eval during training and --mode=eval
-    sample  aogpt_jax/sampling/sampler.py               --mode=sample (and genppl's sampling)
+    sample  aogpt_jax/sampling/config.py       --mode=sample (and genppl's sampling)
 
 An owner calls ``register(NAME, factory)`` at import time. `groups()` is the one place that
 builds them: it imports each owner listed in `OWNERS` first (so a config is complete whoever
@@ -20,7 +20,7 @@ import importlib
 from typing import Callable
 
 # group name -> the module that registers it (imported by `groups()`).
-OWNERS = {"eval": "aogpt_jax.evaluation.settings", "sample": "aogpt_jax.sampling.sampler"}
+OWNERS = {"eval": "aogpt_jax.evaluation.settings", "sample": "aogpt_jax.sampling.config"}
 
 _FACTORIES: dict[str, Callable] = {}
 

@@ -24,7 +24,7 @@ import jax
 from aogpt_jax.checkpoints import store as checkpoint_lib
 from aogpt_jax import data
 from aogpt_jax.evaluation import zero_shot as evaluate
-from aogpt_jax.sampling import sampler
+from aogpt_jax.sampling import write as sample_write
 from aogpt_jax import config as config_lib
 from aogpt_jax.model import objectives
 from aogpt_jax.config import ConfigError
@@ -131,13 +131,13 @@ def sample_mode(cfg, workdir: str, checkpoint: str = "") -> str:
   if checkpoint:
     m, prov = _from_spec(cfg, checkpoint, cfg.sample.which)
     config_lib.follow_objective(cfg)
-    path = sampler.write_samples(m, cfg, workdir, data.get_tokenizer(cfg.data.tokenizer),
+    path = sample_write.write_samples(m, cfg, workdir, data.get_tokenizer(cfg.data.tokenizer),
                                  step=prov["step"], loaded=prov)
   else:
     _check_run(cfg, workdir, "sample.method")
     config_lib.follow_objective(cfg)
     m, run_cfg = checkpoint_lib.load_model(workdir, which=cfg.sample.which)
-    path = sampler.write_samples(m, cfg, workdir, data.get_tokenizer(cfg.data.tokenizer),
+    path = sample_write.write_samples(m, cfg, workdir, data.get_tokenizer(cfg.data.tokenizer),
                                  step=run_cfg.loaded.step, loaded=run_cfg.loaded.to_dict())
   print(f"samples written to {path}")
   return path
@@ -149,38 +149,12 @@ def prepare_mode(cfg, workdir: str) -> list:
   return prepare(cfg.data, block_size=int(cfg.seq_len))
 
 
-def _genppl_grid(g, sample) -> dict:
-  """The (top_p, temperature) x steps grid of the ``genppl`` group (see config.genppl_group)."""
-  from aogpt_jax.evaluation import genppl  # pylint: disable=g-import-not-at-top
-  raw = str(g.sampling).strip()
-  if raw == "paper":
-    sampling = genppl.GRID["sampling"]
-  elif raw:
-    sampling = []
-    for item in raw.split(","):
-      try:
-        p, t = (float(v) for v in item.split("/"))
-      except ValueError:
-        raise ConfigError(f"genppl.sampling: expected 'TOP_P/TEMPERATURE,...' or 'paper', got "
-                          f"{item!r}") from None
-      sampling.append({"top_p": p, "temperature": t})
-  else:
-    sampling = [{"top_p": float(sample.top_p), "temperature": float(sample.temperature)}]
-  raw = str(g.steps).strip()
-  try:
-    steps = (genppl.GRID["steps"] if raw == "paper" else
-             [int(v) for v in raw.split(",")] if raw else [int(sample.steps)])
-  except ValueError:
-    raise ConfigError(f"genppl.steps: expected '64,128,...' or 'paper', got {raw!r}") from None
-  return {"sampling": sampling, "steps": steps}
-
-
 def genppl_mode(cfg, workdir: str, checkpoint: str = "") -> dict:
   """Samples with the ``sample`` group over the ``genppl`` grid (files in WORKDIR/samples/),
   scores them with ``genppl.scorer`` and writes WORKDIR/eval/<genppl.name>.json and .md."""
   from aogpt_jax.evaluation import genppl  # pylint: disable=g-import-not-at-top
   g = cfg.genppl
-  grid = _genppl_grid(g, cfg.sample)
+  grid = genppl.grid_from_config(g, cfg.sample)
   tok = data.get_tokenizer(cfg.data.tokenizer)
   if checkpoint:
     m, prov = _from_spec(cfg, checkpoint, cfg.sample.which)
@@ -211,7 +185,7 @@ def genppl_mode(cfg, workdir: str, checkpoint: str = "") -> dict:
     c = cfg.sample.copy_and_resolve_references()
     c.update(dict(num_samples=num_samples, steps=steps, top_p=top_p, temperature=temperature,
                   seed=seed, name=""))
-    path = sampler.write_samples(m, c, workdir, tok, step=prov.get("step"), loaded=prov)
+    path = sample_write.write_samples(m, c, workdir, tok, step=prov.get("step"), loaded=prov)
     with open(path) as f:
       rows = [json.loads(line)["tokens"] for line in f]
     files.append(os.path.abspath(path))

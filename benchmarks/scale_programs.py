@@ -22,7 +22,7 @@ from flax import nnx
 from jax.sharding import NamedSharding
 
 from aogpt_jax import config as config_lib
-from aogpt_jax.train import metrics
+from aogpt_jax.train import flops as flops_lib
 from aogpt_jax.model import aogpt as model_lib
 from aogpt_jax import recipes
 from aogpt_jax.sampling import sampler as sampler_lib
@@ -90,7 +90,7 @@ def measure(lower) -> dict:
   compiled = lowered.compile()
   t2 = time.perf_counter()
   hlo = compiled.as_text()
-  return {**metrics.compiled_memory(compiled), "lower_s": round(t1 - t0, 2),
+  return {**flops_lib.compiled_memory(compiled), "lower_s": round(t1 - t0, 2),
           "compile_s": round(t2 - t1, 2), "collectives": collectives(hlo),
           "collective_sources": collective_sources(hlo)}
 

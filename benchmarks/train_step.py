@@ -9,7 +9,7 @@ The step is the trainer's own jitted step (same sharding, donation, accumulation
 tokens, so data loading is not measured. Works unchanged on CPU, GPU and TPU; sizes come from
 the config and ``--config.*`` overrides. Prints one JSON object and writes it to ``--out``
 (default benchmarks/results/train_step_<config>_<platform>.json). MFU uses the dense bf16 peak
-of the device (metrics.peak_flops; AOGPT_PEAK_TFLOPS overrides) and is null on CPU. Memory per
+of the device (flops_lib.peak_flops; AOGPT_PEAK_TFLOPS overrides) and is null on CPU. Memory per
 device: XLA's estimate of the compiled step (`xla_memory`) and the measured peak
 (`measured_peak_bytes`, from `memory_stats()`; null on CPU). ``--profile_dir=DIR`` adds a
 ``jax.profiler`` trace of three more steps in DIR.
@@ -31,7 +31,7 @@ from ml_collections import config_flags
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from aogpt_jax import config as config_lib  # noqa: E402
-from aogpt_jax.train import metrics as metrics_lib  # noqa: E402
+from aogpt_jax.train import flops as flops_lib  # noqa: E402
 from aogpt_jax.train import sharding as sharding_lib  # noqa: E402
 from aogpt_jax.train import step as train_lib  # noqa: E402
 
@@ -64,7 +64,7 @@ def main(argv) -> None:
     t = time.perf_counter()
     b = batch()
     step = trainer.step.lower(state, b).compile()   # the estimate next to the measured peak
-    xla_memory = metrics_lib.compiled_memory(step)
+    xla_memory = flops_lib.compiled_memory(step)
     state, m = step(state, b)
     jax.block_until_ready(m)
     compile_s = time.perf_counter() - t
@@ -85,8 +85,8 @@ def main(argv) -> None:
         jax.block_until_ready(m)
 
   step_s = statistics.median(times)
-  flops = metrics_lib.train_flops_per_step(mc, cfg.batch_size, cfg.seq_len, cfg.microbatches)
-  mfu = metrics_lib.mfu(flops, 1.0 / step_s)
+  flops = flops_lib.train_flops_per_step(mc, cfg.batch_size, cfg.seq_len, cfg.microbatches)
+  mfu = flops_lib.mfu(flops, 1.0 / step_s)
   dev = jax.devices()[0]
   try:
     measured_peak = (dev.memory_stats() or {}).get("peak_bytes_in_use")
@@ -107,7 +107,7 @@ def main(argv) -> None:
       "step_s_min": min(times), "steps_timed": len(times),
       "tokens_per_s": cfg.batch_size * cfg.seq_len / step_s,
       "model_flops_per_step": flops, "achieved_tflops": flops / step_s / 1e12,
-      "peak_tflops_per_device": (metrics_lib.peak_flops() or 0) / 1e12 or None,
+      "peak_tflops_per_device": (flops_lib.peak_flops() or 0) / 1e12 or None,
       "mfu": mfu, "jax": jax.__version__,
       # Per device: XLA's estimate of the compiled step and the allocator's measured peak
       # (jax Device.memory_stats; null on CPU).

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from aogpt_jax.model import layers
+from aogpt_jax.model import attention
 from aogpt_jax.model import aogpt as model
 from aogpt_jax.model import orders
 
@@ -35,7 +35,7 @@ def _out_and_grads(impl, q, k, v, mask, block=256):
   @jax.jit
   def f(q, k, v, arr):
     m = mask if arr is None else arr
-    out, vjp = jax.vjp(lambda q, k, v: layers.attention(q, k, v, mask=m, impl=impl, block=block),
+    out, vjp = jax.vjp(lambda q, k, v: attention.attention(q, k, v, mask=m, impl=impl, block=block),
                        q, k, v)
     return out, vjp(w)
   return f(q, k, v, arr)
@@ -45,7 +45,7 @@ def _out_and_grads(impl, q, k, v, mask, block=256):
                                             ("full", 9, 14, 4)])
 def test_blockwise_equals_xla_forward_and_grads(kind, s, c, block):
   q, k, v = _qkv(2, s, c)
-  mask = {"causal": None, "mask": _mask(2, s, c), "full": layers.FULL}[kind]
+  mask = {"causal": None, "mask": _mask(2, s, c), "full": attention.FULL}[kind]
   y0, g0 = _out_and_grads("xla", q, k, v, mask)
   y1, g1 = _out_and_grads("blockwise", q, k, v, mask, block)
   np.testing.assert_allclose(y1, y0, rtol=1e-5, atol=1e-5)
@@ -57,7 +57,7 @@ def test_blockwise_catches_a_wrong_mask():
   """The comparison above can fail: blockwise with the mask dropped differs from xla."""
   q, k, v = _qkv(1, 12, 12)
   y0, _ = _out_and_grads("xla", q, k, v, _mask(1, 12, 12))
-  y1, _ = _out_and_grads("blockwise", q, k, v, layers.FULL, 5)
+  y1, _ = _out_and_grads("blockwise", q, k, v, attention.FULL, 5)
   assert np.abs(np.asarray(y1) - np.asarray(y0)).max() > 1e-2
 
 
@@ -113,27 +113,27 @@ def test_splash_interpret_equals_xla():
 def test_selection(monkeypatch, caplog):
   bf16 = jnp.bfloat16
   with pytest.raises(ValueError, match="attention_impl='splash' cannot be used: backend is cpu"):
-    layers.resolve_attention_impl("splash", bf16, 64, masked=False, seq_q=1024, seq_k=1024)
-  assert layers.resolve_attention_impl("auto", bf16, 64, masked=False, seq_q=1024) == "xla"
-  assert layers.resolve_attention_impl("blockwise", bf16, 64, masked=True) == "blockwise"
+    attention.resolve_attention_impl("splash", bf16, 64, masked=False, seq_q=1024, seq_k=1024)
+  assert attention.resolve_attention_impl("auto", bf16, 64, masked=False, seq_q=1024) == "xla"
+  assert attention.resolve_attention_impl("blockwise", bf16, 64, masked=True) == "blockwise"
   with pytest.raises(ValueError, match="attention_impl"):
-    layers.resolve_attention_impl("flash", bf16, 64, masked=False)
+    attention.resolve_attention_impl("flash", bf16, 64, masked=False)
   monkeypatch.setattr(jax, "default_backend", lambda: "tpu")
-  layers._logged.clear()
+  attention._logged.clear()
   # auto never takes splash (opt-in; the default path keeps its numbers on every backend).
-  assert layers.resolve_attention_impl("auto", bf16, 64, masked=False, seq_q=1024,
+  assert attention.resolve_attention_impl("auto", bf16, 64, masked=False, seq_q=1024,
                                        seq_k=1024) == "xla"
-  assert layers.resolve_attention_impl("splash", bf16, 64, masked=False, seq_q=1024,
+  assert attention.resolve_attention_impl("splash", bf16, 64, masked=False, seq_q=1024,
                                        seq_k=1024) == "splash"
   with caplog.at_level(logging.INFO):
     # The cached sampler: one query over the whole cache, an explicit mask.
-    assert layers.resolve_attention_impl("splash", bf16, 64, masked=True, seq_q=1,
+    assert attention.resolve_attention_impl("splash", bf16, 64, masked=True, seq_q=1,
                                          seq_k=1024) == "xla"
   assert "explicit mask array" in caplog.text
   with pytest.raises(ValueError, match="query length 100 is not a multiple of 128"):
-    layers.resolve_attention_impl("splash", bf16, 64, masked=False, seq_q=100, seq_k=100)
+    attention.resolve_attention_impl("splash", bf16, 64, masked=False, seq_q=100, seq_k=100)
   with pytest.raises(ValueError, match="head_dim 48 is not a multiple of 64"):
-    layers.resolve_attention_impl("splash", bf16, 48, masked=False, seq_q=256, seq_k=256)
+    attention.resolve_attention_impl("splash", bf16, 48, masked=False, seq_q=256, seq_k=256)
   with pytest.raises(ValueError, match="model.attention_impl"):
     model.preset("tiny", attention_impl="pallas")
   with pytest.raises(ValueError, match="model.attention_block"):
@@ -164,6 +164,6 @@ def test_splash_runs_per_shard_under_a_mesh():
 
 def _splash_vjp(q, k, v):
   w = jax.random.normal(jax.random.key(9), q.shape)      # the cotangent of _out_and_grads
-  out, vjp = jax.vjp(lambda q, k, v: layers.attention(q, k, v, mask=None,
+  out, vjp = jax.vjp(lambda q, k, v: attention.attention(q, k, v, mask=None,
                                                        impl="splash_interpret"), q, k, v)
   return out, vjp(w)

@@ -80,3 +80,22 @@ def test_vocab_mismatch_names_both_values(tmp_path):
   with pytest.raises(checkpoint_spec.CheckpointSpecError,
                      match=f"50257 ids.*valid_vocab_size={cfg.valid_vocab_size}"):
     checkpoint_spec.check_vocab(cfg, "gpt2", 50257)
+
+
+def test_aogpt_jax_load_takes_every_spec(tmp_path):
+  """`aogpt_jax.load`: a published .pt, a converted folder and an hf: local folder give the
+  weights `checkpoint_spec.load` gives, with a run config that names the model and provenance
+  (workdirs: tests/test_fixture_workdir.py)."""
+  import aogpt_jax  # pylint: disable=g-import-not-at-top
+  _, _, path = _checkpoint("aogpt", tmp_path)
+  convert.main(["import", "--ckpt", path, "--out", str(tmp_path / "conv")])
+  for spec in (path, str(tmp_path / "conv"), f"hf:{tmp_path / 'conv'}"):
+    m, cfg = aogpt_jax.load(spec, which="params")
+    ref, _, prov = checkpoint_spec.load(spec, "params")
+    for k, v in _flat(ref).items():
+      np.testing.assert_array_equal(_flat(m)[k], v)
+    assert cfg.loaded.to_dict() == prov and cfg.loaded.source == spec
+    assert cfg.model.n_embd == m.cfg.n_embd and cfg.model.n_layer == m.cfg.n_layer
+    assert cfg.seq_len == m.cfg.block_size
+  with pytest.raises(checkpoint_spec.CheckpointSpecError, match="no such file"):
+    aogpt_jax.load(str(tmp_path / "nothing"))

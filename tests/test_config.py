@@ -13,7 +13,7 @@ from aogpt_jax.model import aogpt as model_lib
 from aogpt_jax import recipes
 from aogpt_jax.train import sharding as sharding_lib
 from aogpt_jax.train import step as train_lib
-from aogpt_jax.train import loop as train_loop
+from aogpt_jax.train import workdir as workdir_lib
 from trainer_util import REPO, tiny_config
 
 ConfigError = config_lib.ConfigError
@@ -102,7 +102,7 @@ def test_unwritable_workdir_is_named(tmp_path):
   blocker = tmp_path / "file"
   blocker.write_text("not a folder")
   with pytest.raises(ConfigError, match=r"^--workdir: .*file/run is not writable"):
-    train_loop.prepare_workdir(str(blocker / "run"))
+    workdir_lib.prepare_workdir(str(blocker / "run"))
 
 
 CONFIG_FILES = ["configs/quickstart.py", "configs/aogpt_small.py", "configs/aogpt_medium.py",

@@ -12,6 +12,7 @@ import pytest
 from flax import nnx
 
 from aogpt_jax.evaluation import zero_shot as evaluate
+from aogpt_jax.evaluation import report
 from aogpt_jax.model import encoder as mdm
 from aogpt_jax.model import aogpt as model_lib
 from aogpt_jax.evaluation import encoder_nll as enc
@@ -151,7 +152,7 @@ def test_evaluate_encoder_rows_next_to_an_aogpt(m, tmp_path):
   aogpt = model_lib.AOGPT(m.cfg.replace(target="adaln"), rngs=nnx.Rngs(0))
   ao = evaluate.evaluate(aogpt, {"ptb": data["ptb"]}, evaluate.EvalSettings(seed=3,
                                                                             ensemble_max_m=2))
-  both = evaluate.markdown_comparison({"AO-GPT": ao, "Encoder": res}).splitlines()
+  both = report.markdown_comparison({"AO-GPT": ao, "Encoder": res}).splitlines()
   assert both[0] == "| Method | ptb | lm1b |"
   labels = [r.split(" |")[0] for r in both[2:]]
   assert labels[:4] == ["| AO-GPT: L2R", "| AO-GPT: Any-order (uniform, 1 order draw(s), seed 3)",

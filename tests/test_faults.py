@@ -29,6 +29,7 @@ from aogpt_jax import data as data_lib
 from aogpt_jax import modes
 from aogpt_jax.train import step as train_lib
 from aogpt_jax.train import loop as train_loop
+from aogpt_jax.train import workdir as workdir_lib
 
 from trainer_util import REPO, checkpoint_steps, cli_args, cpu_env, start, tiny_config, wait_for
 from trainer_util import run as run_cli, saved_state
@@ -72,12 +73,12 @@ def test_second_run_on_a_busy_workdir_is_refused_and_kill9_frees_the_lock(cache_
     checkpoint_lib.verify_manifest(work / "checkpoints" / str(step))   # raises if corrupt
   _, run_cfg = checkpoint_lib.load_model(work, which="params")
   assert run_cfg.loaded.step == _steps(work)[-1]
-  lock = train_loop.lock_workdir(work)        # a stale lock file is no obstacle
+  lock = workdir_lib.lock_workdir(work)        # a stale lock file is no obstacle
   lock.close()
-  lock = train_loop.lock_workdir(work)
+  lock = workdir_lib.lock_workdir(work)
   try:
     with pytest.raises(config_lib.ConfigError, match="in use by another run"):
-      train_loop.lock_workdir(work)           # a held lock refuses, in-process as well
+      workdir_lib.lock_workdir(work)           # a held lock refuses, in-process as well
   finally:
     lock.close()
 

@@ -1,7 +1,8 @@
 """The package's import graph has no cycle (function-level imports and parent packages
-included, and the config groups' registry's imports of their owners), config.py reaches no
-sampler or evaluation code, and the modules that used to form a cycle (config -> evaluate ->
-checkpoint -> config) import on their own in a fresh interpreter."""
+included, and the config groups' registry's imports of their owners), no module imports a higher
+layer than its own (`LAYERS`: model never imports train, checkpoints, sampling or evaluation),
+the package top holds at most six modules, config.py reaches no sampler or evaluation code, and
+the modules that once formed a cycle import on their own in a fresh interpreter."""
 
 import ast
 import os
@@ -39,6 +40,59 @@ def import_graph() -> dict[str, set[str]]:
   return graph
 
 
+# Lowest first; a module may import its own layer and the ones below, never one above.
+LAYERS = (
+    ("aogpt_jax.data",),
+    ("aogpt_jax.model",),
+    ("aogpt_jax.config", "aogpt_jax.config_groups", "aogpt_jax.recipes"),
+    ("aogpt_jax.checkpoints",),
+    ("aogpt_jax.train",),
+    ("aogpt_jax.sampling",),
+    ("aogpt_jax.evaluation",),
+    ("aogpt_jax.modes", "aogpt_jax.main"),
+)
+
+
+def layer(module: str) -> int:
+  for i, names in enumerate(LAYERS):
+    if any(module == n or module.startswith(n + ".") for n in names):
+      return i
+  raise AssertionError(f"{module}: in no layer of LAYERS (add it where it belongs)")
+
+
+def test_no_import_from_a_lower_layer_to_a_higher_one():
+  graph = import_graph()
+  up = sorted(f"{u} (layer {layer(u)}) imports {v} (layer {layer(v)})"
+              for u, deps in graph.items() if u != "aogpt_jax" for v in deps
+              if layer(v) > layer(u))
+  assert not up, "\n".join(up)
+  # The rule has teeth: the model package reaches nothing of train, checkpoints, sampling or
+  # evaluation, through any chain of imports.
+  reached = reachable(graph, "aogpt_jax.model.aogpt")
+  assert not [m for m in reached if m.startswith(("aogpt_jax.train", "aogpt_jax.checkpoints",
+                                                  "aogpt_jax.sampling", "aogpt_jax.evaluation"))]
+  assert layer("aogpt_jax.model.attention") < layer("aogpt_jax.train.step")
+
+
+def test_package_top_has_at_most_six_modules():
+  top = sorted(p.name for p in (ROOT / "aogpt_jax").glob("*.py") if p.name != "__init__.py")
+  assert len(top) <= 6, top
+
+
+def test_load_and_top_level_names_without_importing_jax_first():
+  code = ("import sys, aogpt_jax\n"
+          "assert 'jax' not in sys.modules, 'import aogpt_jax imported jax'\n"
+          "assert callable(aogpt_jax.load) and aogpt_jax.AOGPT.__name__ == 'AOGPT'\n"
+          "from aogpt_jax import sampling, evaluation, model\n"
+          "assert sampling.generate is aogpt_jax.generate\n"
+          "assert evaluation.EvalSettings is aogpt_jax.EvalSettings\n"
+          "assert model.orders.sample and sampling.prompts.infill_prompt\n")
+  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT))
+  r = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True,
+                     text=True, timeout=300)
+  assert r.returncode == 0, r.stderr[-2000:]
+
+
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
   state, stack = {}, []
 
@@ -62,8 +116,10 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 def test_import_graph_has_no_cycle():
   graph = import_graph()
-  assert {"aogpt_jax.config", "aogpt_jax.evaluation.zero_shot", "aogpt_jax.checkpoints.store"} <= set(graph)
-  assert "aogpt_jax.checkpoints.store" in graph["aogpt_jax.evaluation.zero_shot"]    # function-level edges count
+  assert {"aogpt_jax.config", "aogpt_jax.evaluation.zero_shot",
+          "aogpt_jax.checkpoints.store"} <= set(graph)
+  # function-level edges count
+  assert "aogpt_jax.checkpoints.store" in graph["aogpt_jax.evaluation.zero_shot"]
   cycle = find_cycle(graph)
   assert cycle is None, "import cycle: " + " -> ".join(cycle)
 

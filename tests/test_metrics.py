@@ -9,6 +9,7 @@ import pytest
 from flax import nnx
 
 from aogpt_jax.train import metrics as metrics_lib
+from aogpt_jax.train import flops as flops_lib
 from aogpt_jax.model import aogpt as model_lib
 
 
@@ -27,21 +28,21 @@ def test_forward_flops_match_xla_cost_analysis(target):
   fwd = jax.jit(lambda p, t, o: nnx.merge(graphdef, p)(t, o))
   cost = fwd.lower(params, tokens, order).compile().cost_analysis()
   cost = cost[0] if isinstance(cost, (list, tuple)) else cost
-  ours = metrics_lib.forward_flops(mc, b, n, causal=False)
+  ours = flops_lib.forward_flops(mc, b, n, causal=False)
   assert ours == pytest.approx(cost["flops"], rel=0.08), (ours, cost["flops"])
-  assert ours > metrics_lib.forward_flops(mc, b, n, causal=True)
+  assert ours > flops_lib.forward_flops(mc, b, n, causal=True)
 
 
 def test_train_flops_are_three_forwards_per_microbatch():
   mc = model_lib.PRESETS["small"]
-  one = metrics_lib.train_flops_per_step(mc, 512, 1024)
-  assert one == pytest.approx(3 * metrics_lib.forward_flops(mc, 512, 1024))
+  one = flops_lib.train_flops_per_step(mc, 512, 1024)
+  assert one == pytest.approx(3 * flops_lib.forward_flops(mc, 512, 1024))
   # The usual estimate 6 N + 6 L d n per token (N without embeddings) within a percent.
   n_matmul = 12 * 12 * 768 ** 2 + 768 * 50304
   assert one / (512 * 1024) == pytest.approx(6 * n_matmul + 6 * 12 * 768 * 1025, rel=0.01)
-  assert metrics_lib.train_flops_per_step(mc, 512, 1024, microbatches=8) == pytest.approx(
+  assert flops_lib.train_flops_per_step(mc, 512, 1024, microbatches=8) == pytest.approx(
       one, rel=1e-3)
-  assert metrics_lib.peak_flops(jax.devices("cpu")[0]) is None       # no MFU on CPU
+  assert flops_lib.peak_flops(jax.devices("cpu")[0]) is None       # no MFU on CPU
 
 
 def test_writer_jsonl_tensorboard_and_resume(tmp_path):

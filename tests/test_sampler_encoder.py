@@ -18,6 +18,8 @@ import pytest
 
 from aogpt_jax.model import encoder as mdm
 from aogpt_jax.sampling import sampler
+from aogpt_jax.sampling import config as sample_config_lib
+from aogpt_jax.sampling import write as sample_write
 from aogpt_jax.data import get_tokenizer
 from aogpt_jax.sampling import prompts
 from aogpt_jax.sampling import tokens as tokens_lib
@@ -199,10 +201,10 @@ def test_errors_name_the_problem(enc10):
 
 def test_write_samples_with_the_encoder(tmp_path):
   enc = tiny_encoder(vocab=320, valid=257, block=16, std=0.02)
-  c = sampler.sample_config()
+  c = sample_config_lib.sample_config()
   c.update(dict(method="encoder", num_samples=3, batch_size=2, length=16, steps=4, prompt="Hi",
                 suffix="!"))
-  path = sampler.write_samples(enc, c, str(tmp_path), get_tokenizer("byte"))
+  path = sample_write.write_samples(enc, c, str(tmp_path), get_tokenizer("byte"))
   lines = [json.loads(l) for l in open(path)]
   assert len(lines) == 3 and path.endswith("encoder_T4_linear_deterministic_p1_t1_seed0.jsonl")
   for l in lines:

@@ -6,6 +6,8 @@ import os
 import pytest
 
 from aogpt_jax.sampling import sampler
+from aogpt_jax.sampling import config as sample_config_lib
+from aogpt_jax.sampling import write as sample_write
 from aogpt_jax.data import get_tokenizer
 from sampler_testlib import tiny_model
 
@@ -16,7 +18,7 @@ def model():
 
 
 def _cfg(**kw):
-  c = sampler.sample_config()
+  c = sample_config_lib.sample_config()
   c.update(dict(num_samples=5, batch_size=2, length=16, steps=4), **kw)
   return c
 
@@ -25,7 +27,7 @@ def test_write_samples_with_prompt_and_suffix(model, tmp_path):
   tok = get_tokenizer("byte")
   c = _cfg(prompt="Hi", suffix="!", order="random", top_p=0.9, temperature=0.8)
   compiled_before = sampler.sampler_program._cache_size()
-  path = sampler.write_samples(model, c, str(tmp_path), tok, step=7)
+  path = sample_write.write_samples(model, c, str(tmp_path), tok, step=7)
   assert sampler.sampler_program._cache_size() == compiled_before + 1   # 3 batches, one compile
   lines = [json.loads(l) for l in open(path)]
   assert [l["index"] for l in lines] == list(range(5))
@@ -38,15 +40,15 @@ def test_write_samples_with_prompt_and_suffix(model, tmp_path):
   assert meta["settings"]["steps"] == 4 and meta["checkpoint_step"] == 7
   assert meta["config"]["prompt"] == "Hi" and meta["plan"]["scan_steps"] == 4
   # the same config gives the same samples; the whole group or the full config both work
-  full = sampler.sample_config()
+  full = sample_config_lib.sample_config()
   outer = type(full)({"sample": c})
-  again = [json.loads(l) for l in open(sampler.write_samples(model, outer, str(tmp_path), tok))]
+  again = [json.loads(l) for l in open(sample_write.write_samples(model, outer, str(tmp_path), tok))]
   assert [l["tokens"] for l in again] == [l["tokens"] for l in lines]
 
 
 def test_ar_mode_writes_samples(model, tmp_path):
   c = _cfg(method="ar", prompt="ab", name="ar_run")
-  path = sampler.write_samples(model, c, str(tmp_path), get_tokenizer("byte"))
+  path = sample_write.write_samples(model, c, str(tmp_path), get_tokenizer("byte"))
   assert os.path.basename(path) == "ar_run.jsonl"
   assert all(json.loads(l)["tokens"][:2] == [97, 98] for l in open(path))
 
@@ -67,4 +69,4 @@ def test_config_errors_before_compiling(model, tmp_path, monkeypatch, change, ma
     raise AssertionError("compiled before validating")
   monkeypatch.setattr(sampler, "sample_batch", no_run)
   with pytest.raises(ValueError, match=match):
-    sampler.write_samples(model, _cfg(**change), str(tmp_path), get_tokenizer("byte"))
+    sample_write.write_samples(model, _cfg(**change), str(tmp_path), get_tokenizer("byte"))

@@ -12,6 +12,7 @@ from flax import nnx
 
 from aogpt_jax.model import aogpt as model_lib
 from aogpt_jax.sampling import sampler
+from aogpt_jax.sampling import config as sample_config_lib
 from aogpt_jax.sampling import diffusion, prompts, speculative, tokens as tokens_lib
 import exact_tiny
 from sampler_testlib import (chisquare_p, histogram, mixture_over_orders, parallel_logprob,
@@ -194,12 +195,12 @@ def test_settings_and_config_checks():
                    (dict(draft_queries="some"), "sample.draft_queries")]:
     with pytest.raises(ValueError, match=msg):
       sampler.SampleSettings(length=8, method="speculative", **bad).validate(cfg)
-  c = sampler.sample_config()
+  c = sample_config_lib.sample_config()
   c.method, c.draft, c.length = "speculative", "5", 8
-  assert sampler.settings_from_config(c, cfg).draft == 5
+  assert sample_config_lib.settings_from_config(c, cfg).draft == 5
   c.draft, c.draft_queries = "auto", "all"
-  got = sampler.settings_from_config(c, cfg)
+  got = sample_config_lib.settings_from_config(c, cfg)
   assert (got.draft, got.draft_queries) == ("auto", "all")
   c.draft = "four"
   with pytest.raises(ValueError, match="sample.draft: must be 'auto' or an integer"):
-    sampler.settings_from_config(c, cfg)
+    sample_config_lib.settings_from_config(c, cfg)

@@ -12,6 +12,8 @@ SPEC is one of
 
 `load` returns ``(model, model_config, provenance)``; provenance is a dict
 ``{"source": SPEC, "step": ..., "weights": "ema"|"params"}`` for output writers.
+`load_any` (what ``aogpt_jax.load`` calls) also takes a training WORKDIR and returns
+``(model, run_config)`` for every kind of SPEC.
 """
 
 from __future__ import annotations
@@ -140,3 +142,26 @@ def check_vocab(cfg, tokenizer_name: str, vocab_size: int) -> None:
     raise CheckpointSpecError(
         f"data.tokenizer: {tokenizer_name!r} has {vocab_size} ids but the checkpoint has "
         f"valid_vocab_size={cfg.valid_vocab_size}; use the checkpoint's tokenizer")
+
+
+def load_any(spec: str, which: str = "ema"):
+  """``(model, config)`` from a training WORKDIR (its newest readable checkpoint and its run
+  config) or any SPEC `load` takes (a config with defaults, the checkpoint's model fields and
+  its default tokenizer). ``config.loaded`` says what was loaded (source / checkpoint, step,
+  weights)."""
+  from aogpt_jax import config as config_lib  # pylint: disable=g-import-not-at-top
+  from aogpt_jax.checkpoints import store  # pylint: disable=g-import-not-at-top
+  path = os.path.expanduser(str(spec))
+  if os.path.isdir(os.path.join(path, "checkpoints")):
+    return store.load_model(path, which=which)
+  m, mc, prov = load(str(spec), which)
+  cfg = config_lib.default_config()
+  with cfg.unlocked():
+    for k, v in mc.to_dict().items():
+      if k in cfg.model:
+        cfg.model[k] = v
+    cfg.seq_len = mc.block_size
+    if mc.valid_vocab_size in DEFAULT_TOKENIZERS:
+      cfg.data.tokenizer = DEFAULT_TOKENIZERS[mc.valid_vocab_size]
+    cfg.loaded = prov
+  return m, cfg

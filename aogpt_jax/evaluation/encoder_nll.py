@@ -1,17 +1,17 @@
-"""Likelihood of the encoder-only MDM baseline (`aogpt_jax.model.encoder`) in the evaluation format of
+"""Likelihood of the encoder-only MDM baseline (`model.encoder`) in the evaluation format of
 perplexity.py, so an encoder and an AO-GPT sit in one table (``EvalSettings.model_kind``).
 
 * Exact order NLL (`order_nll`): for the scoring orders of `perplexity.eval_orders` — the SAME
   orders as the AO-GPT rows (same seed, block ids and order index), identity for L2R —
   ``-log p(x_{sigma_r} | x_{sigma_<r})`` with every position of rank >= r set to [MASK]: n
-  bidirectional forwards per block and order (`mdm.exact_order_nll`), against one causal
+  bidirectional forwards per block and order (`encoder_model.exact_order_nll`), against one causal
   forward for an AO-GPT.
 * ELBO (`add_elbo_batch`): the Monte Carlo estimate of the negative ELBO (Eq. 1), the encoder's
   NLL upper bound, which equals the any-order NLL averaged over uniform orders. Sample k of block
   b draws, from ``fold_in(fold_in(fold_in(key(seed), ELBO_STREAM), block_id(b)), k)`` split in
   two, a time t = 1 - U in (0, 1] and a mask (each position masked with probability t), and
   scores
-  ``(1/t) * sum of -log p(x_i | unmasked)`` over the masked positions (`mdm.weighted_nll`).
+  ``(1/t) * sum of -log p(x_i | unmasked)`` over the masked positions (`encoder_model.weighted_nll`).
   Draws depend only on (seed, block id, k), not on the batch. Each of the K samples gives a
   dataset-level estimate (weighted sum over blocks / tokens); the row reports their mean and a
   95% Student-t interval over the K estimates (i.i.d. across k given the data). With
@@ -30,7 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from aogpt_jax.model import encoder as mdm
+from aogpt_jax.model import encoder as encoder_model
 from aogpt_jax.model import aogpt as model_lib
 from aogpt_jax.model import jit as model_jit
 from aogpt_jax.evaluation import perplexity as ppl_lib
@@ -55,10 +55,10 @@ def elbo_masks(seed, ids: jax.Array, n: int, sample_index, *, num_samples: int,
     k_t, k_m = jax.random.split(jax.random.fold_in(jax.random.fold_in(base, bid), sample_index))
     if stratified:
       u_b = jax.random.uniform(jax.random.fold_in(shift, bid), ())
-      t = mdm.stratified_times(u_b, sample_index, num_samples)
+      t = encoder_model.stratified_times(u_b, sample_index, num_samples)
     else:
       t = 1.0 - jax.random.uniform(k_t, ())
-    return t, mdm.masks_at(k_m, t, n)
+    return t, encoder_model.masks_at(k_m, t, n)
 
   return jax.vmap(one)(ids)
 
@@ -67,7 +67,7 @@ def elbo_masks(seed, ids: jax.Array, n: int, sample_index, *, num_samples: int,
 def _elbo_terms(m, tokens, ids, seed, sample_index, *, num_samples, stratified):
   t, masked = elbo_masks(seed, ids, tokens.shape[1], sample_index, num_samples=num_samples,
                          stratified=stratified)
-  return mdm.weighted_nll(m, tokens, masked, t)
+  return encoder_model.weighted_nll(m, tokens, masked, t)
 
 
 def elbo_terms(m: model_lib.AOGPT, tokens, ids, *, seed: int = 0, sample_index: int = 0,
@@ -121,7 +121,7 @@ def encoder_perplexity(m: model_lib.AOGPT, batches, *, seed: int = 0, num_sample
   """The ELBO row alone over ``batches`` of ``{"tokens", "weight"}`` (see `summarize_elbo`)."""
   if num_samples < 1:
     raise ValueError(f"eval.elbo_samples must be >= 1, got {num_samples}")
-  mdm.check_encoder(m.cfg, "the ELBO")
+  encoder_model.check_encoder(m.cfg, "the ELBO")
   acc = ppl_lib.NLLSum(num_samples)
   for _, tokens, weight, ids in ppl_lib.eval_blocks(batches, m.cfg, max_batches):
     acc.count(weight)

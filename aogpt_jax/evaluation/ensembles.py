@@ -160,12 +160,12 @@ def _segment_slots(tokens, sigma, ekey, j, ranks, row_len):
   return tok_S, pos_S, tgt_S, seg_S, query_G, label_G
 
 
-# XLA:CPU's YNNPACK fuses attention's softmax into its dots at these shapes and runs them at
-# ~10 GFLOP/s; restricted to plain dots the evaluator took 0.72-0.76x the time (n = 256, M = 8,
-# 2-core CPU; same log-probabilities). The program's run time is in YNNPACK's dots, so LLVM's
-# optimisation level 1 instead of 3 compiles it in 1.6 instead of 2.5 s and runs as fast (0.73
-# s per 60-row call either way; log-probabilities within 1e-6). Options of these programs only,
-# on CPU only (`packed_logp_jit`); the samplers measured no gain from the first.
+# XLA:CPU's YNNPACK fuses attention's softmax into its dots at these shapes and runs the fused
+# kernel far below the plain dots' speed; restricted to plain dots the evaluator runs about a
+# quarter faster with the same log-probabilities. The program's run time is in those dots, so
+# LLVM's optimisation level 1 instead of 3 compiles it faster and runs as fast (log-probabilities
+# within 1e-6). Options of these programs only, on CPU only (`packed_logp_jit`); the samplers
+# measured no gain from the first. Numbers: docs/performance.md.
 CPU_COMPILER_OPTIONS = {"xla_cpu_experimental_ynn_fusion_type":
                         "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT",
                         "xla_backend_optimization_level": 1}
@@ -205,7 +205,7 @@ packed_logp_cpu = model_jit.jit("row_len", "masked",
 
 
 @model_jit.jit("path")
-def naive_logp(model, tokens, sigma, ids, seed, item_b, item_i, item_j, *, path):
+def naive_logp_program(model, tokens, sigma, ids, seed, item_b, item_i, item_j, *, path):
   """Reference: one full-length forward per (block, i, j); keeps logit row i."""
   n = tokens.shape[1]
   x_IxN = tokens[item_b]
@@ -321,7 +321,7 @@ def naive_logp(model: model_lib.AOGPT, tokens, ids, sigma, *, max_m: int, seed: 
       np.arange(b), np.array(ranks), np.array(list(range(max_m)) if js is None else js),
       indexing="ij"))
   for _, count, (b_I, i_I, j_I) in _chunks([all_b, all_i, all_j], items_per_call):
-    logp_I = np.asarray(model_jit.call(naive_logp, model, *args, jnp.asarray(b_I),
+    logp_I = np.asarray(model_jit.call(naive_logp_program, model, *args, jnp.asarray(b_I),
                                        jnp.asarray(i_I), jnp.asarray(j_I), path=path))[:count]
     out_BxNxM[b_I[:count], i_I[:count], j_I[:count]] = logp_I
   return out_BxNxM

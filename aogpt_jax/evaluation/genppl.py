@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from aogpt_jax.config import ConfigError
 from aogpt_jax.checkpoints import hub
 from aogpt_jax.evaluation import gpt2 as gpt2_lib
 
@@ -57,8 +58,8 @@ class GPT2Scorer:
   @classmethod
   def from_pretrained(cls, path: str, dtype: str = "float32") -> "GPT2Scorer":
     """``path``: a local Hugging Face GPT-2 folder, or ``hf:OWNER/REPO`` (e.g.
-    ``hf:openai-community/gpt2-large``) read from the local Hugging Face cache (`aogpt_jax.checkpoints.hub`;
-    nothing is downloaded)."""
+    ``hf:openai-community/gpt2-large``) read from the local Hugging Face cache
+    (`aogpt_jax.checkpoints.hub`; nothing is downloaded)."""
     if path.startswith("hf:"):
       path = hub.resolve(path, files=("config.json", "model.safetensors"))
     return cls(*gpt2_lib.load(path, dtype))
@@ -155,3 +156,29 @@ def grid_table(rows: Sequence[dict]) -> str:
                  f"{r['gen_ppl']['corpus']:.2f} | {r['gen_ppl']['per_sample_mean']:.2f} | "
                  f"{r['unigram_entropy']['per_sample_mean']:.3f} |")
   return "\n".join(lines)
+
+
+def grid_from_config(g, sample) -> dict:
+  """The (top_p, temperature) x steps grid of the ``genppl`` group (see config.genppl_group);
+  empty entries take the ``sample`` group's values, ``paper`` is `GRID`."""
+  raw = str(g.sampling).strip()
+  if raw == "paper":
+    sampling = GRID["sampling"]
+  elif raw:
+    sampling = []
+    for item in raw.split(","):
+      try:
+        p, t = (float(v) for v in item.split("/"))
+      except ValueError:
+        raise ConfigError(f"genppl.sampling: expected 'TOP_P/TEMPERATURE,...' or 'paper', got "
+                          f"{item!r}") from None
+      sampling.append({"top_p": p, "temperature": t})
+  else:
+    sampling = [{"top_p": float(sample.top_p), "temperature": float(sample.temperature)}]
+  raw = str(g.steps).strip()
+  try:
+    steps = (GRID["steps"] if raw == "paper" else
+             [int(v) for v in raw.split(",")] if raw else [int(sample.steps)])
+  except ValueError:
+    raise ConfigError(f"genppl.steps: expected '64,128,...' or 'paper', got {raw!r}") from None
+  return {"sampling": sampling, "steps": steps}

@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from aogpt_jax.model import encoder as mdm
+from aogpt_jax.model import encoder as encoder_model
 from aogpt_jax.model import aogpt as model_lib
 from aogpt_jax.model import jit as model_jit
 from aogpt_jax.model import orders as orders_lib
@@ -87,7 +87,7 @@ def eval_orders(name: str, seed, ids: jax.Array, n: int, order_index=0,
 def _token_nll(m, tokens, ids, seed, order_index, *, order_name, order_kwargs, encoder):
   order = eval_orders(order_name, seed, ids, tokens.shape[1], order_index, order_kwargs)
   if encoder:   # the encoder-only MDM baseline: n bidirectional forwards (aogpt_jax.model.encoder)
-    return mdm.exact_order_nll(m, tokens, order), order
+    return encoder_model.exact_order_nll(m, tokens, order), order
   _, per_token = model_lib.loss(m, tokens, order)
   return per_token, order
 

@@ -1,4 +1,4 @@
-"""`EvalSettings`: what `aogpt_jax.evaluation.zero_shot` computes, and the ``eval`` config group that holds
+"""`EvalSettings`: what `evaluation.zero_shot` computes, and the ``eval`` config group that holds
 them (`eval_config`, registered in `aogpt_jax.config_groups`). A leaf module: it does not import
 `aogpt_jax.evaluation.zero_shot` (which loads checkpoints, and `checkpoint` imports `config`)."""
 
@@ -32,7 +32,7 @@ class EvalSettings:
   slots_per_call: int = 0          # ensemble slots per compiled call; 0: the backend's default
                                    # (ensembles.default_slots_per_call; also a memory knob)
   max_batches: int = 0             # > 0: only the first batches (smoke tests)
-  model_kind: str = "aogpt"        # aogpt | encoder (the encoder-only MDM model, aogpt_jax.model.encoder)
+  model_kind: str = "aogpt"        # aogpt | encoder (the encoder-only MDM model, model/encoder.py)
   elbo_samples: int = 16           # encoder only: t samples per block of the ELBO row (0: off)
   elbo_stratified: bool = False    # encoder only: stratified t per block (see encoder_nll.py)
 

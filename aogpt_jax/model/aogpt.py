@@ -34,10 +34,11 @@ from flax import nnx
 
 from aogpt_jax.model import cross_entropy
 from aogpt_jax.model import orders as orders_lib
-from aogpt_jax.model.blocks import (Block, condition, dropout, fold_key, modulation_tables, run_block,
-                              table_lookup)
-from aogpt_jax.model.layers import (ATTENTION_IMPLS, BATCH, NORMS, Dense, Embed, Norm, check_choice,
-                              constrain, matmul, trunc_normal)
+from aogpt_jax.model.attention import ATTENTION_IMPLS
+from aogpt_jax.model.blocks import (Block, condition, dropout, fold_key, modulation_tables,
+                                    run_block, table_lookup)
+from aogpt_jax.model.layers import (BATCH, NORMS, Dense, Embed, Norm, check_choice, constrain,
+                                    matmul, trunc_normal)
 
 TARGETS = ("adaln", "sigma_gpt", "repeat", "per_block", "none")
 ATTENTION_PATHS = ("gather", "mask")
@@ -215,7 +216,7 @@ class AOGPT(nnx.Module):
                  of a 4-layer stack's work.
     mask_causal: the mask lets no slot see a later slot (``mask[b, i, j]`` only for j <= i;
                  packed causal rows, no cache): the ``xla`` kernel then skips the score blocks
-                 above the diagonal (`layers.attention`).
+                 above the diagonal (`attention.attention`).
     tables:      `modulation_tables()` computed once by the caller (adaLN only), for many
                  programs on the same weights; None: each block projects its own.
     """
@@ -386,7 +387,7 @@ def loss(m: AOGPT, tokens: jax.Array, order: jax.Array, *,
   targets = orders_lib.permute(tokens, order)
   cfg = m.cfg
   if cfg.loss_chunk:
-    # No [B, n, V] logits: the head and its gradients chunk by chunk (aogpt_jax/model/cross_entropy.py).
+    # No [B, n, V] logits: the head and its gradients chunk by chunk (model/cross_entropy.py).
     x = m.head_features(m.hidden(tokens, order, dropout_key=dropout_key), order)
     w, b = m.output_layer()
     return cross_entropy.fused_mean_nll(x, w, b, targets, valid_vocab=cfg.vocab_size,

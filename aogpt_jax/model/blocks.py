@@ -13,9 +13,9 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from aogpt_jax.model.layers import (BATCH, HEADS, MLP_ACT, Dense, Embed, Norm, attention, constrain,
-                              dense_heads, query_mask, resolve_attention_impl, row_set, slot_rows,
-                              take_rows)
+from aogpt_jax.model.attention import attention, query_mask, resolve_attention_impl
+from aogpt_jax.model.layers import (BATCH, HEADS, MLP_ACT, Dense, Embed, Norm, constrain,
+                                    dense_heads, row_set, slot_rows, take_rows)
 
 
 def dropout(x: jax.Array, rate: float, key: jax.Array | None) -> jax.Array:
@@ -56,7 +56,7 @@ class Attention(nnx.Module):
   def __call__(self, x, *, mask, cache, write_index, query=None, mask_causal=False):
     """``query`` int32 [B, G] (no cache): keys and values of every slot, the rest (queries,
     attention, projection: output [B, G, d]) at these slots only. ``mask_causal``: see
-    `layers.attention`."""
+    `attention.attention`."""
     b, s, d = x.shape
     if query is None:
       qkv = dense_heads(self.c_attn, x, 3, self.n_head, self.head_dim)
@@ -76,8 +76,8 @@ class Attention(nnx.Module):
       # Write this block's keys and values into the preallocated cache (indices past its end
       # are dropped), then attend over the whole cache under the caller's mask.
       # The cache is heads-major [B, N, K, H], as attention reads it: a [B, K, N, H] cache made
-      # XLA:CPU transpose every layer's whole keys and values in every sampler step (3 of the
-      # 14 ms of a step at n = 256, batch 8; tests/test_sampler_logits.py checks for it).
+      # XLA:CPU transpose every layer's whole keys and values in every sampler step (a fifth of
+      # a step: docs/performance.md; tests/test_sampler_logits.py checks none comes back).
       ck, cv = cache
       ck, cv = row_set(ck, write_index, k, axis=2), row_set(cv, write_index, v, axis=2)
       new_cache = (ck, cv)

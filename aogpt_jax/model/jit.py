@@ -46,7 +46,7 @@ def call(jitted, model: nnx.Module, *args, **kw):
 
 def bind(jitted, model: nnx.Module) -> Callable[..., Any]:
   """``jitted`` with ``model`` split once: for a loop of calls on the same weights (`call`
-  splits on every call: ~8 ms for a 4-layer model, serial with the dispatch)."""
+  splits on every call, serial with the dispatch: milliseconds per call for small models)."""
   graphdef, state = nnx.split(model)
   return functools.partial(jitted, graphdef, state)
 

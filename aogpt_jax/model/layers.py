@@ -8,8 +8,6 @@ Parameters are stored in ``param_dtype`` (fp32); computation runs in the module'
 from __future__ import annotations
 
 import contextlib
-import logging
-import math
 from typing import Any, Sequence
 
 import jax
@@ -158,8 +156,8 @@ def take_rows(table: jax.Array, ids: jax.Array) -> jax.Array:
   indices, as the target positions of one training sequence do.
 
   The plain gather's gradient scatter-adds ``B x S`` rows into ``R``: on a GPU every batch row
-  hits the same ``R`` table rows, and the atomics serialise (AO-GPT Small, 16 x 1024 tokens on
-  an H100: the adaLN tables' scatters were 11.8 of the 66 ms step). With distinct indices per
+  hits the same ``R`` table rows, and the atomics serialise (on an H100 they were a sixth of the
+  AO-GPT Small train step: docs/performance.md). With distinct indices per
   row, row ``b``'s contribution is a gather of its gradient by the inverse map (table row ->
   slot), and the batch rows are summed (in fp32). Rows with a repeated index (padding slots, say)
   make the whole backward take the scatter-add, chosen at run time: the gradient is exact
@@ -218,151 +216,3 @@ def dense_heads(dense: Dense, x: jax.Array, groups: int, n_head: int, head_dim: 
 def slot_rows(x: jax.Array, idx: jax.Array) -> jax.Array:
   """``x[b, idx[b, g]]``: the rows [B, G, ...] of ``x`` [B, S, ...] at the slots ``idx`` [B, G]."""
   return jnp.take_along_axis(x, idx.reshape(idx.shape + (1,) * (x.ndim - 2)), axis=1)
-
-
-def query_mask(mask: jax.Array | str | None, query: jax.Array, keys: int) -> jax.Array:
-  """The attention mask's rows [B, G, K] of the query slots ``query`` [B, G], for ``mask`` None
-  (causal), FULL or a [B, S, K] array (see `attention`)."""
-  if mask is None:
-    return jnp.arange(keys)[None, None, :] <= query[..., None]
-  if isinstance(mask, str):
-    return jnp.ones(query.shape + (keys,), bool)
-  return slot_rows(mask, query)
-
-
-# ----------------------------------------------------------------------------- attention
-
-ATTENTION_IMPLS = ("auto", "xla", "cudnn", "splash", "blockwise")
-# ``mask`` value for bidirectional attention with no mask array (the encoder baseline).
-FULL = "full"
-_logged: set[tuple] = set()
-
-
-def _log_once(msg: str, *key) -> None:
-  if key not in _logged:
-    _logged.add(key)
-    logging.info(msg)
-
-
-def resolve_attention_impl(requested: str, dtype, head_dim: int, *, masked: bool,
-                           seq_q: int | None = None, seq_k: int | None = None) -> str:
-  """Chooses the attention kernel.
-
-  ``cudnn`` (flash attention through ``jax.nn.dot_product_attention``) needs a GPU, bf16/fp16
-  and head_dim a multiple of 8 up to 128; ``auto`` takes it when those hold and no explicit mask
-  array is given (causal or full attention) and falls back to ``xla`` otherwise, logging the
-  reason once; ``cudnn`` asked for explicitly raises when they do not hold.
-  ``splash`` (Pallas TPU flash attention, attention_kernels.py) is opt-in, never chosen by
-  ``auto``: it needs a TPU, sequence lengths multiple of 128 and head_dim a multiple of 64 (else
-  it raises); calls with an explicit mask array (the mask path, the cached sampler) run ``xla``,
-  logged once. ``blockwise`` (memory-efficient attention) and ``xla`` run everywhere.
-  """
-  check_choice("model.attention_impl", requested, ATTENTION_IMPLS)
-  if requested in ("xla", "blockwise"):
-    return requested
-  backend = jax.default_backend()
-  if requested == "splash":
-    from aogpt_jax.model.attention_kernels import splash_problems
-    if backend == "tpu" and masked:
-      _log_once("attention: explicit mask array, splash runs causal or full attention only; "
-                "using the XLA kernel for these calls", "splash-masked")
-      return "xla"
-    reasons = [] if backend == "tpu" else [f"backend is {backend}, not tpu"]
-    if seq_q is not None:
-      reasons += splash_problems(seq_q, seq_k or seq_q, head_dim)
-    return _pick("splash", requested, reasons)
-  reasons = []
-  if backend != "gpu":
-    reasons.append(f"backend is {backend}, not gpu")
-  if jnp.dtype(dtype) not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
-    reasons.append(f"compute dtype is {jnp.dtype(dtype).name}, cuDNN needs bfloat16 or float16")
-  if head_dim % 8 or head_dim > 128:
-    reasons.append(f"head_dim {head_dim} is not a multiple of 8 up to 128")
-  if masked and requested == "auto":
-    reasons.append("explicit mask array (auto uses cuDNN only for causal or full attention)")
-  return _pick("cudnn", requested, reasons)
-
-
-def _pick(kernel: str, requested: str, reasons: list[str]) -> str:
-  if requested == kernel:
-    if reasons:
-      raise ValueError(f"model.attention_impl={kernel!r} cannot be used: " + "; ".join(reasons))
-    return kernel
-  if reasons:
-    _log_once("attention: using the XLA kernel (" + "; ".join(reasons) + ")", "xla", *reasons)
-    return "xla"
-  _log_once(f"attention: using {kernel} flash attention", kernel)
-  return kernel
-
-
-def attention(q: jax.Array, k: jax.Array, v: jax.Array, *, mask: jax.Array | str | None,
-              impl: str, block: int = 256, mask_causal: bool = False) -> jax.Array:
-  """``q [B, S, N, H]``, ``k, v [B, C, N, H]``; ``mask``: None (causal), FULL (bidirectional)
-  or bool ``[B, S, C]``.
-
-  ``cudnn`` calls ``jax.nn.dot_product_attention``; ``splash`` the Pallas TPU kernel;
-  ``blockwise`` the memory-efficient online-softmax attention with ``block``-row query and key
-  blocks (attention_kernels.py); ``xla`` is written out as two einsums with the softmax in fp32:
-  on CPU a whole train step at n = 1024 ran 3.2x faster than with
-  ``jax.nn.dot_product_attention``'s XLA path (README, measured results). ``mask_causal``: the
-  caller's mask array lets no query see a key after its own slot (S = C), so ``xla`` skips the
-  blocks above the diagonal (`MASK_CHUNKS`); other kernels ignore it."""
-  no_array = mask is None or (isinstance(mask, str) and mask == FULL)
-  if impl == "cudnn":
-    if no_array:
-      return jax.nn.dot_product_attention(q, k, v, is_causal=mask is None, implementation=impl)
-    return jax.nn.dot_product_attention(q, k, v, mask=mask[:, None, :, :], implementation=impl)
-  if impl in ("splash", "splash_interpret"):
-    from aogpt_jax.model.attention_kernels import splash_attention
-    if not no_array:
-      raise ValueError("splash attention takes no mask array")
-    heads = (BATCH, None, HEADS, None)
-    placed = activation_placement(heads, q.shape)   # under a mesh: per shard, in shard_map
-    shards = None if placed is None else (
-        placed[0], placed[1], activation_placement(heads, k.shape)[1])
-    return splash_attention(q, k, v, causal=mask is None, interpret=impl == "splash_interpret",
-                            shards=shards)
-  if impl == "blockwise":
-    from aogpt_jax.model.attention_kernels import blockwise_attention
-    return blockwise_attention(q, k, v, mask=mask, block=block)
-  if not no_array:
-    if mask_causal and q.shape[1] == k.shape[1]:
-      return _causal_masked_attention(q, k, v, mask)
-    return _masked_attention(q, k, v, mask)
-  scores = jnp.einsum("bsnh,bcnh->bnsc", q, k, preferred_element_type=jnp.float32)
-  scores = scores * (1.0 / math.sqrt(q.shape[-1]))
-  if mask is None:
-    s, c = q.shape[1], k.shape[1]
-    keep = jnp.arange(c)[None, :] <= jnp.arange(s)[:, None]
-    scores = jnp.where(keep, scores, jnp.finfo(jnp.float32).min)
-  probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-  return jnp.einsum("bnsc,bcnh->bsnh", probs, v)
-
-
-def _masked_attention(q, k, v, mask):
-  """The ``xla`` attention under a mask array, on heads-major operands ([B, N, S, H]): XLA:CPU
-  ran the ensembles' packed rows (60 rows x 4 heads of 257 x 257) 0.83x the time of the whole
-  evaluator program than on [B, S, N, H] (whose probs x V dot it laid out transposed); the
-  causal training step was 1.08x slower this way, so it keeps the layout above."""
-  q, k, v = (a.transpose(0, 2, 1, 3) for a in (q, k, v))
-  scores = jnp.einsum("bnsh,bnch->bnsc", q, k, preferred_element_type=jnp.float32)
-  scores = jnp.where(mask[:, None, :, :], scores * (1.0 / math.sqrt(q.shape[-1])),
-                     jnp.finfo(jnp.float32).min)
-  probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-  return jnp.einsum("bnsc,bnch->bnsh", probs, v).transpose(0, 2, 1, 3)
-
-
-# Query chunks of `attention(..., mask_causal=True)` on the ``xla`` kernel: chunk c attends only
-# the keys up to its last slot, (K + 1) / 2K of the score matrix for K chunks. The ensembles'
-# packed rows (60 rows x 4 heads of 257 slots, 2-core CPU): one layer's attention 125-141 ms ->
-# 80-86 ms with 4 chunks (2 or 3: 81-91; transposing to heads-major once and slicing there:
-# 89-92).
-MASK_CHUNKS = 4
-
-
-def _causal_masked_attention(q, k, v, mask):
-  """`_masked_attention` of a mask with no key past its query's slot, by query chunks."""
-  s = q.shape[1]
-  bounds = [round(s * c / MASK_CHUNKS) for c in range(MASK_CHUNKS + 1)]
-  return jnp.concatenate([_masked_attention(q[:, lo:hi], k[:, :hi], v[:, :hi], mask[:, lo:hi, :hi])
-                          for lo, hi in zip(bounds[:-1], bounds[1:]) if hi > lo], axis=1)

@@ -2,7 +2,7 @@
 how its held-out loss is measured and reported, and which sampler and evaluator fit its model.
 
     ao   any-order autoregression (AO-GPT, sigma-GPT, GPT): NLL under an order (model.loss)
-    mdm  the encoder-only masked diffusion baseline: the ELBO of Eq. 1 (mdm.py)
+    mdm  the encoder-only masked diffusion baseline: the ELBO of Eq. 1 (model/encoder.py)
 
 The trainer (train.py, train_loop.py) calls `get(cfg.objective)` and never tests the name; the
 keys ``sample.method`` and ``eval.model_kind`` follow from the objective unless a run sets
@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from aogpt_jax.model import encoder as mdm_lib
+from aogpt_jax.model import encoder as encoder_model
 from aogpt_jax.model import aogpt as model_lib
 from aogpt_jax.model import orders as orders_lib
 
@@ -94,16 +94,16 @@ def mdm_metrics(terms: jax.Array, n: int) -> dict[str, jax.Array]:
 
 def _mdm_loss(m, tokens, order, mask_key, dropout_key):
   del order
-  loss, terms = mdm_lib.mdm_loss(m, tokens, mask_key, dropout_key=dropout_key)
+  loss, terms = encoder_model.mdm_loss(m, tokens, mask_key, dropout_key=dropout_key)
   return loss, mdm_metrics(terms, tokens.shape[1])
 
 
 def _mdm_heldout(m, tokens, weight, key, orders: HeldoutOrders):
   del orders
   b, n = tokens.shape
-  t, masked = mdm_lib.draw_masks(key, b, n)
+  t, masked = encoder_model.draw_masks(key, b, n)
   return {"tokens": jnp.sum(weight) * n,
-          "nll_elbo": jnp.sum(mdm_lib.weighted_nll(m, tokens, masked, t) * weight)}
+          "nll_elbo": jnp.sum(encoder_model.weighted_nll(m, tokens, masked, t) * weight)}
 
 
 def _mdm_report(sums, orders: HeldoutOrders):
@@ -117,7 +117,7 @@ REGISTRY: dict[str, Objective] = {
                     sample_methods=("diffusion", "ar", "uncached", "speculative"),
                     model_kinds=("aogpt",), ensembles=True),
     "mdm": Objective("mdm", "an encoder (objective=mdm)", _mdm_loss, _mdm_heldout, _mdm_report,
-                     model_config=mdm_lib.encoder_config, sample_methods=("encoder",),
+                     model_config=encoder_model.encoder_config, sample_methods=("encoder",),
                      model_kinds=("encoder",), ensembles=False),
 }
 NAMES = tuple(REGISTRY)

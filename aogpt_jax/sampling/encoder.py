@@ -4,8 +4,8 @@ The model is the encoder of `aogpt_jax.model.encoder` (an AOGPT with ``target='n
 bidirectional attention; [MASK] = ``valid_vocab_size``). It shares everything but the forward
 with the AO-GPT sampler: the host-side plan (`sampler.prepare` / `sampler.plan`: the generation
 order with prompt positions first, the linear / cosine schedule, deterministic or Lemma 4.1
-counts) and the token draw (`sampling.tokens`: temperature, top-p, float64 Gumbel, the token at
-original position p of sample i drawn with the key ``fold_in(fold_in(fold_in(key, i), 2), p)``).
+counts) and the token draw (`sampling.tokens`: temperature, top-p, the inverse-CDF draw, the token
+at original position p of sample i drawn with the key ``fold_in(fold_in(fold_in(key, i), 2), p)``).
 
 One step (frontier m = tokens known, k to reveal). The input is the current tokens at positions
 of rank < m (prompt and revealed) and [MASK] everywhere else, and ONE full bidirectional forward
@@ -29,7 +29,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from aogpt_jax.model import encoder as mdm
+from aogpt_jax.model import encoder as encoder_model
 from aogpt_jax.model import orders as orders_lib
 from aogpt_jax.model.aogpt import AOGPT
 from aogpt_jax.sampling import tokens as tokens_lib
@@ -47,8 +47,8 @@ def query_positions(order: jax.Array, known: jax.Array, q0: jax.Array, k: jax.Ar
 def step_logits(model: AOGPT, tokens: jax.Array, rank: jax.Array, known: jax.Array,
                 qpos: jax.Array) -> jax.Array:
   """Logits [B, Q, V] at positions ``qpos`` [B, Q]: the encoder's masked forward
-  (`mdm.masked_logits`) with the tokens of rank >= ``known`` [B] masked."""
-  return mdm.masked_logits(model, tokens, rank >= known[:, None], qpos)
+  (`encoder_model.masked_logits`) with the tokens of rank >= ``known`` [B] masked."""
+  return encoder_model.masked_logits(model, tokens, rank >= known[:, None], qpos)
 
 
 def sample_encoder(model: AOGPT, order, tokens0, tok_keys, passes: Passes, queries: int,

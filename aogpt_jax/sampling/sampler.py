@@ -1,5 +1,6 @@
-"""Sampling from an AO-GPT (or the encoder-only MDM baseline): settings, validation, the compiled
-samplers, and `--mode=sample`.
+"""Sampling from an AO-GPT (or the encoder-only MDM baseline): settings, validation and the
+compiled samplers (the ``sample`` config group is in `sampling.config`, ``--mode=sample``'s writer
+in `sampling.write`).
 
 Four samplers share one plan (order, schedule, counts), one token-sampling routine and one key
 scheme (`sampling.tokens`):
@@ -16,7 +17,7 @@ scheme (`sampling.tokens`):
   ``steps`` / ``schedule`` / ``count_mode`` are unused.
 * ``encoder``: the encoder-only masked-diffusion model of `aogpt_jax.model.encoder` (bidirectional,
   [MASK] tokens; `sampling.encoder`): the standard MDM reverse process, one full forward per
-  step. Needs a model built with `mdm.make_encoder`.
+  step. Needs a model built with `encoder_model.make_encoder`.
 
 Usage::
 
@@ -35,21 +36,15 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import math
 import numbers
-import os
-import time
 from typing import Any, Sequence
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 
-from aogpt_jax import config_groups
-from aogpt_jax.model import encoder as mdm
-from aogpt_jax.train import metrics as metrics_lib
+from aogpt_jax.model import encoder as encoder_model
 from aogpt_jax.model import jit as model_jit
 from aogpt_jax.model import orders as orders_lib
 from aogpt_jax.model.layers import check_choice
@@ -91,7 +86,7 @@ class SampleSettings:
     if self.method not in METHODS:
       raise ValueError(f"sample.method: must be one of {METHODS}, got {self.method!r}")
     if self.method == "encoder":
-      mdm.check_encoder(cfg, "sample.method='encoder'")
+      encoder_model.check_encoder(cfg, "sample.method='encoder'")
     for name in ("length", "steps"):
       v = getattr(self, name)
       if isinstance(v, bool) or not isinstance(v, numbers.Integral):
@@ -236,8 +231,8 @@ def plan(batches: Sequence[Prepared], *, block: int | None = None, pass_overhead
 
 
 @model_jit.jit("kind", "shape", "draw", "draft", "queries")
-def sampler_program(model, order, tokens0, prompt_len, tok_keys, passes: Passes | None, *, kind: str,
-             shape: PassShape | None, draw: Draw, draft, queries=None):
+def sampler_program(model, order, tokens0, prompt_len, tok_keys, passes: Passes | None, *,
+                    kind: str, shape: PassShape | None, draw: Draw, draft, queries=None):
   """Every sampler behind one jit: ``kind`` (sample.method) picks it; ``shape`` (planned
   methods), ``draw`` and ``draft`` (speculative) are static."""
   if kind == "ar":
@@ -301,153 +296,3 @@ def generate(model: AOGPT, key: jax.Array, s: SampleSettings, *, prompt=None,
   p = prepare(model.cfg, key, s, prompt=prompt, batch=batch, sample_offset=sample_offset)
   pl = None if s.method in PLANLESS_METHODS else plan([p], block=block, method=s.method)[0]
   return sample_batch(model, p, pl, s, debug=debug)
-
-
-# ----------------------------------------------------------------------------- --mode=sample
-
-
-def sample_config() -> ml_collections.ConfigDict:
-  """Defaults of the ``sample`` config group (``--config.sample.steps=128`` etc.)."""
-  return ml_collections.ConfigDict(dict(
-      method="diffusion",          # diffusion | ar | uncached | speculative | encoder (MDM model)
-      draft="auto",                # speculative: drafts per round, "auto" or an integer ("4")
-      draft_queries="taper",       # speculative: taper (fewer after early slots) | all
-      num_samples=8,
-      batch_size=8,
-      length=0,                    # 0: model.block_size
-      steps=64,                    # 1..length (ignored by ar)
-      schedule="linear",           # linear | cosine
-      count_mode="deterministic",  # deterministic (released code) | stochastic (Lemma 4.1)
-      order="random",              # random | l2r | any registered order distribution
-      top_p=1.0,
-      top_p_rule="published",    # published (the released code's rule) | nucleus
-      temperature=1.0,
-      greedy=False,
-      seed=0,
-      prompt="",                   # text given at the start (prefix prompting)
-      suffix="",                   # text given at the end (with prompt: infilling)
-      prompt_pairs="",             # extra given tokens, "position:token_id,..."
-      which="ema",                 # weights to load: ema | params
-      name="",                     # output file stem ("" -> derived from the settings)
-  ))
-
-
-def _run_sample_group() -> ml_collections.ConfigDict:
-  """The ``sample`` group of a run's config: `sample_config` with ``method`` "" (= the
-  objective's: diffusion | encoder; config.follow_objective)."""
-  c = sample_config()
-  c.method = ""
-  return c
-
-
-config_groups.register("sample", _run_sample_group)
-
-
-def settings_from_config(c: ml_collections.ConfigDict, cfg: ModelConfig) -> SampleSettings:
-  return SampleSettings(length=int(c.length) or cfg.block_size, steps=int(c.steps),
-                        schedule=c.schedule, count_mode=c.count_mode, order=c.order,
-                        temperature=float(c.temperature), top_p=float(c.top_p),
-                        top_p_rule=str(c.get("top_p_rule", "published")),
-                        greedy=bool(c.greedy), method=c.method,
-                        draft=parse_draft(c.get("draft", "auto")),
-                        draft_queries=str(c.get("draft_queries", "taper")))
-
-
-def parse_draft(value) -> Any:
-  """``sample.draft`` from a config: "auto" or an integer (given as int or string)."""
-  v = str(value).strip()
-  if v == "auto":
-    return v
-  try:
-    return int(v)
-  except ValueError:
-    raise ValueError(f"sample.draft: must be 'auto' or an integer, got {value!r}") from None
-
-
-def config_prompt(c: ml_collections.ConfigDict, tokenizer, length: int, vocab: int):
-  """The pairs of a config's prompt / suffix / prompt_pairs, or None when all are empty."""
-  pairs = list(enumerate(tokenizer.encode(c.prompt))) if c.prompt else []
-  if c.suffix:
-    suffix = tokenizer.encode(c.suffix)
-    if len(pairs) + len(suffix) > length:
-      raise ValueError(f"sample.prompt + sample.suffix: {len(pairs)} + {len(suffix)} tokens "
-                       f"exceed sample.length {length}")
-    pairs += [(length - len(suffix) + i, t) for i, t in enumerate(suffix)]
-  for item in filter(None, (x.strip() for x in str(c.prompt_pairs).split(","))):
-    try:
-      pos, tok = (int(v) for v in item.split(":"))
-    except ValueError:
-      raise ValueError(f"sample.prompt_pairs: expected 'position:token_id', got {item!r}")
-    pairs.append((pos, tok))
-  if not pairs:
-    return None
-  if len(pairs) > length:
-    raise ValueError(f"sample.prompt: {len(pairs)} given tokens exceed sample.length {length}")
-  return prompts.pairs_prompt([pairs], length, vocab)
-
-
-def write_samples(model: AOGPT, config: ml_collections.ConfigDict, workdir: str, tokenizer, *,
-                  step: int | None = None, loaded: dict | None = None) -> str:
-  """Samples ``config.sample`` (or ``config`` itself if it is the group) and writes
-  WORKDIR/samples/NAME.jsonl (one JSON line per sample: index, tokens, text, order) and
-  NAME.json (the settings, the plan, timings, and ``loaded``: which checkpoint, step and weights
-  made them). An existing NAME is never overwritten: the new files get NAME-2, NAME-3, ...
-  Everything is validated before compiling; one compiled sampler serves every batch. Returns
-  the .jsonl path."""
-  c = config.sample if "sample" in config else config
-  cfg = model.cfg
-  s = settings_from_config(c, cfg)
-  s.validate(cfg)
-  for f in ("num_samples", "batch_size"):
-    if int(c[f]) < 1:
-      raise ValueError(f"sample.{f}: must be >= 1, got {c[f]}")
-  base = config_prompt(c, tokenizer, s.length, cfg.valid_vocab_size)
-  key = jax.random.key(int(c.seed))
-  num, bs = int(c.num_samples), int(c.batch_size)
-  bs = min(bs, num)
-  prompt = None if base is None else tuple(np.repeat(a, bs, axis=0) for a in base)
-  # Every batch has bs rows (the last one padded with samples num.. that are not written), so
-  # one compiled sampler serves the whole run.
-  batches = [prepare(cfg, key, s, prompt=prompt, batch=bs, sample_offset=off)
-             for off in range(0, num, bs)]
-  plans = ([None] * len(batches) if s.method in PLANLESS_METHODS
-           else plan(batches, method=s.method))
-  out_dir = os.path.join(workdir, "samples")
-  os.makedirs(out_dir, exist_ok=True)      # an unwritable workdir fails before sampling
-  t0 = time.perf_counter()
-  progress = metrics_lib.ProgressLog("sample batches", len(batches))
-  outs = []
-  for i, (p, pl) in enumerate(zip(batches, plans)):
-    outs.append(jax.block_until_ready(sample_batch(model, p, pl, s)))
-    progress.update(i + 1)
-  seconds = time.perf_counter() - t0
-  queries = "_all" if s.draft_queries == "all" else ""
-  steps = ("" if s.method == "ar" else f"_K{s.draft}{queries}_{s.order}"
-           if s.method == "speculative" else f"_T{s.steps}_{s.schedule}_{s.count_mode}")
-  rule = "" if s.top_p_rule == "published" or s.top_p == 1 else s.top_p_rule
-  name = c.name or (f"{s.method}{steps}_p{s.top_p:g}{rule}_t{s.temperature:g}_seed{int(c.seed)}")
-  stem, k = name, 1
-  while any(os.path.exists(os.path.join(out_dir, stem + ext)) for ext in (".jsonl", ".json")):
-    k += 1
-    stem = f"{name}-{k}"
-  path = os.path.join(out_dir, stem + ".jsonl")
-  with open(path, "x") as f:
-    for off, o in zip(range(0, num, bs), outs):
-      for i, (toks, order) in enumerate(zip(o.tokens[:num - off], o.order[:num - off])):
-        f.write(json.dumps({"index": off + i, "tokens": toks.tolist(),
-                            "text": tokenizer.decode(toks.tolist()),
-                            "order": order.tolist()}) + "\n")
-  meta = {"settings": {k: (v.tolist() if isinstance(v, np.ndarray) else v)
-                       for k, v in dataclasses.asdict(s).items()},
-          "config": c.to_dict(), "checkpoint_step": step, "loaded": loaded,
-          "model": cfg.to_dict(),
-          "num_samples": num, "seconds_incl_compile": round(seconds, 3),
-          "tokens_per_s_incl_compile": round(num * s.length / seconds, 1),
-          "plan": None if plans[0] is None else plans[0].stats()}
-  if s.method == "speculative":
-    passes = np.concatenate([o.passes[:num - off] for off, o in zip(range(0, num, bs), outs)])
-    meta["passes_per_token"] = round(float(passes.sum() / max(1, sum(
-        int((~b.prompt_mask[:num - off]).sum()) for off, b in zip(range(0, num, bs), batches)))), 4)
-  with open(os.path.join(out_dir, stem + ".json"), "x") as f:
-    json.dump(meta, f, indent=1)
-  return path

@@ -60,13 +60,14 @@ def compare(m, encoder=None, *, length: int, batch: int, steps: Sequence[int],
   on ``batch`` samples of ``length`` tokens; returns one row per configuration, the diffusion
   rows with ``vs_ar_time_ratio`` and ``<method>_over_diffusion_speedup`` (how many times faster
   the KV-cached sampler is than each full-forward one at the same T). ``encoder``: the
-  `aogpt_jax.model.encoder` model for ``'encoder'``; ``settings``: seed, count_mode, schedule, order;
+  `aogpt_jax.model.encoder` model for ``'encoder'``;
+  ``settings``: seed, count_mode, schedule, order;
   ``log`` gets each row once compiled."""
   unknown = sorted(set(methods) - set(sampler.METHODS))
   if unknown:
     raise ValueError(f"methods: unknown {unknown}; known: {sampler.METHODS}")
   if "encoder" in methods and encoder is None:
-    raise ValueError("methods has 'encoder' but no encoder model was given (mdm.make_encoder)")
+    raise ValueError("methods has 'encoder' but no encoder model was given (model.encoder.make_encoder)")
   kw = dict(length=length, batch=batch, **settings)
   built = []
   if "ar" in methods:

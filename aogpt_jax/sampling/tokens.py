@@ -37,7 +37,6 @@ tokens per block (`CDF_BLOCK`), P = K CB the vocabulary padded to whole blocks.
 from __future__ import annotations
 
 import contextlib
-import math
 
 import jax
 import jax.numpy as jnp
@@ -130,8 +129,9 @@ def top_p_cutoff(logits: jax.Array, top_p: float, rule: str,
                    logits)[..., None]
 
 
-# Rows drawn together on CPU (`_by_query_local`): the top-p draw took ~0.41 ms a row in chunks of
-# 4 or 8 and ~0.87 ms a row with 128 rows at once (float64 temporaries of 51 MB leave the cache).
+# Rows drawn together on CPU (`_by_query_local`): in chunks of 4 or 8 rows the top-p draw's
+# float64 temporaries stay in the cache; all rows at once (128 in a speculative round) took about
+# twice the time per row.
 DRAW_ROWS = 8
 
 

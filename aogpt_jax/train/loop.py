@@ -19,9 +19,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
-import pathlib
-import signal
 import time
 
 import jax
@@ -30,87 +27,15 @@ from aogpt_jax.checkpoints import store as checkpoint_lib
 from aogpt_jax import config as config_lib
 from aogpt_jax import data as data_lib
 from aogpt_jax.train import metrics as metrics_lib
+from aogpt_jax.train import flops as flops_lib
 from aogpt_jax.model import objectives
 from aogpt_jax.train import sharding as sharding_lib
 from aogpt_jax.train import step as train_lib
+from aogpt_jax.train import workdir as workdir_lib
 
 
 class NonFiniteLoss(FloatingPointError):
   """A training step produced a NaN or infinite loss, gradient norm or parameter norm."""
-
-
-def prepare_workdir(workdir: str) -> pathlib.Path:
-  if not workdir:
-    raise config_lib.ConfigError("--workdir: required")
-  path = pathlib.Path(workdir).expanduser().absolute()
-  checkpoint_lib.check_writable(path, "--workdir")
-  return path
-
-
-def lock_workdir(workdir) -> "object":
-  """Takes WORKDIR/.lock (an flock, released by the kernel when the process dies, so a kill -9
-  leaves no stale lock); raises a one-line ConfigError if another run holds it. Returns the open
-  lock file: keep it open for the whole run, close it to release."""
-  import fcntl
-  path = pathlib.Path(workdir) / ".lock"
-  f = open(path, "a+", encoding="utf-8")
-  try:
-    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-  except OSError:
-    f.seek(0)
-    holder = f.read().strip() or "unknown"
-    f.close()
-    raise config_lib.ConfigError(
-        f"--workdir: {workdir} is in use by another run (pid {holder}, lock {path}); "
-        "wait for it or use another --workdir") from None
-  f.seek(0)
-  f.truncate()
-  f.write(f"{os.getpid()}\n")
-  f.flush()
-  return f
-
-
-def write_json_atomic(path: pathlib.Path, text: str) -> None:
-  tmp = path.with_name(path.name + ".tmp")
-  tmp.write_text(text, encoding="utf-8")
-  os.replace(tmp, path)
-
-
-class StopSignal:
-  """SIGTERM or SIGINT (Ctrl-C) -> "save and exit"; a second Ctrl-C stops at once, unsaved.
-  Multi-host runs use JAX's preemption sync point instead, so that every process stops at the
-  same step."""
-
-  SIGNALS = (signal.SIGTERM, signal.SIGINT)
-
-  def __init__(self):
-    self.requested = False
-    self.multihost = jax.process_count() > 1
-    self._previous = {}
-    if not self.multihost:
-      self._previous = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
-
-  def _handle(self, signum, frame):
-    del frame
-    if self.requested and signum == signal.SIGINT:
-      raise KeyboardInterrupt("second Ctrl-C: stopping without saving")
-    logging.warning("received %s: saving a checkpoint and stopping (Ctrl-C again: stop without "
-                    "saving)", signal.Signals(signum).name)
-    self.requested = True
-
-  def should_stop(self, step: int) -> bool:
-    if self.multihost and not self.requested:
-      from jax.experimental import multihost_utils
-      try:
-        self.requested = multihost_utils.reached_preemption_sync_point(step)
-      except RuntimeError as e:   # preemption service disabled: SIGTERM is not caught
-        logging.warning("no preemption sync point (%s); SIGTERM will not save", e)
-        self.multihost = False
-    return self.requested
-
-  def restore(self) -> None:
-    for s, previous in self._previous.items():
-      signal.signal(s, previous)
 
 
 class _Window:
@@ -158,7 +83,7 @@ def _check_finite(step: int, m: dict[str, float], ckpt=None) -> None:
                         f"step was not saved; {where}.")
 
 
-def evaluate(trainer: train_lib.Trainer, params, cfg) -> dict[str, float]:
+def heldout_eval(trainer: train_lib.Trainer, params, cfg) -> dict[str, float]:
   """Held-out NLL per token under the L2R order, under uniform orders (fixed seed) and, for a
   run on another fixed order distribution, under that one (`train.heldout_orders`)."""
   bs = cfg.eval.batch_size or cfg.batch_size
@@ -181,11 +106,11 @@ def train(cfg, workdir: str) -> dict[str, float]:
   model_cfg = config_lib.resolve(cfg)
   mesh = sharding_lib.make_mesh(cfg)
   sharding_lib.check_batch_sizes(cfg, mesh)
-  workdir = prepare_workdir(workdir)
+  workdir = workdir_lib.prepare_workdir(workdir)
   checkpoint_lib.check_writable(checkpoint_lib.checkpoint_dir(workdir))  # before compiling
   meta = checkpoint_lib.run_meta(cfg, model_cfg)
   proc = jax.process_index()
-  lock = lock_workdir(workdir) if proc == 0 else None
+  lock = workdir_lib.lock_workdir(workdir) if proc == 0 else None
   try:
     return _train(cfg, workdir, model_cfg, mesh, meta, proc)
   finally:
@@ -203,7 +128,7 @@ def _train(cfg, workdir, model_cfg, mesh, meta, proc) -> dict[str, float]:
     ckpt = checkpoint_lib.Checkpointer(workdir, cfg.checkpoint)
     restored = ckpt.restore_latest(trainer.abstract_state, data_iter, meta)
     if proc == 0:
-      write_json_atomic(workdir / "config.json", json_dumps(meta["config"]))
+      workdir_lib.write_json_atomic(workdir / "config.json", json_dumps(meta["config"]))
     if restored is None:
       state, start = trainer.init(), 0
       logging.info("starting a new run in %s", workdir)
@@ -248,18 +173,18 @@ def _compile_step(trainer, state, batch):
   """The train step compiled ahead of time for this state and batch; logs the mesh and XLA's
   per-device memory estimate of the step (one line, before the first step runs)."""
   compiled = trainer.step.lower(state, batch).compile()
-  mem = metrics_lib.compiled_memory(compiled)
-  logging.info("%s", metrics_lib.memory_line(trainer.mesh, mem, metrics_lib.device_bytes_limit()))
+  mem = flops_lib.compiled_memory(compiled)
+  logging.info("%s", flops_lib.memory_line(trainer.mesh, mem, flops_lib.device_bytes_limit()))
   return compiled
 
 
 def _loop(cfg, trainer, state, start: int, data_iter, ckpt, writer, meta) -> dict[str, float]:
   total = cfg.total_steps
-  flops = metrics_lib.train_flops_per_step(trainer.model_cfg, cfg.batch_size, cfg.seq_len,
+  flops = flops_lib.train_flops_per_step(trainer.model_cfg, cfg.batch_size, cfg.seq_len,
                                            cfg.microbatches)
   tokens_per_step = cfg.batch_size * cfg.seq_len
   progress = metrics_lib.Progress(start, total)
-  stop = StopSignal()
+  stop = workdir_lib.StopSignal()
   window = _Window()
   pending = None        # (step, device metrics) of the last dispatched step, not yet checked
   last: dict[str, float] = {}
@@ -304,7 +229,7 @@ def _loop(cfg, trainer, state, start: int, data_iter, ckpt, writer, meta) -> dic
         scalars = window.scalars()
         scalars["train/steps_per_sec"] = rate
         scalars["train/tokens_per_sec"] = rate * tokens_per_step
-        u = metrics_lib.mfu(flops, rate)
+        u = flops_lib.mfu(flops, rate)
         if u is not None:
           scalars["train/mfu"] = u
         writer.write_scalars(step, scalars)
@@ -314,7 +239,7 @@ def _loop(cfg, trainer, state, start: int, data_iter, ckpt, writer, meta) -> dic
         window = _Window()
       if is_eval:
         with progress.paused():
-          ev = evaluate(trainer, state[eval_params], cfg)
+          ev = heldout_eval(trainer, state[eval_params], cfg)
         writer.write_scalars(step, ev)
         last.update(ev)
         if is_main:

@@ -1,0 +1,93 @@
+"""The ``sample`` config group (``--config.sample.steps=128`` etc.) and its translation into
+`SampleSettings` and a prompt."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ml_collections
+
+from aogpt_jax import config_groups
+from aogpt_jax.model.aogpt import ModelConfig
+from aogpt_jax.sampling import prompts
+from aogpt_jax.sampling.sampler import SampleSettings
+
+
+def sample_config() -> ml_collections.ConfigDict:
+  """Defaults of the ``sample`` config group (``--config.sample.steps=128`` etc.)."""
+  return ml_collections.ConfigDict(dict(
+      method="diffusion",          # diffusion | ar | uncached | speculative | encoder (MDM model)
+      draft="auto",                # speculative: drafts per round, "auto" or an integer ("4")
+      draft_queries="taper",       # speculative: taper (fewer after early slots) | all
+      num_samples=8,
+      batch_size=8,
+      length=0,                    # 0: model.block_size
+      steps=64,                    # 1..length (ignored by ar)
+      schedule="linear",           # linear | cosine
+      count_mode="deterministic",  # deterministic (released code) | stochastic (Lemma 4.1)
+      order="random",              # random | l2r | any registered order distribution
+      top_p=1.0,
+      top_p_rule="published",    # published (the released code's rule) | nucleus
+      temperature=1.0,
+      greedy=False,
+      seed=0,
+      prompt="",                   # text given at the start (prefix prompting)
+      suffix="",                   # text given at the end (with prompt: infilling)
+      prompt_pairs="",             # extra given tokens, "position:token_id,..."
+      which="ema",                 # weights to load: ema | params
+      name="",                     # output file stem ("" -> derived from the settings)
+  ))
+
+
+def _run_sample_group() -> ml_collections.ConfigDict:
+  """The ``sample`` group of a run's config: `sample_config` with ``method`` "" (= the
+  objective's: diffusion | encoder; config.follow_objective)."""
+  c = sample_config()
+  c.method = ""
+  return c
+
+
+config_groups.register("sample", _run_sample_group)
+
+
+def settings_from_config(c: ml_collections.ConfigDict, cfg: ModelConfig) -> SampleSettings:
+  return SampleSettings(length=int(c.length) or cfg.block_size, steps=int(c.steps),
+                        schedule=c.schedule, count_mode=c.count_mode, order=c.order,
+                        temperature=float(c.temperature), top_p=float(c.top_p),
+                        top_p_rule=str(c.get("top_p_rule", "published")),
+                        greedy=bool(c.greedy), method=c.method,
+                        draft=parse_draft(c.get("draft", "auto")),
+                        draft_queries=str(c.get("draft_queries", "taper")))
+
+
+def parse_draft(value) -> Any:
+  """``sample.draft`` from a config: "auto" or an integer (given as int or string)."""
+  v = str(value).strip()
+  if v == "auto":
+    return v
+  try:
+    return int(v)
+  except ValueError:
+    raise ValueError(f"sample.draft: must be 'auto' or an integer, got {value!r}") from None
+
+
+def config_prompt(c: ml_collections.ConfigDict, tokenizer, length: int, vocab: int):
+  """The pairs of a config's prompt / suffix / prompt_pairs, or None when all are empty."""
+  pairs = list(enumerate(tokenizer.encode(c.prompt))) if c.prompt else []
+  if c.suffix:
+    suffix = tokenizer.encode(c.suffix)
+    if len(pairs) + len(suffix) > length:
+      raise ValueError(f"sample.prompt + sample.suffix: {len(pairs)} + {len(suffix)} tokens "
+                       f"exceed sample.length {length}")
+    pairs += [(length - len(suffix) + i, t) for i, t in enumerate(suffix)]
+  for item in filter(None, (x.strip() for x in str(c.prompt_pairs).split(","))):
+    try:
+      pos, tok = (int(v) for v in item.split(":"))
+    except ValueError:
+      raise ValueError(f"sample.prompt_pairs: expected 'position:token_id', got {item!r}")
+    pairs.append((pos, tok))
+  if not pairs:
+    return None
+  if len(pairs) > length:
+    raise ValueError(f"sample.prompt: {len(pairs)} given tokens exceed sample.length {length}")
+  return prompts.pairs_prompt([pairs], length, vocab)

@@ -1,0 +1,88 @@
+"""The training workdir: its creation, its lock (one run at a time), atomic JSON writes, and the
+stop signals (SIGTERM / Ctrl-C: save, then exit; a multi-host preemption notice)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import pathlib
+import signal
+
+import jax
+
+from aogpt_jax import config as config_lib
+from aogpt_jax.checkpoints import store as checkpoint_lib
+
+
+def prepare_workdir(workdir: str) -> pathlib.Path:
+  if not workdir:
+    raise config_lib.ConfigError("--workdir: required")
+  path = pathlib.Path(workdir).expanduser().absolute()
+  checkpoint_lib.check_writable(path, "--workdir")
+  return path
+
+
+def lock_workdir(workdir) -> "object":
+  """Takes WORKDIR/.lock (an flock, released by the kernel when the process dies, so a kill -9
+  leaves no stale lock); raises a one-line ConfigError if another run holds it. Returns the open
+  lock file: keep it open for the whole run, close it to release."""
+  import fcntl
+  path = pathlib.Path(workdir) / ".lock"
+  f = open(path, "a+", encoding="utf-8")
+  try:
+    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+  except OSError:
+    f.seek(0)
+    holder = f.read().strip() or "unknown"
+    f.close()
+    raise config_lib.ConfigError(
+        f"--workdir: {workdir} is in use by another run (pid {holder}, lock {path}); "
+        "wait for it or use another --workdir") from None
+  f.seek(0)
+  f.truncate()
+  f.write(f"{os.getpid()}\n")
+  f.flush()
+  return f
+
+
+def write_json_atomic(path: pathlib.Path, text: str) -> None:
+  tmp = path.with_name(path.name + ".tmp")
+  tmp.write_text(text, encoding="utf-8")
+  os.replace(tmp, path)
+
+
+class StopSignal:
+  """SIGTERM or SIGINT (Ctrl-C) -> "save and exit"; a second Ctrl-C stops at once, unsaved.
+  Multi-host runs use JAX's preemption sync point instead, so that every process stops at the
+  same step."""
+
+  SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+  def __init__(self):
+    self.requested = False
+    self.multihost = jax.process_count() > 1
+    self._previous = {}
+    if not self.multihost:
+      self._previous = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
+
+  def _handle(self, signum, frame):
+    del frame
+    if self.requested and signum == signal.SIGINT:
+      raise KeyboardInterrupt("second Ctrl-C: stopping without saving")
+    logging.warning("received %s: saving a checkpoint and stopping (Ctrl-C again: stop without "
+                    "saving)", signal.Signals(signum).name)
+    self.requested = True
+
+  def should_stop(self, step: int) -> bool:
+    if self.multihost and not self.requested:
+      from jax.experimental import multihost_utils
+      try:
+        self.requested = multihost_utils.reached_preemption_sync_point(step)
+      except RuntimeError as e:   # preemption service disabled: SIGTERM is not caught
+        logging.warning("no preemption sync point (%s); SIGTERM will not save", e)
+        self.multihost = False
+    return self.requested
+
+  def restore(self) -> None:
+    for s, previous in self._previous.items():
+      signal.signal(s, previous)
