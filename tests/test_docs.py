@@ -235,14 +235,14 @@ def _full_run(argv) -> bool:
 _VALIDATE_MAIN = """
 import sys
 from aogpt_jax import config as config_lib, main
-from aogpt_jax.sampling import sampler
+from aogpt_jax.sampling import config as sample_config
 argv = sys.argv[1:]
 main.parse_flags(["aogpt_jax.main"] + argv)
 cfg = main._CONFIG.value
 assert main._MODE.value in main.MODES, main._MODE.value
 mc = config_lib.resolve(cfg)
 if main._MODE.value == "sample":
-  sampler.settings_from_config(cfg.sample, mc).validate(mc)
+  sample_config.settings_from_config(cfg.sample, mc).validate(mc)
 print("validated", main._MODE.value)
 """
 
