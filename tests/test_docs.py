@@ -202,8 +202,10 @@ def _run(argv, root, env, timeout=600):
 
 
 def _local(argv, root):
+  """``argv`` for a run in ROOT (the test folder, which also receives relative outputs):
+  /tmp/ and WORKDIR point into ROOT, config files into the repository."""
   return [a.replace("/tmp/", f"{root}/").replace("WORKDIR", f"{root}/aogpt_quickstart")
-          for a in argv]
+          .replace("--config=configs/", f"--config={REPO}/configs/") for a in argv]
 
 
 @pytest.fixture(scope="session")
@@ -272,7 +274,7 @@ def _check(argv, root, env):
   elif mod == "aogpt_jax.main":
     _run([sys.executable, "-c", _VALIDATE_MAIN] + _local(argv, root)[3:], root, env, 300)
   elif mod in ("aogpt_jax.data.prepare", "aogpt_jax.checkpoints.convert"):
-    _run([sys.executable, "-c", _VALIDATE_ARGPARSE, mod] + argv[3:], root, env, 300)
+    _run([sys.executable, "-c", _VALIDATE_ARGPARSE, mod] + _local(argv, root)[3:], root, env, 300)
   elif mod == "aogpt_jax.evaluation.lmeval":
     pytest.importorskip("lm_eval")
     out = _run([sys.executable, "-m", mod, "--help"], root, env, 300).stdout
