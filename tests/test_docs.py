@@ -19,8 +19,8 @@ Code (slow, each in a subprocess on CPU):
     and their config resolved and checked (`config.resolve`, the sample settings for
     `--mode=sample`) without running the mode; `aogpt_jax.data.prepare` and `convert import`
     parse their arguments and resolve the data config with the work function replaced by a
-    no-op; `aogpt_jax.evaluation.lmeval` is checked against its `--help` (every flag the
-    command uses is listed). The paper-commands block is run in full by test_paper_commands.py.
+    no-op; `aogpt_jax.evaluation.lmeval` is checked against the harness's `run --help` (every
+    flag the command uses is listed). The paper-commands block is run in full by test_paper_commands.py.
 """
 
 import json
@@ -41,9 +41,10 @@ PAGES = [README] + sorted((REPO / "docs").glob("*.md"))
 PAGE_IDS = [str(p.relative_to(REPO)) for p in PAGES]
 
 # Appended to every fully run `aogpt_jax.main` command (the same for every run of a workdir, so
-# eval / sample find the shapes they trained with).
+# eval / sample find the shapes they trained with). target_dim 128: the published layout's, so
+# `convert export --layout published` can write the quickstart workdir.
 SIZE = ["--config.model.n_layer=1", "--config.model.n_embd=32", "--config.model.n_head=2",
-        "--config.model.target_dim=8", "--config.model.block_size=64",
+        "--config.model.target_dim=128", "--config.model.block_size=64",
         "--config.model.dtype=float32", "--config.seq_len=64", "--config.batch_size=4",
         "--config.microbatches=1", "--config.total_steps=2", "--config.log_every=1",
         "--config.eval_every=0", "--config.checkpoint_every=0",
@@ -277,7 +278,8 @@ def _check(argv, root, env):
     _run([sys.executable, "-c", _VALIDATE_ARGPARSE, mod] + _local(argv, root)[3:], root, env, 300)
   elif mod == "aogpt_jax.evaluation.lmeval":
     pytest.importorskip("lm_eval")
-    out = _run([sys.executable, "-m", mod, "--help"], root, env, 300).stdout
+    # the harness's `run` subcommand (inserted when no command is given, as in the docs)
+    out = _run([sys.executable, "-m", mod, "run", "--help"], root, env, 300).stdout
     flags = [a.split("=")[0] for a in argv if a.startswith("--")]
     assert all(f in out for f in flags), (flags, out[-2000:])
   else:
@@ -311,7 +313,7 @@ SNIPPETS = [(p, i) for p in PAGES for i in range(len(python_blocks(p)))]
 def test_python_snippets(page, index, quickstart):
   root, env = quickstart
   code = python_blocks(page)[index]
-  code = code.replace("~/models/gpt2-large", _gpt2_folder(root)).replace("/tmp/", f"{root}/")
+  code = code.replace("/tmp/", f"{root}/").replace("~/models/gpt2-large", _gpt2_folder(root))
   p = subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True,
                      text=True, timeout=600)
   assert p.returncode == 0, (f"{page.name} block {index}", p.stderr[-4000:])
