@@ -46,10 +46,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from aogpt_jax.evaluation import perplexity as ppl_lib
 from aogpt_jax.model import aogpt as model_lib
 from aogpt_jax.model import jit as model_jit
 from aogpt_jax.model import orders as orders_lib
-from aogpt_jax.evaluation import perplexity as ppl_lib
 
 LAYOUTS = ("pairs", "buckets")
 

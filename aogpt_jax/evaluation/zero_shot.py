@@ -31,15 +31,15 @@ from typing import Any, Callable, Iterable, Mapping
 import jax
 import numpy as np
 
-from aogpt_jax.model import encoder as encoder_model
-from aogpt_jax.train import metrics as metrics_lib
-from aogpt_jax.model import aogpt as model_lib
 from aogpt_jax.checkpoints import store
 from aogpt_jax.evaluation import encoder_nll as enc_lib
 from aogpt_jax.evaluation import ensembles as ens_lib
 from aogpt_jax.evaluation import perplexity as ppl_lib
 from aogpt_jax.evaluation.report import write_results
 from aogpt_jax.evaluation.settings import EvalSettings
+from aogpt_jax.model import aogpt as model_lib
+from aogpt_jax.model import encoder as encoder_model
+from aogpt_jax.train import metrics as metrics_lib
 
 Batches = Iterable[Mapping[str, Any]]
 # EvalSettings lives in evaluation/settings.py so that config.py can read its fields without
