@@ -10,24 +10,21 @@ times inside one ``lax.fori_loop`` (no dispatch per round), timed interleaved (b
 * ``AR step`` / ``AR trunk``: one step of the AR decoder (one slot per row, head, draw) and its
   `hidden_slots` alone.
 
-    python benchmarks/speculative_profile.py --workdir=/tmp/aogpt_quickstart --batch=8
+    python benchmarks/profile/speculative_profile.py --workdir=/tmp/aogpt_quickstart --batch=8
 
 Without ``--workdir``, random weights of configs/quickstart.py's model (preset tiny, float32;
-the time does not depend on the weights). Writes JSON to ``--out`` (default benchmarks/results/speculative_profile.json).
+the time does not depend on the weights). Writes JSON (`benchmarks/common.py`'s schema) to
+``--out`` (default benchmarks/results/speculative_profile_batch<batch>/<machine>.json).
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
 import functools
-import json
 import os
-import subprocess
 import sys
-import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, REPO)
 sys.path.insert(0, os.path.join(REPO, "benchmarks"))
 
@@ -40,7 +37,7 @@ from aogpt_jax.model import aogpt as model_lib  # noqa: E402
 from aogpt_jax.model import orders as orders_lib  # noqa: E402
 from aogpt_jax.sampling import speculative as spec  # noqa: E402
 from aogpt_jax.sampling import tokens as tokens_lib  # noqa: E402
-from sample_speed import machine  # noqa: E402
+import common  # noqa: E402
 
 
 def looped(fn, rounds: int):
@@ -124,8 +121,8 @@ def main(argv=None) -> dict:
   ap.add_argument("--temperature", type=float, default=1.0)
   ap.add_argument("--rounds", type=int, default=64)
   ap.add_argument("--repeats", type=int, default=5)
-  ap.add_argument("--out", default=os.path.join(REPO, "benchmarks", "results",
-                                                "speculative_profile.json"))
+  ap.add_argument("--out", default="",
+                  help="default: results/speculative_profile_batch<batch>/<machine>.json")
   args = ap.parse_args(argv)
   if args.workdir:
     m, _ = checkpoint.load_model(args.workdir, which="ema")
@@ -145,25 +142,16 @@ def main(argv=None) -> dict:
       f = looped(body, args.rounds)
       jax.block_until_ready(f(carry))
       fns.append((name, f, carry))
-    load = [os.getloadavg()[0]]
-    best = {name: float("inf") for name, _, _ in fns}
-    for _ in range(args.repeats):
-      for name, f, carry in fns:
-        t0 = time.perf_counter()
-        jax.block_until_ready(f(carry))
-        best[name] = min(best[name], time.perf_counter() - t0)
-    load.append(os.getloadavg()[0])
+    load = [common.load_avg_1m()]
+    best = common.best_of({name: functools.partial(f, carry) for name, f, carry in fns},
+                          args.repeats, sync=jax.block_until_ready)
+    load.append(common.load_avg_1m())
   ms = {name: round(1e3 * t / args.rounds, 3) for name, t in best.items()}
-  result = {"benchmark": "speculative_profile", "machine": machine(),
-            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-            "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO,
-                                     capture_output=True, text=True).stdout.strip(),
-            "args": vars(args), "load_avg_1m": load, "ms_per_round": ms}
+  result = {"benchmark": "speculative_profile", "load_avg_1m": load, "ms_per_round": ms}
   for name, v in ms.items():
     print(f"{name:24s} {v:8.3f} ms")
-  os.makedirs(os.path.dirname(args.out), exist_ok=True)
-  with open(args.out, "w") as f:
-    json.dump(result, f, indent=1)
+  common.write_result(f"speculative_profile_batch{args.batch}", args, result,
+                      out=args.out or None)
   return result
 
 

@@ -5,13 +5,20 @@ vocabulary 50304, batch 8, fp32, CPU): every sampler is compiled twice, once wit
 and once with the current one, and the two are timed round by round. Samples must be equal.
 
     git show 97b14b8:aogpt_jax/sampling/tokens.py > /tmp/tokens_old.py
-    python benchmarks/sample_ab.py --old=/tmp/tokens_old.py [--rounds=3]
+    python benchmarks/profile/sample_ab.py --old=/tmp/tokens_old.py [--rounds=3]
+
+Prints the JSON and writes it (`benchmarks/common.py`'s schema) to ``--out`` (default
+benchmarks/results/sample_ab/<machine>.json).
 """
 import argparse
 import importlib.util
 import json
 import os
+import sys
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 import jax  # noqa: E402
@@ -22,11 +29,14 @@ from aogpt_jax.model import aogpt as model_lib  # noqa: E402
 from aogpt_jax.sampling import sampler
 from aogpt_jax.sampling import ar, diffusion, tokens as tokens_new  # noqa: E402
 
+import common  # noqa: E402
+
 p = argparse.ArgumentParser()
 p.add_argument("--old", required=True)
 p.add_argument("--rounds", type=int, default=3)
 p.add_argument("--steps", default="16,64,256")
 p.add_argument("--top_p", default="1.0,0.95")
+p.add_argument("--out", default="", help="default: results/sample_ab/<machine>.json")
 a = p.parse_args()
 spec = importlib.util.spec_from_file_location("tokens_old", a.old)
 tokens_old = importlib.util.module_from_spec(spec)
@@ -64,3 +74,4 @@ for name, _ in configs:
   res[name] = dict(old_s=round(o, 3), new_s=round(n, 3), new_over_old=round(n / o, 3))
 res["load_after"] = os.getloadavg()[:3]
 print(json.dumps(res, indent=1))
+common.write_result("sample_ab", a, res, out=a.out or None)

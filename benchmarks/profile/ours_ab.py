@@ -5,7 +5,10 @@ tree, alternately, each run in its own subprocess; per row the best time per sid
 repeats, new / old of the bests, and new / old within each repeat (adjacent runs: robust to a
 load that drifts). Needs git (the old tree is `git archive`d into a scratch folder).
 
-    python benchmarks/ours_ab.py --old=f748e15 [--parts=sample] [--repeats=3] [--steps=16,256]
+    python benchmarks/profile/ours_ab.py --old=f748e15 [--parts=sample] [--repeats=3] [--steps=16,256]
+
+Writes the JSON (`benchmarks/common.py`'s schema) to ``--out`` (default
+benchmarks/results/ours_ab/<machine>.json).
 """
 
 from __future__ import annotations
@@ -18,9 +21,9 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+import common  # noqa: E402
 from vs_published import REPO, side  # noqa: E402
 
 
@@ -41,7 +44,7 @@ def main() -> None:
   ap.add_argument("--runs", type=int, default=2, help="timed runs per side per repeat")
   ap.add_argument("--steps", default="16,64,256")
   ap.add_argument("--top_p", default="1.0")
-  ap.add_argument("--out", default="")
+  ap.add_argument("--out", default="", help="default: results/ours_ab/<machine>.json")
   a = ap.parse_args()
   old = old_tree(a.old)
   load_before = os.getloadavg()
@@ -67,16 +70,13 @@ def main() -> None:
     row["new_over_old"] = row["new"] / row["old"]
     print(f"| {name} | {row['old']:.3f} | {row['new']:.3f} | {row['new_over_old']:.2f} "
           f"| {' '.join(f'{x:.2f}' for x in sorted(row['paired']))} |")
-  if a.out:
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True, cwd=REPO).stdout.strip()
-    with open(a.out, "w") as f:
-      json.dump({"best_s": best, "old": a.old, "new": commit + " (working tree)",
-                 "repeats": a.repeats, "runs": a.runs, "machine": os.uname().nodename,
-                 "cpus": os.cpu_count(), "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
-                 "load_avg_1_5_15_before": load_before, "load_avg_1_5_15_after": os.getloadavg()},
-                f, indent=1)
-    print(f"wrote {a.out}")
+  commit = common.commit()
+  common.write_result(
+      "ours_ab", a, {"best_s": best, "old": a.old, "new": f"{commit} (working tree)",
+                     "repeats": a.repeats, "runs": a.runs,
+                     "load_avg_1_5_15_before": load_before,
+                     "load_avg_1_5_15_after": os.getloadavg()},
+      out=a.out or None, device_info={"backend": "cpu", "kind": "cpu", "count": None, "jax": None})
 
 
 if __name__ == "__main__":

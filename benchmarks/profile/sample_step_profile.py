@@ -3,15 +3,19 @@
 fp32, CPU): every piece jitted on its own (model pass, head, one read of the head weight,
 float64 cast, top-p cut-off, inverse-CDF draw, the whole draw), and the whole samplers
 (T = 256 and 16, AR), timed interleaved round by round, best of ``--repeats``. ``rows``: rows
-of logits per step (8 at T = 256: one token per row; 128 at T = 16: 16 per row). Prints one
-JSON line (milliseconds).
+of logits per step (8 at T = 256: one token per row; 128 at T = 16: 16 per row). Prints the
+JSON (milliseconds) and writes it (`benchmarks/common.py`'s schema) to ``--out`` (default
+benchmarks/results/sample_step_profile/<machine>.json).
 
-    python benchmarks/sample_step_profile.py [--repeats=10] [--only=pieces|samplers]
+    python benchmarks/profile/sample_step_profile.py [--repeats=10] [--only=pieces|samplers]
 """
 import argparse
 import json
 import os
-import time
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 import jax  # noqa: E402
@@ -23,9 +27,12 @@ from aogpt_jax.model import aogpt as model_lib  # noqa: E402
 from aogpt_jax.sampling import sampler
 from aogpt_jax.sampling import tokens as tokens_lib  # noqa: E402
 
+import common  # noqa: E402
+
 p = argparse.ArgumentParser()
 p.add_argument("--repeats", type=int, default=10)
 p.add_argument("--only", default="pieces,samplers")
+p.add_argument("--out", default="", help="default: results/sample_step_profile/<machine>.json")
 a = p.parse_args()
 L, H, E, N, V, B = 4, 4, 256, 256, 50304, 8
 
@@ -77,12 +84,8 @@ def piece_fns(rows: int, slots: int):
 def time_all(fns: dict, repeats: int) -> dict:
   for f, args in fns.values():
     jax.block_until_ready(f(*args))
-  times = {k: [] for k in fns}
-  for _ in range(repeats):
-    for k, (f, args) in fns.items():
-      t0 = time.perf_counter()
-      jax.block_until_ready(f(*args))
-      times[k].append(time.perf_counter() - t0)
+  times = common.interleaved({k: (lambda f=f, args=args: f(*args)) for k, (f, args) in
+                              fns.items()}, repeats, sync=jax.block_until_ready)
   return {k: round(1e3 * min(t), 3) for k, t in times.items()}
 
 
@@ -108,3 +111,4 @@ with tokens_lib.exact_sampling():
                                   max(2, a.repeats // 3))
 res["load_after"] = os.getloadavg()[0]
 print(json.dumps(res, indent=1))
+common.write_result("sample_step_profile", a, res, out=a.out or None)
