@@ -143,7 +143,8 @@ def main() -> None:
                                   row_len=g.row_len, masked=g.masked)
   z = jnp.zeros((a.naive_items_per_call,), jnp.int32)
   naive_calls = -(-len(ranks) * (a.max_m - 1) * a.blocks // a.naive_items_per_call)
-  xla_naive = naive_calls * xla_flops(ens.naive_logp, graphdef, params, jnp.asarray(tokens),
+  xla_naive = naive_calls * xla_flops(ens.naive_logp_program, graphdef, params,
+                                      jnp.asarray(tokens),
                                       jnp.asarray(sigma), jnp.asarray(ids), jnp.uint32(0), z, z,
                                       z, path="gather")
 

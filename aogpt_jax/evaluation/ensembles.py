@@ -205,8 +205,9 @@ packed_logp_cpu = model_jit.jit("row_len", "masked",
 
 
 @model_jit.jit("path")
-def naive_logp(model, tokens, sigma, ids, seed, item_b, item_i, item_j, *, path):
-  """Reference: one full-length forward per (block, i, j); keeps logit row i."""
+def naive_logp_program(model, tokens, sigma, ids, seed, item_b, item_i, item_j, *, path):
+  """Reference: one full-length forward per (block, i, j); keeps logit row i (the jitted program
+  of `naive_logp`; benchmarks/eval_cost.py lowers it for XLA's FLOP count)."""
   n = tokens.shape[1]
   x_IxN = tokens[item_b]
   order_IxN = jax.vmap(lambda b, i, j: sigma[b][context_permutation(
@@ -321,7 +322,7 @@ def naive_logp(model: model_lib.AOGPT, tokens, ids, sigma, *, max_m: int, seed: 
       np.arange(b), np.array(ranks), np.array(list(range(max_m)) if js is None else js),
       indexing="ij"))
   for _, count, (b_I, i_I, j_I) in _chunks([all_b, all_i, all_j], items_per_call):
-    logp_I = np.asarray(model_jit.call(naive_logp, model, *args, jnp.asarray(b_I),
+    logp_I = np.asarray(model_jit.call(naive_logp_program, model, *args, jnp.asarray(b_I),
                                        jnp.asarray(i_I), jnp.asarray(j_I), path=path))[:count]
     out_BxNxM[b_I[:count], i_I[:count], j_I[:count]] = logp_I
   return out_BxNxM
