@@ -206,7 +206,8 @@ packed_logp_cpu = model_jit.jit("row_len", "masked",
 
 @model_jit.jit("path")
 def naive_logp_program(model, tokens, sigma, ids, seed, item_b, item_i, item_j, *, path):
-  """Reference: one full-length forward per (block, i, j); keeps logit row i."""
+  """Reference: one full-length forward per (block, i, j); keeps logit row i (the jitted program
+  of `naive_logp`; benchmarks/eval_cost.py lowers it for XLA's FLOP count)."""
   n = tokens.shape[1]
   x_IxN = tokens[item_b]
   order_IxN = jax.vmap(lambda b, i, j: sigma[b][context_permutation(
