@@ -23,7 +23,7 @@ _EXPORTS = {
     "EvalSettings": "aogpt_jax.evaluation.settings", "evaluate": "aogpt_jax.evaluation.zero_shot",
 }
 
-__all__ = sorted(_EXPORTS) + ["load"]
+__all__ = sorted(_EXPORTS) + ["load", "lazy_exports"]
 
 
 def load(spec: str, which: str = "ema"):
@@ -35,11 +35,27 @@ def load(spec: str, which: str = "ema"):
   return importlib.import_module("aogpt_jax.checkpoints.spec").load_any(spec, which)
 
 
+def lazy_exports(package: str, exports: dict[str, str], modules: tuple[str, ...] = ()):
+  """``(__getattr__, __dir__, __all__)`` for a package whose names are imported on first use:
+  ``exports`` maps a name to the module (relative to ``package``, or absolute) that defines it;
+  ``modules`` are submodules reachable as attributes. Keeps ``import aogpt_jax.x`` free of JAX
+  until a name that needs it is used."""
+  def module(name: str) -> str:
+    return name if name.startswith("aogpt_jax") else f"{package}.{name}"
+
+  def getattr_(name):
+    if name in exports:
+      return getattr(importlib.import_module(module(exports[name])), name)
+    if name in modules:
+      return importlib.import_module(module(name))
+    raise AttributeError(f"module {package!r} has no attribute {name!r}")
+
+  names = sorted(exports) + list(modules)
+  return getattr_, lambda: sorted(set(names) | set(vars(importlib.import_module(package)))), names
+
+
+_getattr, __dir__, _ = lazy_exports("aogpt_jax", _EXPORTS)
+
+
 def __getattr__(name):
-  if name in _EXPORTS:
-    return getattr(importlib.import_module(_EXPORTS[name]), name)
-  raise AttributeError(f"module 'aogpt_jax' has no attribute {name!r}")
-
-
-def __dir__():
-  return sorted(list(globals()) + __all__)
+  return _getattr(name)

@@ -42,10 +42,10 @@ import jax
 from ml_collections import config_dict
 
 from aogpt_jax import config_groups
+from aogpt_jax.data import config as data_config
 from aogpt_jax.model import aogpt as model_lib
 from aogpt_jax.model import objectives as objectives_lib
 from aogpt_jax.model import orders as orders_lib
-from aogpt_jax.data import config as data_config
 
 MESH_AXES = ("data", "fsdp", "tensor")
 LOGICAL_AXES = ("vocab", "embed", "qkv", "heads", "mlp", "cond", "mod", "norm", "head_dim")

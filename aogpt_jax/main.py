@@ -28,8 +28,8 @@ from ml_collections import config_flags
 
 from aogpt_jax import config as config_lib
 from aogpt_jax import modes
-from aogpt_jax.train import sharding as sharding_lib
 from aogpt_jax.train import loop as train_loop
+from aogpt_jax.train import sharding as sharding_lib
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Config file (optionally file.py:arg); override fields as --config.a.b=v.",

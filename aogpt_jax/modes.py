@@ -21,15 +21,15 @@ import os
 
 import jax
 
-from aogpt_jax.checkpoints import store as checkpoint_lib
-from aogpt_jax import data
-from aogpt_jax.evaluation import zero_shot as evaluate
-from aogpt_jax.sampling import write as sample_write
 from aogpt_jax import config as config_lib
-from aogpt_jax.model import objectives
+from aogpt_jax import data
+from aogpt_jax import evaluation
+from aogpt_jax.checkpoints import store as checkpoint_lib
 from aogpt_jax.config import ConfigError
+from aogpt_jax.model import objectives
+from aogpt_jax.sampling import write as sample_write
 
-EVAL_SETTINGS = tuple(f.name for f in dataclasses.fields(evaluate.EvalSettings))
+EVAL_SETTINGS = tuple(f.name for f in dataclasses.fields(evaluation.EvalSettings))
 
 
 def _split_of(name: str, cfg) -> str:
@@ -92,7 +92,7 @@ def _from_spec(cfg, spec: str, which: str):
 def eval_mode(cfg, workdir: str, checkpoint: str = "") -> dict:
   e = cfg.eval
   try:
-    settings = evaluate.EvalSettings.from_dict(
+    settings = evaluation.EvalSettings.from_dict(
         {k: e[k] for k in EVAL_SETTINGS} | {"order_kwargs": eval_order_kwargs(cfg),
         "model_kind": config_lib.objective_value(cfg, "eval.model_kind")})
   except ValueError as err:
@@ -117,9 +117,9 @@ def eval_mode(cfg, workdir: str, checkpoint: str = "") -> dict:
     data.prepared_path(cfg.data, _split_of(n, cfg), int(cfg.seq_len))
   if checkpoint:
     m, prov = _from_spec(cfg, checkpoint, e.which)
-    results = evaluate.evaluate(m, datasets, settings, workdir=workdir, name=e.name, meta=prov)
+    results = evaluation.evaluate(m, datasets, settings, workdir=workdir, name=e.name, meta=prov)
   else:
-    results = evaluate.evaluate_workdir(workdir, datasets, settings, which=e.which, name=e.name)
+    results = evaluation.evaluate_workdir(workdir, datasets, settings, which=e.which, name=e.name)
   if jax.process_index() == 0:
     out = os.path.join(workdir, "eval", e.name)
     print(f"eval results written to {out}.json and {out}.md")

@@ -9,7 +9,9 @@ array_record) with 1 and with ``--num_proc`` processes, for each tokenizer in ``
 Streaming: ``--stream_mb`` MB of random printable bytes prepared with the byte tokenizer (records
 are uint16, exactly as GPT-2's, so the reading cost per token is the same), then ``train_iterator``
 global batches of ``--global_batch`` x ``--seq_len`` drawn in a single process (process_count=1),
-for each worker count. Runs on any machine (CPU work only); sizes are flags. Prints JSON, saves it.
+for each worker count. Runs on any machine (CPU work only); sizes are flags. Prints JSON and
+writes it (`benchmarks/common.py`'s schema) to --out (default
+benchmarks/results/data_throughput/<machine>.json).
 """
 
 from __future__ import annotations
@@ -26,19 +28,12 @@ import time
 import numpy as np
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
 # Light imports only: tokenizer worker processes re-import this script (spawn).
 from aogpt_jax.data import build, config, stdlib_source  # noqa: E402
 
-
-def cpu_name() -> str:
-  try:
-    for line in open("/proc/cpuinfo"):
-      if line.startswith("model name"):
-        return line.split(":", 1)[1].strip()
-  except OSError:
-    pass
-  return platform.processor() or "unknown"
+import common  # noqa: E402  (no JAX at import)
 
 
 def stdlib_corpus(out: pathlib.Path, mb: float) -> int:
@@ -125,8 +120,7 @@ def main() -> None:
   p.add_argument("--read_threads", type=int, default=4)
   p.add_argument("--prefetch", type=int, default=4)
   p.add_argument("--skip_prepare", action="store_true")
-  p.add_argument("--out", default=str(pathlib.Path(__file__).parent / "results" /
-                                      "data_throughput.json"))
+  p.add_argument("--out", default="", help="default: results/data_throughput/<machine>.json")
   args = p.parse_args()
   if any(int(w) > 0 for w in args.worker_counts.split(",")):
     from absl import flags
@@ -136,15 +130,12 @@ def main() -> None:
     prep = [] if args.skip_prepare else bench_prepare(work, args)
     stream = bench_stream(work, args)
   report = {"benchmark": "data_throughput", "machine": {
-      "cpu": cpu_name(), "cores": os.cpu_count(), "python": platform.python_version(),
-      "load_average_1m_at_end": round(os.getloadavg()[0], 2)},
-      "args": vars(args), "prepare": prep, "stream": stream,
-      "stream_target_tokens_per_s": 2_000_000}
-  out = pathlib.Path(args.out)
-  out.parent.mkdir(parents=True, exist_ok=True)
-  out.write_text(json.dumps(report, indent=1))
+      "cpu": common.cpu_model(), "cores": os.cpu_count(), "python": platform.python_version(),
+      "load_average_1m_at_end": common.load_avg_1m()},
+      "prepare": prep, "stream": stream, "stream_target_tokens_per_s": 2_000_000}
   print(json.dumps(report, indent=1))
-  print(f"saved {out}")
+  common.write_result("data_throughput", args, report, out=args.out or None,
+                      device_info=None)   # CPU work only: no JAX device involved
 
 
 if __name__ == "__main__":

@@ -10,7 +10,8 @@ FLOPs for the executed shapes, and XLA's own FLOP count of the compiled programs
     python benchmarks/eval_cost.py                       # CPU: tiny model, n = 256, M = 8
     python benchmarks/eval_cost.py --preset=small --n=1024 --blocks=1 --rank_stride=16   # GPU
 
-Prints JSON and writes it to --out (default benchmarks/results/eval_cost_<backend>.json).
+Prints JSON and writes it (`benchmarks/common.py`'s schema) to --out (default
+benchmarks/results/eval_cost/<machine>.json).
 """
 
 from __future__ import annotations
@@ -18,16 +19,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import sys
 import time
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402
 from aogpt_jax.model import aogpt as model_lib  # noqa: E402
 from aogpt_jax.evaluation import ensembles as ens  # noqa: E402
 from aogpt_jax.evaluation import perplexity as ppl  # noqa: E402
@@ -141,7 +142,8 @@ def main() -> None:
                                   row_len=g.row_len, masked=g.masked)
   z = jnp.zeros((a.naive_items_per_call,), jnp.int32)
   naive_calls = -(-len(ranks) * (a.max_m - 1) * a.blocks // a.naive_items_per_call)
-  xla_naive = naive_calls * xla_flops(ens.naive_logp_program, graphdef, params, jnp.asarray(tokens),
+  xla_naive = naive_calls * xla_flops(ens.naive_logp_program, graphdef, params,
+                                      jnp.asarray(tokens),
                                       jnp.asarray(sigma), jnp.asarray(ids), jnp.uint32(0), z, z,
                                       z, path="gather")
 
@@ -151,8 +153,6 @@ def main() -> None:
       "benchmark": "eval_cost", "preset": a.preset, "n": a.n, "max_m": a.max_m,
       "blocks": a.blocks, "ranks_scored": len(ranks), "rank_stride": a.rank_stride,
       "layout": a.layout, "dtype": a.dtype,
-      "machine": {"backend": jax.default_backend(), "device": str(jax.devices()[0].device_kind),
-                  "cpu": platform.processor() or platform.machine(), "cores": os.cpu_count()},
       "fast": {"wall_s": fast_s, "wall_s_runs": fast_times, "cpu_s": min(fast_cpu),
                "first_call_s_incl_compile": fast_first,
                "model_flops": f_fast, "xla_flops": xla_fast},
@@ -168,13 +168,8 @@ def main() -> None:
       "max_abs_logp_diff": diff,
       "mean_nll_by_m": {str(k): [float(x), float(y)] for k, x, y in zip(ms, nll_fast, nll_naive)},
   }
-  text = json.dumps(res, indent=2)
-  print(text)
-  out = a.out or os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
-                              f"eval_cost_{jax.default_backend()}.json")
-  os.makedirs(os.path.dirname(out), exist_ok=True)
-  with open(out, "w") as f:
-    f.write(text + "\n")
+  print(json.dumps(res, indent=2))
+  common.write_result("eval_cost", a, res, out=a.out or None)
 
 
 if __name__ == "__main__":

@@ -7,15 +7,15 @@
 #   3. context-order ensemble cost at n = 1024 (benchmarks/eval_cost.py)
 #   4. scale_sim's XLA:CPU memory estimate of the same train steps, next to 1.'s measured peak
 #      (benchmarks/scale_sim.py on one fake CPU device)
-# then writes OUT/gpu_suite.json and prints a README-ready Markdown table
-# (benchmarks/gpu_suite_report.py).
+# then writes OUT/gpu_suite.json and, unless --dry-run, benchmarks/results/gpu_suite/<machine>.json,
+# and prints a README-ready Markdown table (benchmarks/gpu_suite_report.py).
 #
 #   benchmarks/gpu_suite.sh                  # on a GPU host (H100: ~20-40 min)
 #   benchmarks/gpu_suite.sh --dry-run        # tiny shapes on CPU in ~2 min: proves the plumbing
 #   OUT=/tmp/suite TRAIN_BATCH=8 benchmarks/gpu_suite.sh
 #
-# Env: OUT (default benchmarks/results/gpu_suite), TRAIN_BATCH (sequences per device, default 16:
-# the published 16 x 1024), TRAIN_STEPS (timed steps, default 20).
+# Env: OUT (each part's JSON and log; default ${TMPDIR:-/tmp}/aogpt_gpu_suite), TRAIN_BATCH
+# (sequences per device, default 16: the published 16 x 1024), TRAIN_STEPS (default 20).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DRY=0
@@ -27,7 +27,7 @@ for a in "$@"; do
   esac
 done
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-OUT=${OUT:-benchmarks/results/gpu_suite}
+OUT=${OUT:-${TMPDIR:-/tmp}/aogpt_gpu_suite}
 mkdir -p "$OUT"
 NDEV=$(python -c 'import jax; print(jax.local_device_count())')
 PER=${TRAIN_BATCH:-16}
@@ -70,4 +70,4 @@ python benchmarks/sample_speed.py "${SAMPLE[@]}" --methods=diffusion,ar,encoder 
   echo "sample_speed failed: see $OUT/sample_speed.log"
 python benchmarks/eval_cost.py "${EVAL[@]}" --dtype=$DTYPE --out="$OUT/eval_cost.json" \
   > "$OUT/eval_cost.log" 2>&1 || echo "eval_cost failed: see $OUT/eval_cost.log"
-python benchmarks/gpu_suite_report.py "$OUT"
+python benchmarks/gpu_suite_report.py "$OUT" $([[ $DRY == 1 ]] || echo --publish)

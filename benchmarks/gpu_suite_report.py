@@ -1,7 +1,9 @@
-"""Collects the JSON files `gpu_suite.sh` wrote into one ``gpu_suite.json`` and prints a
-README-ready Markdown table (one row per measured number, the machine named).
+"""Collects the JSON files `gpu_suite.sh` wrote into one ``OUT_DIR/gpu_suite.json``
+(`benchmarks/common.py`'s schema) and prints a README-ready Markdown table (one row per measured
+number, the machine named). ``--publish`` also writes it to
+benchmarks/results/gpu_suite/<machine>.json (the suite does so unless it is a dry run).
 
-  python benchmarks/gpu_suite_report.py benchmarks/results/gpu_suite
+  python benchmarks/gpu_suite_report.py OUT_DIR [--publish]
 """
 
 from __future__ import annotations
@@ -10,12 +12,19 @@ import json
 import pathlib
 import sys
 
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import common  # noqa: E402
+
 
 def _load(path: pathlib.Path):
+  """A result file's measurements: its ``results`` in common.py's schema, else the object."""
   try:
-    return json.loads(path.read_text())
+    r = json.loads(path.read_text())
   except (OSError, ValueError):
     return None
+  if isinstance(r, dict) and set(common.SCHEMA_KEYS) <= set(r):
+    return r["results"]
+  return r
 
 
 def _gib(b) -> str:
@@ -68,16 +77,21 @@ def rows(d: pathlib.Path) -> tuple[list[tuple[str, str]], dict]:
 
 
 def main(argv) -> None:
-  if len(argv) != 2:
-    sys.exit("usage: gpu_suite_report.py OUT_DIR")
-  d = pathlib.Path(argv[1])
+  args = [a for a in argv[1:] if a != "--publish"]
+  if len(args) != 1 or args[0] in ("-h", "--help"):
+    print("usage: gpu_suite_report.py OUT_DIR [--publish]\n\n" + __doc__)
+    sys.exit(0 if args and args[0] in ("-h", "--help") else 2)
+  d = pathlib.Path(args[0])
   table, raw = rows(d)
   if not table:
     sys.exit(f"gpu_suite_report: no results in {d}")
   machine = next((f"{r.get('device_kind') or r.get('machine', {}).get('device')}"
                   for r in raw.values() if isinstance(r, dict)), "unknown")
-  (d / "gpu_suite.json").write_text(json.dumps({"machine": machine, "rows": table, "raw": raw},
-                                               indent=1) + "\n")
+  results = {"machine": machine, "rows": table, "raw": raw}
+  kw = dict(device_info=None, commit_sha=True)
+  common.write_result("gpu_suite", {"out_dir": str(d)}, results, out=d / "gpu_suite.json", **kw)
+  if "--publish" in argv:
+    common.write_result("gpu_suite", {"out_dir": str(d)}, results, **kw)
   print(f"\nMachine: {machine} (benchmarks/gpu_suite.sh; JSON: {d / 'gpu_suite.json'})\n")
   print("| measurement | result |\n|---|---|")
   for k, v in table:

@@ -8,40 +8,30 @@ and reports ms per step, tokens/s and the ratios the model issue targets
   python benchmarks/model_step.py                     # tiny preset, CPU
   python benchmarks/model_step.py --preset=small --seq_len=1024 --batch=8 --dtype=bfloat16  # GPU
 
-Prints JSON and writes it to --out (default benchmarks/results/model_step_<preset>.json).
+Prints JSON and writes it (`benchmarks/common.py`'s schema) to --out (default
+benchmarks/results/model_step_<preset>_n<seq_len>/<machine>.json).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import pathlib
-import platform
+import os
 import statistics
+import sys
 import time
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from aogpt_jax.model import aogpt as model
-from aogpt_jax.model import orders
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from aogpt_jax.model import aogpt as model  # noqa: E402
+from aogpt_jax.model import orders  # noqa: E402
 
-def machine() -> str:
-  dev = jax.devices()[0]
-  if dev.platform == "cpu":
-    cpu = platform.processor() or "cpu"
-    try:
-      for line in open("/proc/cpuinfo"):
-        if line.startswith("model name"):
-          cpu = line.split(":", 1)[1].strip()
-          break
-    except OSError:
-      pass
-    import os
-    return f"{os.cpu_count()}-core CPU ({cpu})"
-  return f"{jax.device_count()}x {dev.device_kind}"
+import common  # noqa: E402
 
 
 def make_step(cfg: model.ModelConfig, batch: int, seq_len: int):
@@ -119,15 +109,13 @@ def main():
     for t in ("adaln", "none"):
       ratios[f"gather_over_mask/{t}"] = (results[f"{t}/gather"]["ms_per_step"] /
                                          results[f"{t}/mask"]["ms_per_step"])
-  report = {"benchmark": "model_step", "machine": machine(), "jax": jax.__version__,
+  report = {"benchmark": "model_step", "jax": jax.__version__,
             "preset": args.preset, "seq_len": args.seq_len, "batch": args.batch,
             "dtype": args.dtype, "iters_per_variant": args.iters * args.rounds,
             "results": results, "ratios": ratios}
-  text = json.dumps(report, indent=2)
-  print(text)
-  out = pathlib.Path(args.out or f"benchmarks/results/model_step_{args.preset}.json")
-  out.parent.mkdir(parents=True, exist_ok=True)
-  out.write_text(text + "\n")
+  print(json.dumps(report, indent=2))
+  common.write_result(f"model_step_{args.preset}_n{args.seq_len}", args, report,
+                      out=args.out or None)
 
 
 if __name__ == "__main__":

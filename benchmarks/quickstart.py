@@ -1,6 +1,6 @@
 """Runs the CPU quickstart end to end and compares its held-out loss with the unigram entropy.
 
-    python benchmarks/quickstart.py [--out=benchmarks/results/quickstart.json] [-- --config.x=y]
+    python benchmarks/quickstart.py [--out=PATH] [-- --config.x=y]
 
 Trains ``configs/quickstart.py`` from scratch in a fresh temporary workdir through the real
 command line (``python -m aogpt_jax.main``), measures the wall time of the whole command
@@ -11,7 +11,8 @@ held-out evaluation from metrics.jsonl, and computes, in nats per token:
 * the unigram cross-entropy of the evaluated held-out blocks under the training unigram
   distribution (what the best context-free model scores on exactly those blocks),
 
-then prints one JSON object and writes it to ``--out``. Any argument after ``--`` is passed on
+then prints one JSON object and writes it (`benchmarks/common.py`'s schema) to ``--out``
+(default benchmarks/results/quickstart/<machine>.json). Any argument after ``--`` is passed on
 to the training command.
 """
 
@@ -21,7 +22,6 @@ import argparse
 import json
 import os
 import pathlib
-import platform
 import subprocess
 import sys
 import tempfile
@@ -31,20 +31,13 @@ import numpy as np
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
 
 from aogpt_jax import config as config_lib  # noqa: E402
 from aogpt_jax import data as data_lib  # noqa: E402
 from ml_collections import config_dict  # noqa: E402
 
-
-def _cpu_name() -> str:
-  try:
-    for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines():
-      if line.startswith("model name"):
-        return line.split(":", 1)[1].strip()
-  except OSError:
-    pass
-  return platform.processor() or "unknown"
+import common  # noqa: E402
 
 
 def unigram(cfg) -> dict[str, float]:
@@ -65,7 +58,7 @@ def unigram(cfg) -> dict[str, float]:
 
 def main() -> None:
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "quickstart.json"))
+  ap.add_argument("--out", default="", help="default: results/quickstart/<machine>.json")
   ap.add_argument("overrides", nargs="*", help="--config.x=y passed to the training command")
   args = ap.parse_args()
 
@@ -96,16 +89,13 @@ def main() -> None:
                         for x in evals],
       "median_train_tokens_per_s": float(np.median([x["train/tokens_per_sec"] for x in train])),
       **unigram(cfg),
-      "machine": {"cpu": _cpu_name(), "cores": os.cpu_count(),
+      "machine": {"cpu": common.cpu_model(), "cores": os.cpu_count(),
                   "loadavg_before": [round(x, 2) for x in load_before],
                   "loadavg_after": [round(x, 2) for x in os.getloadavg()]},
       "units": "nats per token",
   }
-  text = json.dumps(result, indent=2)
-  print(text)
-  out = pathlib.Path(args.out)
-  out.parent.mkdir(parents=True, exist_ok=True)
-  out.write_text(text + "\n")
+  print(json.dumps(result, indent=2))
+  common.write_result("quickstart", args, result, out=args.out or None)
 
 
 if __name__ == "__main__":

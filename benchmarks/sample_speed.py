@@ -18,8 +18,8 @@ machine). Random weights (speed does not depend on them). Runs on CPU or GPU (si
     python benchmarks/sample_speed.py --preset=small --batch=32 --length=1024 \
         --steps=64,128,256,512,1024 --dtype=bfloat16                 # on a GPU
 
-Prints JSON and writes it to --out (default
-benchmarks/results/sample_speed_<preset>_<backend>.json).
+Prints JSON and writes it (`benchmarks/common.py`'s schema) to --out (default
+benchmarks/results/sample_speed_<preset>/<machine>.json).
 """
 
 from __future__ import annotations
@@ -27,12 +27,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import jax  # noqa: E402
 from flax import nnx  # noqa: E402
 
 from aogpt_jax.model import encoder as mdm  # noqa: E402
@@ -40,18 +39,7 @@ from aogpt_jax.model import aogpt as model_lib  # noqa: E402
 from aogpt_jax.sampling import sampler  # noqa: E402
 from aogpt_jax.sampling import timing  # noqa: E402
 
-
-def machine() -> dict:
-  cpu = ""
-  try:
-    with open("/proc/cpuinfo") as f:
-      cpu = next((l.split(":", 1)[1].strip() for l in f if l.startswith("model name")), "")
-  except OSError:
-    pass
-  dev = jax.devices()[0]
-  return {"backend": jax.default_backend(), "device": getattr(dev, "device_kind", str(dev)),
-          "cpu": cpu, "cpu_count": os.cpu_count(), "load_avg_1m": os.getloadavg()[0],
-          "python": platform.python_version(), "jax": jax.__version__}
+import common  # noqa: E402
 
 
 def main(argv=None) -> dict:
@@ -91,17 +79,13 @@ def main(argv=None) -> dict:
   params = {"aogpt": model_lib.count_params(m)}
   if enc is not None:
     params["encoder"] = model_lib.count_params(enc)
-  result = {"benchmark": "sample_speed", "machine": machine(), "preset": args.preset,
+  result = {"benchmark": "sample_speed", "preset": args.preset,
             "params": params,
             "batch": args.batch, "length": args.length, "dtype": args.dtype,
             "count_mode": args.count_mode, "schedule": args.schedule, "order": args.order,
             "repeats": args.repeats, "rows": rows}
-  out = args.out or os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
-                                 f"sample_speed_{args.preset}_{jax.default_backend()}.json")
-  os.makedirs(os.path.dirname(out), exist_ok=True)
-  with open(out, "w") as f:
-    json.dump(result, f, indent=1)
   print(json.dumps(result))
+  common.write_result(f"sample_speed_{args.preset}", args, result, out=args.out or None)
   return result
 
 

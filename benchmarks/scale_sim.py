@@ -16,7 +16,9 @@ parameters, saved activations and collectives); `--depth=full` compiles the real
 Reports XLA's memory analysis per device (arguments, outputs, temporaries), the collectives in
 the compiled HLO with their result bytes, the compile time, and whether arguments + temporaries
 fit an 80 GB H100 and a 16 GB TPU v5e core. Memory is XLA:CPU's estimate: the GPU/TPU compilers
-schedule and fuse differently, so treat it as an estimate, not a measurement.
+schedule and fuse differently, so treat it as an estimate, not a measurement. Prints a Markdown
+table and writes the rows (`benchmarks/common.py`'s schema) to ``--out`` (default
+benchmarks/results/<--name, default scale_sim>/<machine>.json).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from scale_programs import H100, PROGRAMS, V5E, compile_program  # noqa: E402
+import common  # noqa: E402
 
 # mesh name -> (data, fsdp, tensor)
 MESHES = {"8:data": (8, 1, 1), "8:fsdp": (1, 8, 1), "2x4:data+tensor": (2, 1, 4),
@@ -152,7 +155,10 @@ def main():
                        '{"attention_impl": "blockwise"}]\'')
   ap.add_argument("--one", default="", help="internal: SIZE:DATA:FSDP:TENSOR in this process")
   ap.add_argument("--extra", default="{}", help="internal")
-  ap.add_argument("--out", default="")
+  ap.add_argument("--out", default="", help="default: results/<name>/<machine>.json")
+  ap.add_argument("--name", default="scale_sim",
+                  help="the result's benchmark name (e.g. scale_sim_attention for a --variants "
+                       "study), so studies of different settings keep separate files")
   a = ap.parse_args()
   if a.one:
     print(json.dumps(child(a)))
@@ -187,10 +193,12 @@ def main():
           print(json.dumps(r), flush=True)
         rows += done
   print(table(rows))
-  out = pathlib.Path(a.out or f"benchmarks/results/scale_sim_{a.sizes.replace(',', '_')}.json")
-  out.parent.mkdir(parents=True, exist_ok=True)
-  out.write_text(json.dumps({"rows": rows, "note": "XLA:CPU memory analysis, fake devices",
-                             "args": vars(a)}, indent=1))
+  import jax  # pylint: disable=import-outside-toplevel
+  common.write_result(
+      a.name, a, {"rows": rows, "note": "XLA:CPU memory analysis, fake devices"},
+      out=a.out or None,
+      device_info={"backend": "cpu", "kind": "fake XLA:CPU devices (one process per mesh)",
+                   "count": None, "jax": jax.__version__})
 
 
 if __name__ == "__main__":

@@ -23,14 +23,13 @@ and with random weights, at batch ``--batch`` and length ``--length`` (unconditi
     python benchmarks/speculative.py                       # trains ~300 steps, a few minutes
     python benchmarks/speculative.py --workdir=/tmp/aogpt_quickstart --batch=16
 
-Prints a markdown table and writes JSON to ``--out`` (default
-benchmarks/results/speculative_cpu.json).
+Prints a markdown table and writes JSON (`benchmarks/common.py`'s schema) to ``--out``
+(default benchmarks/results/speculative_batch<batch>/<machine>.json).
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
 import functools
 import json
 import os
@@ -52,7 +51,7 @@ from aogpt_jax.sampling import sampler
 from aogpt_jax.model import aogpt as model_lib  # noqa: E402
 from aogpt_jax.evaluation.genppl import unigram_entropy  # noqa: E402
 sys.path.insert(0, os.path.join(REPO, "benchmarks"))
-from sample_speed import machine  # noqa: E402
+import common  # noqa: E402
 
 
 def train(steps: int, workdir: str) -> float:
@@ -108,16 +107,11 @@ def build(m, args, *, method, order, temperature, steps=None, draft=None, querie
 def time_all(built, args) -> list[float]:
   """Best-of-``repeats`` wall time of every configuration, interleaved; returns the 1-minute
   load averages before and after."""
-  load = [os.getloadavg()[0]]
-  times = [[] for _ in built]
-  for _ in range(args.repeats):
-    for i, (_, run, _) in enumerate(built):
-      t0 = time.perf_counter()
-      run()
-      times[i].append(time.perf_counter() - t0)
-  for (row, _, _), t in zip(built, times):
-    row["run_s"] = round(min(t), 4)
-  return load + [os.getloadavg()[0]]
+  load = [common.load_avg_1m()]
+  best = common.best_of({i: run for i, (_, run, _) in enumerate(built)}, args.repeats)
+  for i, (row, _, _) in enumerate(built):
+    row["run_s"] = round(best[i], 4)
+  return load + [common.load_avg_1m()]
 
 
 def bench_model(m, args, *, quality: bool, temperature: float) -> list[dict]:
@@ -185,14 +179,10 @@ def main(argv=None) -> dict:
   ap.add_argument("--seed", type=int, default=0)
   ap.add_argument("--no_quality", action="store_true",
                   help="skip the NLL / parallel-at-equal-passes columns (saves their compiles)")
-  ap.add_argument("--out", default=os.path.join(REPO, "benchmarks", "results",
-                                                "speculative_cpu.json"))
+  ap.add_argument("--out", default="", help="default: results/speculative_batch<batch>/"
+                                             "<machine>.json")
   args = ap.parse_args(argv)
-  result = {"benchmark": "speculative", "machine": machine(),
-            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-            "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO,
-                                     capture_output=True, text=True).stdout.strip(),
-            "args": vars(args), "models": {}}
+  result = {"benchmark": "speculative", "models": {}}
   with tempfile.TemporaryDirectory() as tmp:
     workdir = args.workdir
     if not workdir:
@@ -211,10 +201,7 @@ def main(argv=None) -> dict:
                               for r in bench_model(mod, args, quality=quality, temperature=t)]
   result["table"] = table(result)
   print(result["table"])
-  os.makedirs(os.path.dirname(args.out), exist_ok=True)
-  with open(args.out, "w") as f:
-    json.dump(result, f, indent=1)
-  print(f"wrote {args.out}")
+  common.write_result(f"speculative_batch{args.batch}", args, result, out=args.out or None)
   return result
 
 

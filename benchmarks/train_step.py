@@ -7,9 +7,10 @@
 
 The step is the trainer's own jitted step (same sharding, donation, accumulation) on random
 tokens, so data loading is not measured. Works unchanged on CPU, GPU and TPU; sizes come from
-the config and ``--config.*`` overrides. Prints one JSON object and writes it to ``--out``
-(default benchmarks/results/train_step_<config>_<platform>.json). MFU uses the dense bf16 peak
-of the device (flops_lib.peak_flops; AOGPT_PEAK_TFLOPS overrides) and is null on CPU. Memory per
+the config and ``--config.*`` overrides. Prints one JSON object and writes it
+(`benchmarks/common.py`'s schema) to ``--out`` (default
+benchmarks/results/train_step_<config>/<machine>.json). MFU uses the dense bf16 peak
+of the device (flops.peak_flops; AOGPT_PEAK_TFLOPS overrides) and is null on CPU. Memory per
 device: XLA's estimate of the compiled step (`xla_memory`) and the measured peak
 (`measured_peak_bytes`, from `memory_stats()`; null on CPU). ``--profile_dir=DIR`` adds a
 ``jax.profiler`` trace of three more steps in DIR.
@@ -29,11 +30,14 @@ from absl import app, flags
 from ml_collections import config_flags
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
 from aogpt_jax import config as config_lib  # noqa: E402
 from aogpt_jax.train import flops as flops_lib  # noqa: E402
 from aogpt_jax.train import sharding as sharding_lib  # noqa: E402
 from aogpt_jax.train import step as train_lib  # noqa: E402
+
+import common  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (file.py[:arg]).")
 _STEPS = flags.DEFINE_integer("steps", 20, "Timed steps.")
@@ -118,11 +122,13 @@ def main(argv) -> None:
   if jax.process_index() == 0:
     name = next((pathlib.Path(a.split("=", 1)[1].split(":")[0]).stem for a in sys.argv[1:]
                  if a.startswith("--config=")), "config")
-    out = pathlib.Path(_OUT.value or pathlib.Path(__file__).parent / "results" /
-                       f"train_step_{name}_{dev.platform}.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(text + "\n")
+    args = {"argv": sys.argv[1:], "steps": _STEPS.value, "warmup": _WARMUP.value,
+            "out": _OUT.value, "profile_dir": _PROFILE.value}
+    common.write_result(f"train_step_{name}", args, result, out=_OUT.value or None)
 
 
 if __name__ == "__main__":
+  if sys.argv[1:2] in (["-h"], ["--help"]):   # absl's --help exits 1; say it and exit 0
+    print(__doc__ + "\n" + flags.FLAGS.main_module_help())
+    sys.exit(0)
   app.run(main)

@@ -15,7 +15,8 @@ batch 8. ``--device=cpu`` (default): fp32, PyTorch eager with 2 threads, JAX jit
 Compile time is reported apart. Each repeat runs the published half, then ours, each in its own
 subprocess (`vs_published/published_side.py`, `vs_published/ours_side.py`); a ratio is the best
 time of each side over all repeats (the machine is shared: compare ratios from one run). Writes
-benchmarks/results/vs_published_<device>.json and prints a Markdown table.
+benchmarks/results/vs_published_<device>/<machine>.json (`benchmarks/common.py`'s schema) and
+prints a Markdown table.
 
 ``ensembles``: context-order ensembles (Eq. 4) of one 256-token sequence at M = ``--max_m``
 (default 8). The published estimator runs 1 + n (M - 1) = 1,793 full passes; by default
@@ -35,10 +36,11 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 
 HERE = pathlib.Path(__file__).resolve().parent
 REPO = HERE.parent
+sys.path.insert(0, str(HERE))
+import common  # noqa: E402
 NEEDED = ("model_AOGPT_AdaLN6_NoRep_cond_128_trunc_qknorm.py", "model_AOGPT_generate.py", "ema.py",
           "catsample.py")
 
@@ -67,7 +69,7 @@ def patched_copy(published: pathlib.Path) -> pathlib.Path:
 def side(script: str, part: str, extra: list[str], root: pathlib.Path = REPO,
          device: str = "cpu") -> dict:
   """Runs ``vs_published/SCRIPT PART EXTRA`` in a subprocess that imports aogpt_jax from
-  ``root`` (benchmarks/ours_ab.py passes an older revision's tree) on ``device`` (cpu | gpu);
+  ``root`` (benchmarks/profile/ours_ab.py passes an older revision's tree) on ``device`` (cpu | gpu);
   returns its JSON line."""
   env = dict(os.environ, JAX_PLATFORMS="cpu" if device == "cpu" else "cuda",
              TORCHDYNAMO_DISABLE="1",
@@ -78,17 +80,6 @@ def side(script: str, part: str, extra: list[str], root: pathlib.Path = REPO,
   if p.returncode:
     sys.exit(f"{script} {part} failed:\n{p.stderr[-3000:]}")
   return json.loads(p.stdout.strip().splitlines()[-1])
-
-
-def accelerator(device: str) -> str | None:
-  """The GPU's name (nvidia-smi), or None on CPU."""
-  if device == "cpu":
-    return None
-  try:
-    return subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
-                          capture_output=True, text=True).stdout.strip().splitlines()[0]
-  except (OSError, IndexError):
-    return "unknown"
 
 
 def main() -> None:
@@ -104,9 +95,9 @@ def main() -> None:
                   help="ensembles: published passes timed (0: all 1 + n (M - 1))")
   ap.add_argument("--device", default="cpu", choices=("cpu", "gpu"),
                   help="gpu: bf16 compute on the first GPU, both sides")
-  ap.add_argument("--out", default="", help="default: results/vs_published_<device>.json")
+  ap.add_argument("--out", default="",
+                  help="default: results/vs_published_<device>/<machine>.json")
   a = ap.parse_args()
-  a.out = a.out or str(HERE / "results" / f"vs_published_{a.device}.json")
   pub = patched_copy(pathlib.Path(a.published).expanduser().resolve())
   load_before = os.getloadavg()
   best: dict[str, dict[str, float]] = {}
@@ -141,19 +132,14 @@ def main() -> None:
     else:
       lines.append(f"| {name} | - | {row['ours']:.4g} | - | - |")
   print("\n".join(lines))
-  pathlib.Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-  try:
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True, cwd=REPO).stdout.strip() or "unknown"
-  except OSError:
-    commit = "unknown"
-  with open(a.out, "w") as f:
-    json.dump({"best_s": best, "repeats": a.repeats, "runs": a.runs, "machine": os.uname().nodename,
-               "commit": commit, "device": a.device, "accelerator": accelerator(a.device),
-               "cpus": os.cpu_count(), "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
-               "load_avg_1_5_15_before": load_before, "load_avg_1_5_15_after": os.getloadavg()},
-              f, indent=1)
-  print(f"wrote {a.out}")
+  accel = common.accelerator() if a.device == "gpu" else None
+  common.write_result(
+      f"vs_published_{a.device}", a,
+      {"best_s": best, "repeats": a.repeats, "runs": a.runs, "device": a.device,
+       "accelerator": accel, "load_avg_1_5_15_before": load_before,
+       "load_avg_1_5_15_after": os.getloadavg()},
+      out=a.out or None,
+      device_info={"backend": a.device, "kind": accel or "cpu", "count": 1, "jax": None})
 
 
 if __name__ == "__main__":

@@ -39,7 +39,7 @@ def test_report_collects_every_number(tmp_path):
                "scale_sim (XLA:CPU, attention xla) 32.00 GiB", "encoder MDM / ours = 7.5x",
                "ours / AR = 0.5", "3.00 s (naive published-style 30.00 s, 10.0x)"):
     assert part in p.stdout, p.stdout
-  assert len(json.loads((tmp_path / "gpu_suite.json").read_text())["rows"]) == 4
+  assert len(json.loads((tmp_path / "gpu_suite.json").read_text())["results"]["rows"]) == 4
 
 
 def test_train_step_benchmark_writes_a_profile(tmp_path):
@@ -52,5 +52,5 @@ def test_train_step_benchmark_writes_a_profile(tmp_path):
                   f"--profile_dir={tmp_path / 'prof'}", f"--out={out}"],
                  check=True, capture_output=True, text=True, cwd=REPO,
                  env={**os.environ, "JAX_PLATFORMS": "cpu"})
-  assert json.loads(out.read_text())["step_s_median"] > 0
+  assert json.loads(out.read_text())["results"]["step_s_median"] > 0
   assert list((tmp_path / "prof").rglob("*.xplane.pb"))

@@ -431,8 +431,8 @@ def _run(a: argparse.Namespace) -> None:
           "source": os.path.abspath(a.ckpt), "which": which, "iter_num": ck.get("iter_num")})
       print(f"wrote {out} ({cfg.n_layer} layers, d={cfg.n_embd}, target={cfg.target})")
   else:
-    from aogpt_jax.checkpoints import store as checkpoint  # pylint: disable=g-import-not-at-top  (trainer's module)
-    m, run_cfg = checkpoint.load_model(a.workdir, which=a.which)   # (model, the run's config)
+    from aogpt_jax.checkpoints import store  # pylint: disable=g-import-not-at-top  (Orbax: export only)
+    m, run_cfg = store.load_model(a.workdir, which=a.which)   # (model, the run's config)
     loaded = run_cfg.loaded.to_dict()
     meta = {"workdir": os.path.abspath(a.workdir), "which": loaded.get("weights", a.which),
             "iter_num": loaded.get("step")}

@@ -22,8 +22,8 @@ import hashlib
 import json
 import os
 
-from aogpt_jax.checkpoints import hub
 from aogpt_jax.checkpoints import convert
+from aogpt_jax.checkpoints import hub
 
 
 _RUN = "AdaLN6_NoRep_cond_128_trunc_bs1M_wd_0.03_drop_0.0_CL_0.1_qknorm"

@@ -9,7 +9,7 @@ Names are imported on first use, so tokenizer worker processes (which import thi
 pay for grain / JAX.
 """
 
-import importlib
+from aogpt_jax import lazy_exports
 
 _EXPORTS = {
     "default_config": "config",
@@ -21,14 +21,4 @@ _EXPORTS = {
     "register_tokenizer": "tokenizers",
 }
 
-__all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name):
-  if name in _EXPORTS:
-    return getattr(importlib.import_module(f"aogpt_jax.data.{_EXPORTS[name]}"), name)
-  raise AttributeError(f"module 'aogpt_jax.data' has no attribute {name!r}")
-
-
-def __dir__():
-  return sorted(list(globals()) + __all__)
+__getattr__, __dir__, __all__ = lazy_exports(__name__, _EXPORTS)

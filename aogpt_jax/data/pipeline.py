@@ -24,9 +24,9 @@ import grain
 import numpy as np
 
 from aogpt_jax.data import records, sources
-from aogpt_jax.data.records import BlockReader
-from aogpt_jax.data.config import get, resolve
 from aogpt_jax.data.build import prepare_split, token_stream
+from aogpt_jax.data.config import get, resolve
+from aogpt_jax.data.records import BlockReader
 
 __all__ = ["eval_batches", "open_prepared", "pack", "token_stream", "train_iterator"]
 

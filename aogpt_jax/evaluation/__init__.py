@@ -17,7 +17,7 @@
 Names are imported on first use.
 """
 
-import importlib
+from aogpt_jax import lazy_exports
 
 _EXPORTS = {
     "EvalSettings": "settings", "evaluate": "zero_shot", "evaluate_dataset": "zero_shot",
@@ -27,16 +27,4 @@ _EXPORTS = {
 _MODULES = ("zero_shot", "report", "settings", "perplexity", "ensembles", "encoder_nll",
             "genppl", "gpt2", "lmeval")
 
-__all__ = sorted(_EXPORTS) + list(_MODULES)
-
-
-def __getattr__(name):
-  if name in _EXPORTS:
-    return getattr(importlib.import_module(f"aogpt_jax.evaluation.{_EXPORTS[name]}"), name)
-  if name in _MODULES:
-    return importlib.import_module(f"aogpt_jax.evaluation.{name}")
-  raise AttributeError(f"module 'aogpt_jax.evaluation' has no attribute {name!r}")
-
-
-def __dir__():
-  return sorted(list(globals()) + __all__)
+__getattr__, __dir__, __all__ = lazy_exports(__name__, _EXPORTS, _MODULES)

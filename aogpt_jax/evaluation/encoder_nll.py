@@ -30,10 +30,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from aogpt_jax.model import encoder as encoder_model
-from aogpt_jax.model import aogpt as model_lib
-from aogpt_jax.model import jit as model_jit
 from aogpt_jax.evaluation import perplexity as ppl_lib
+from aogpt_jax.model import aogpt as model_lib
+from aogpt_jax.model import encoder as encoder_model
+from aogpt_jax.model import jit as model_jit
 
 ELBO_STREAM = 0xE1B0      # fold-in tag of the ELBO times and masks
 SHIFT_STREAM = 0xE1B1     # fold-in tag of the per-block shift u_b of stratified times

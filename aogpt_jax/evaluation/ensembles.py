@@ -46,10 +46,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from aogpt_jax.evaluation import perplexity as ppl_lib
 from aogpt_jax.model import aogpt as model_lib
 from aogpt_jax.model import jit as model_jit
 from aogpt_jax.model import orders as orders_lib
-from aogpt_jax.evaluation import perplexity as ppl_lib
 
 LAYOUTS = ("pairs", "buckets")
 
@@ -206,7 +206,8 @@ packed_logp_cpu = model_jit.jit("row_len", "masked",
 
 @model_jit.jit("path")
 def naive_logp_program(model, tokens, sigma, ids, seed, item_b, item_i, item_j, *, path):
-  """Reference: one full-length forward per (block, i, j); keeps logit row i."""
+  """Reference: one full-length forward per (block, i, j); keeps logit row i (the jitted program
+  of `naive_logp`; benchmarks/eval_cost.py lowers it for XLA's FLOP count)."""
   n = tokens.shape[1]
   x_IxN = tokens[item_b]
   order_IxN = jax.vmap(lambda b, i, j: sigma[b][context_permutation(

@@ -23,8 +23,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from aogpt_jax.config import ConfigError
 from aogpt_jax.checkpoints import hub
+from aogpt_jax.config import ConfigError
 from aogpt_jax.evaluation import gpt2 as gpt2_lib
 
 GRID: dict[str, Any] = {

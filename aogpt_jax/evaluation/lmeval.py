@@ -46,13 +46,13 @@ from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import register_model
 
 from aogpt_jax.checkpoints import spec as checkpoint_spec
-from aogpt_jax.model import aogpt as model_lib
-from aogpt_jax.model import jit as model_jit
-from aogpt_jax.sampling import sampler
 from aogpt_jax.data import tokenizers
 from aogpt_jax.evaluation import ensembles as ens_lib
 from aogpt_jax.evaluation import perplexity as ppl_lib
+from aogpt_jax.model import aogpt as model_lib
+from aogpt_jax.model import jit as model_jit
 from aogpt_jax.sampling import prompts
+from aogpt_jax.sampling import sampler
 
 # The harness's own model names first (its get_model loads them only into an empty registry).
 importlib.import_module("lm_eval.models")

@@ -24,8 +24,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from aogpt_jax.model import encoder as encoder_model
 from aogpt_jax.model import aogpt as model_lib
+from aogpt_jax.model import encoder as encoder_model
 from aogpt_jax.model import jit as model_jit
 from aogpt_jax.model import orders as orders_lib
 

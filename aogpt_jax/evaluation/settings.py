@@ -10,8 +10,8 @@ from typing import Any, Mapping
 from ml_collections import config_dict
 
 from aogpt_jax import config_groups
-from aogpt_jax.model import orders as orders_lib
 from aogpt_jax.evaluation import ensembles as ens_lib
+from aogpt_jax.model import orders as orders_lib
 
 MODEL_KINDS = ("aogpt", "encoder")
 

@@ -31,14 +31,15 @@ from typing import Any, Callable, Iterable, Mapping
 import jax
 import numpy as np
 
-from aogpt_jax.model import encoder as encoder_model
-from aogpt_jax.train import metrics as metrics_lib
-from aogpt_jax.model import aogpt as model_lib
+from aogpt_jax.checkpoints import store
 from aogpt_jax.evaluation import encoder_nll as enc_lib
 from aogpt_jax.evaluation import ensembles as ens_lib
 from aogpt_jax.evaluation import perplexity as ppl_lib
 from aogpt_jax.evaluation.report import write_results
 from aogpt_jax.evaluation.settings import EvalSettings
+from aogpt_jax.model import aogpt as model_lib
+from aogpt_jax.model import encoder as encoder_model
+from aogpt_jax.train import metrics as metrics_lib
 
 Batches = Iterable[Mapping[str, Any]]
 # EvalSettings lives in evaluation/settings.py so that config.py can read its fields without
@@ -137,7 +138,6 @@ def evaluate_workdir(workdir: str, datasets: Mapping[str, Batches | Callable[[],
                      settings: EvalSettings | None = None, *, which: str = "ema",
                      name: str = "zero_shot") -> dict:
   """Loads the ``which`` (default EMA) weights of a training workdir and runs `evaluate`."""
-  from aogpt_jax.checkpoints import store as checkpoint  # pylint: disable=g-import-not-at-top  (trainer's module)
-  m, run_cfg = checkpoint.load_model(workdir, which=which)
+  m, run_cfg = store.load_model(workdir, which=which)
   return evaluate(m, datasets, settings, workdir=workdir, name=name,
                   meta={"workdir": os.path.abspath(workdir), **run_cfg.loaded.to_dict()})

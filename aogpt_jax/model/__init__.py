@@ -19,22 +19,10 @@
 Names are imported on first use.
 """
 
-import importlib
+from aogpt_jax import lazy_exports
 
 _EXPORTS = {"AOGPT": "aogpt", "ModelConfig": "aogpt", "preset": "aogpt", "loss": "aogpt"}
 _MODULES = ("aogpt", "blocks", "layers", "attention", "cross_entropy", "orders", "objectives",
             "encoder", "jit")
 
-__all__ = sorted(_EXPORTS) + list(_MODULES)
-
-
-def __getattr__(name):
-  if name in _EXPORTS:
-    return getattr(importlib.import_module(f"aogpt_jax.model.{_EXPORTS[name]}"), name)
-  if name in _MODULES:
-    return importlib.import_module(f"aogpt_jax.model.{name}")
-  raise AttributeError(f"module 'aogpt_jax.model' has no attribute {name!r}")
-
-
-def __dir__():
-  return sorted(list(globals()) + __all__)
+__getattr__, __dir__, __all__ = lazy_exports(__name__, _EXPORTS, _MODULES)

@@ -19,9 +19,9 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from aogpt_jax.model.aogpt import AOGPT, NO_TARGET, ModelConfig, check_length, nll_from_logits
 from aogpt_jax.model.attention import FULL
 from aogpt_jax.model.orders import ranks
-from aogpt_jax.model.aogpt import AOGPT, NO_TARGET, ModelConfig, check_length, nll_from_logits
 
 
 def encoder_config(cfg: ModelConfig) -> ModelConfig:

@@ -19,8 +19,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from aogpt_jax.model import encoder as encoder_model
 from aogpt_jax.model import aogpt as model_lib
+from aogpt_jax.model import encoder as encoder_model
 from aogpt_jax.model import orders as orders_lib
 
 # (label, order name, sorted kwargs) of one held-out loss (`train.heldout_orders`).

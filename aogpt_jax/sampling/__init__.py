@@ -23,7 +23,7 @@
 Names are imported on first use, so ``from aogpt_jax.sampling import tokens`` stays light.
 """
 
-import importlib
+from aogpt_jax import lazy_exports
 
 _EXPORTS = {
     "SampleSettings": "sampler", "Samples": "sampler", "METHODS": "sampler",
@@ -34,16 +34,4 @@ _EXPORTS = {
 _MODULES = ("sampler", "config", "write", "diffusion", "ar", "speculative", "encoder",
             "schedules", "tokens", "prompts", "state", "timing")
 
-__all__ = sorted(_EXPORTS) + list(_MODULES)
-
-
-def __getattr__(name):
-  if name in _EXPORTS:
-    return getattr(importlib.import_module(f"aogpt_jax.sampling.{_EXPORTS[name]}"), name)
-  if name in _MODULES:
-    return importlib.import_module(f"aogpt_jax.sampling.{name}")
-  raise AttributeError(f"module 'aogpt_jax.sampling' has no attribute {name!r}")
-
-
-def __dir__():
-  return sorted(list(globals()) + __all__)
+__getattr__, __dir__, __all__ = lazy_exports(__name__, _EXPORTS, _MODULES)

@@ -47,11 +47,11 @@ import numpy as np
 from aogpt_jax.model import encoder as encoder_model
 from aogpt_jax.model import jit as model_jit
 from aogpt_jax.model import orders as orders_lib
-from aogpt_jax.model.layers import check_choice
 from aogpt_jax.model.aogpt import AOGPT, ModelConfig
+from aogpt_jax.model.layers import check_choice
 from aogpt_jax.sampling import ar as ar_lib
-from aogpt_jax.sampling import encoder as encoder_lib
 from aogpt_jax.sampling import diffusion, prompts, schedules
+from aogpt_jax.sampling import encoder as encoder_lib
 from aogpt_jax.sampling import speculative as spec_lib
 from aogpt_jax.sampling import tokens as tokens_lib
 from aogpt_jax.sampling.state import Draw, Passes, PassShape

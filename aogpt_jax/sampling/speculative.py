@@ -70,8 +70,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from aogpt_jax.model import orders as orders_lib
-from aogpt_jax.model.layers import check_choice
 from aogpt_jax.model.aogpt import AOGPT, NO_TARGET
+from aogpt_jax.model.layers import check_choice
 from aogpt_jax.sampling import tokens as tokens_lib
 
 SPEC_STREAM = 7

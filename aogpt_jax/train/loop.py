@@ -23,12 +23,12 @@ import time
 
 import jax
 
-from aogpt_jax.checkpoints import store as checkpoint_lib
 from aogpt_jax import config as config_lib
 from aogpt_jax import data as data_lib
-from aogpt_jax.train import metrics as metrics_lib
-from aogpt_jax.train import flops as flops_lib
+from aogpt_jax.checkpoints import store as checkpoint_lib
 from aogpt_jax.model import objectives
+from aogpt_jax.train import flops as flops_lib
+from aogpt_jax.train import metrics as metrics_lib
 from aogpt_jax.train import sharding as sharding_lib
 from aogpt_jax.train import step as train_lib
 from aogpt_jax.train import workdir as workdir_lib

@@ -1,0 +1,246 @@
+"""The project's results table (Markdown), generated from the JSONs in benchmarks/results.
+
+    python benchmarks/results_table.py                      # print it
+    python benchmarks/results_table.py --write README.md docs/performance.md
+
+One row per current result: what was measured, the number, the machine (and date), the command
+that reruns it and the JSON it comes from. Every number is read from a field of that JSON (ROWS
+below names the fields); a missing file or key stops the script with one line naming both.
+``--write FILE...`` replaces the text between the lines ``<!-- results-table -->`` and
+``<!-- /results-table -->`` in each FILE (each must hold both markers once) and leaves the rest.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import sys
+import tempfile
+from typing import Any, Callable
+
+HERE = pathlib.Path(__file__).resolve().parent
+RESULTS = HERE / "results"
+START, END = "<!-- results-table -->", "<!-- /results-table -->"
+
+
+class TableError(Exception):
+  """One line: the file and the key that is missing."""
+
+
+def _show(path) -> str:
+  out = ""
+  for k in path:
+    if isinstance(k, dict):
+      out += "[" + ",".join(f"{a}={b}" for a, b in k.items()) + "]"
+    elif isinstance(k, int):
+      out += f"[{k}]"
+    else:
+      out += (f".{k}" if out else k) if k.replace("_", "").isalnum() else f"[{k!r}]"
+  return out
+
+
+class Result:
+  """One JSON of benchmarks/results; ``get(*path)`` reads a field or raises TableError."""
+
+  def __init__(self, results_dir: pathlib.Path, rel: str):
+    self.rel = rel
+    self.shown = f"benchmarks/results/{rel}"
+    path = results_dir / rel
+    try:
+      self.data = json.loads(path.read_text())
+    except FileNotFoundError:
+      raise TableError(f"{self.shown}: no such file") from None
+    except ValueError as e:
+      raise TableError(f"{self.shown}: not JSON ({e})") from None
+
+  def get(self, *path) -> Any:
+    """A key path: str keys, int indices, or {field: value} to pick the one list item that
+    matches (e.g. a sampler row by method and steps)."""
+    node = self.data
+    for i, k in enumerate(path):
+      try:
+        if isinstance(k, dict):
+          hits = [x for x in node if isinstance(x, dict) and all(x.get(a) == b
+                                                                 for a, b in k.items())]
+          if len(hits) != 1:
+            raise LookupError
+          node = hits[0]
+        else:
+          node = node[k]
+      except (LookupError, TypeError):
+        raise TableError(f"{self.shown}: missing key {_show(path[:i + 1])}") from None
+    if node is None:
+      raise TableError(f"{self.shown}: key {_show(path)} is null")
+    return node
+
+  def r(self, *path) -> Any:
+    return self.get("results", *path)
+
+  def machine(self) -> str:
+    m = self.get("machine")
+    name = m.get("accelerator") or f"{m.get('cores')}-core {m.get('cpu')} CPU"
+    date = self.data.get("date")
+    return f"{name}, {date[:10]}" if date else f"{name} (date unknown)"
+
+
+def _x(a: float) -> str:
+  return f"{a:.1f}x"
+
+
+# (what, JSON under benchmarks/results, number from the JSON, command)
+Row = tuple[str, str, Callable[[Result], str], str]
+CPU = "cpu-2core-amd-epyc.json"
+VS = "python benchmarks/vs_published.py --published=DIR"
+
+
+def _vs_sampling(top_p: str) -> Callable[[Result], str]:
+  def f(j: Result) -> str:
+    ups = [j.r("best_s", f"sample T={t} top_p={top_p}", "published") /
+           j.r("best_s", f"sample T={t} top_p={top_p}", "ours") for t in (16, 64, 256)]
+    return (" / ".join(_x(u) for u in ups) + " faster than the published code (T = 16 / 64 / "
+            "256)")
+  return f
+
+
+ROWS: list[Row] = [
+    ("CPU quickstart: the whole command (start-up, data, compile, training, evals, checkpoints)",
+     f"quickstart/{CPU}",
+     lambda j: f"{j.r('wall_s'):.0f} s wall, {j.r('final_step')} steps; held-out L2R loss "
+               f"{j.r('heldout_loss_l2r'):.3f} nats/byte",
+     "python benchmarks/quickstart.py"),
+    ("CPU train step vs the published PyTorch code (4 layers, d 256, n 256, batch 8, fp32)",
+     f"vs_published_cpu/{CPU}",
+     lambda j: f"{j.r('best_s', 'train', 'ours'):.2f} s vs {j.r('best_s', 'train', 'published'):.2f}"
+               f" s: {_x(j.r('best_s', 'train', 'published') / j.r('best_s', 'train', 'ours'))}"
+               " faster",
+     f"{VS} --repeats=2 --runs=2"),
+    ("CPU sampling vs the published code, top-p 1.0 (same sizes)", f"vs_published_cpu/{CPU}",
+     _vs_sampling("1.0"), f"{VS} --repeats=2 --runs=2"),
+    ("CPU sampling vs the published code, top-p 0.95", f"vs_published_cpu/{CPU}",
+     _vs_sampling("0.95"), f"{VS} --repeats=2 --runs=2"),
+    ("CPU context-order ensembles (Eq. 4, M = 8, n = 256) vs the published estimator",
+     f"vs_published_cpu/{CPU}",
+     lambda j: f"{_x(j.r('best_s', 'ensembles', 'published') / j.r('best_s', 'ensembles', 'ours'))}"
+               f" warm ({j.r('best_s', 'ensembles', 'ours'):.2f} s vs "
+               f"{j.r('best_s', 'ensembles', 'published'):.0f} s), "
+               f"{_x(j.r('best_s', 'ensembles', 'published') / j.r('best_s', 'ensembles', 'ours_first_call_s'))}"
+               " counting compilation",
+     f"{VS} --repeats=2 --runs=2"),
+    ("CPU ensemble estimator (prefixes) vs the naive one (tiny, n = 256, M = 8, 128 ranks)",
+     f"eval_cost/{CPU}",
+     lambda j: f"{j.r('speedup_wall'):.2f}x ({j.r('fast', 'wall_s'):.2f} s vs "
+               f"{j.r('naive', 'wall_s'):.2f} s); max abs log-p diff {j.r('max_abs_logp_diff'):.1e}",
+     "python benchmarks/eval_cost.py --repeats=5 --rank_stride=2"),
+    ("CPU sampling, KV-cached diffusion vs encoder MDM and AR (tiny, batch 8, n = T = 256)",
+     f"sample_speed_tiny/{CPU}",
+     lambda j: f"{j.r('rows', {'method': 'diffusion', 'steps': 256}, 'run_s'):.3f} s: "
+               f"{_x(j.r('rows', {'method': 'diffusion', 'steps': 256}, 'encoder_over_diffusion_speedup'))}"
+               f" faster than encoder MDM, "
+               f"{j.r('rows', {'method': 'diffusion', 'steps': 256}, 'vs_ar_time_ratio'):.2f}x AR's time",
+     "python benchmarks/sample_speed.py --steps=64,256 --repeats=3"),
+    ("adaLN cost: AO-GPT vs plain GPT forward+backward (tiny, n = 256, batch 8, gather path)",
+     f"model_step_tiny_n256/{CPU}",
+     lambda j: f"{j.r('ratios', 'adaln_over_none/gather'):.2f}x the plain GPT's step "
+               f"({j.r('results', 'adaln/gather', 'ms_per_step'):.0f} vs "
+               f"{j.r('results', 'none/gather', 'ms_per_step'):.0f} ms)",
+     "python benchmarks/model_step.py"),
+    ("H100: AO-GPT Small train step, 16 x 1024 tokens, bf16, cuDNN attention",
+     "train_step_aogpt_small/h100.json",
+     lambda j: f"{1e3 * j.r('step_s_median'):.1f} ms, {j.r('tokens_per_s') / 1e3:.0f}k tokens/s, "
+               f"MFU {100 * j.r('mfu'):.1f}%, peak {j.r('measured_peak_bytes') / 1e9:.1f} GB",
+     "python benchmarks/train_step.py --config=configs/aogpt_small.py "
+     "--config.model.dtype=bfloat16 --config.seq_len=1024 --config.batch_size=16 "
+     "--config.microbatches=1 --config.model.attention_impl=cudnn --steps=20"),
+    ("H100: GPT-2 Small train step (no adaLN, L2R), same flags", "train_step_gpt2_small/h100.json",
+     lambda j: f"{1e3 * j.r('step_s_median'):.1f} ms, MFU {100 * j.r('mfu'):.1f}%",
+     "python benchmarks/train_step.py --config=configs/gpt2_small.py "
+     "--config.model.dtype=bfloat16 --config.seq_len=1024 --config.batch_size=16 "
+     "--config.microbatches=1 --config.model.attention_impl=cudnn --steps=20"),
+    ("H100: sampling n = T = 1024, batch 32, KV-cached diffusion vs encoder MDM and AR",
+     "sample_speed_small/h100.json",
+     lambda j: f"{j.r('rows', {'method': 'diffusion', 'steps': 1024}, 'run_s'):.3f} s: "
+               f"{_x(j.r('rows', {'method': 'diffusion', 'steps': 1024}, 'encoder_over_diffusion_speedup'))}"
+               f" faster than encoder MDM, "
+               f"{j.r('rows', {'method': 'diffusion', 'steps': 1024}, 'vs_ar_time_ratio'):.2f}x AR's time",
+     "python benchmarks/sample_speed.py --preset=small --batch=32 --length=1024 "
+     "--steps=256,1024 --methods=diffusion,ar,encoder --dtype=bfloat16 --repeats=2"),
+    ("H100: vs the published code, bf16 (train step; sampling T = 256, top-p 1.0; ensembles)",
+     "vs_published_gpu/h100.json",
+     lambda j: f"train {_x(j.r('best_s', 'train', 'published') / j.r('best_s', 'train', 'ours'))}, "
+               f"sampling {_x(j.r('best_s', 'sample T=256 top_p=1.0', 'published') / j.r('best_s', 'sample T=256 top_p=1.0', 'ours'))}, "
+               f"ensembles {j.r('best_s', 'ensembles', 'published') / j.r('best_s', 'ensembles', 'ours'):.0f}x"
+               f" warm / {_x(j.r('best_s', 'ensembles', 'published') / j.r('best_s', 'ensembles', 'ours_first_call_s'))}"
+               " counting compilation",
+     f"{VS} --device=gpu --repeats=1 --runs=2"),
+    ("Memory per device, AO-GPT Small / Medium train step, 16 x 1024 per rank, 64-way FSDP "
+     "(XLA:CPU estimate, simulated mesh)", f"scale_sim_pods/{CPU}",
+     lambda j: " / ".join(
+         f"{j.r('rows', {'program': 'train', 'size': s, 'mesh': {'data': 1, 'fsdp': 64, 'tensor': 1}}, 'peak_bytes') / 2**30:.1f}"
+         for s in ("small", "medium")) + " GiB peak",
+     "python benchmarks/scale_sim.py --name=scale_sim_pods"),
+    ("Data: prepare GPT-2 tokens (1 process) / stream 512 x 1024 batches (worker_count 0)",
+     f"data_throughput/{CPU}",
+     lambda j: f"{j.r('prepare', {'tokenizer': 'gpt2', 'num_proc': 1}, 'tokens_per_s_per_core') / 1e6:.2f}M"
+               f" tokens/s per core / "
+               f"{j.r('stream', {'worker_count': 0}, 'tokens_per_s') / 1e6:.1f}M tokens/s",
+     "python benchmarks/data_throughput.py --worker_counts=0,2"),
+    ("Speculative decoding, trained quickstart model, batch 8, random order, K = 4, temperature 1",
+     f"speculative_batch8/{CPU}",
+     lambda j: (lambda r: f"{r['passes_per_token']:.2f} passes/token ({1 / r['passes_per_token']:.1f}x"
+                          f" fewer than AR), wall {r['vs_ar_time']:.2f}x AR's time")(
+         j.r('models', 'trained', {'method': 'speculative', 'order': 'random', 'temperature': 1.0,
+                                   'draft': 4, 'queries': 'taper'})),
+     "python benchmarks/speculative.py --workdir=RUN"),
+]
+
+
+def table(results_dir: pathlib.Path = RESULTS) -> str:
+  lines = ["| what | number | machine | command | JSON |", "|---|---|---|---|---|"]
+  cache: dict[str, Result] = {}
+  for what, rel, number, command in ROWS:
+    j = cache.get(rel) or cache.setdefault(rel, Result(results_dir, rel))
+    lines.append(f"| {what} | {number(j)} | {j.machine()} | `{command}` | `{j.shown}` |")
+  return "\n".join(lines)
+
+
+def replace_between_markers(text: str, body: str, where: str = "file") -> str:
+  """``text`` with the lines between the START and END marker lines replaced by ``body``."""
+  lines = text.splitlines(keepends=True)
+  starts = [i for i, l in enumerate(lines) if l.strip() == START]
+  ends = [i for i, l in enumerate(lines) if l.strip() == END]
+  if len(starts) != 1 or len(ends) != 1 or starts[0] > ends[0]:
+    raise TableError(f"{where}: needs exactly one '{START}' line followed by one '{END}' line "
+                     f"(found {len(starts)} and {len(ends)})")
+  return "".join(lines[:starts[0] + 1]) + body.rstrip("\n") + "\n" + "".join(lines[ends[0]:])
+
+
+def write(path: pathlib.Path, body: str) -> None:
+  new = replace_between_markers(path.read_text(), body, str(path))
+  fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+  with os.fdopen(fd, "w") as f:
+    f.write(new)
+  os.replace(tmp, path)
+
+
+def main(argv=None) -> None:
+  ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  ap.add_argument("--write", nargs="+", metavar="FILE",
+                  help=f"replace the lines between {START} and {END} in each FILE")
+  ap.add_argument("--results", default=str(RESULTS), help="the results folder")
+  a = ap.parse_args(argv)
+  try:
+    body = table(pathlib.Path(a.results))
+    if not a.write:
+      print(body)
+      return
+    for f in a.write:
+      write(pathlib.Path(f), body)
+      print(f"results_table: wrote {f}")
+  except (TableError, OSError) as e:
+    sys.exit(f"results_table: {e}")
+
+
+if __name__ == "__main__":
+  main()

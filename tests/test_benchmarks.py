@@ -1,0 +1,154 @@
+"""benchmarks/ as a suite: the one JSON writer (schema, atomic replace), every committed result in
+that schema and layout, the results table built from them (and --write between its markers),
+every script's --help (no script left importing a moved module), and no script calling a
+private function of aogpt_jax. Seconds; nothing is measured."""
+
+import ast
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+BENCH = REPO / "benchmarks"
+sys.path.insert(0, str(BENCH))
+import common  # noqa: E402
+import results_table  # noqa: E402
+
+SCRIPTS = sorted(BENCH.glob("*.py")) + sorted((BENCH / "profile").glob("*.py")) + sorted(
+    (BENCH / "vs_published").glob("*.py"))
+COMMITTED = sorted((BENCH / "results").rglob("*.json"))
+
+
+def test_writer_has_the_schema_and_replaces_atomically(tmp_path, monkeypatch):
+  out = tmp_path / "bench" / "m.json"
+  common.write_result("bench", {"steps": 3}, {"t": 1.0}, out=out, device_info=None)
+  rec = json.loads(out.read_text())
+  common.check_schema(rec, str(out))
+  assert list(rec) == list(common.SCHEMA_KEYS)
+  assert rec["benchmark"] == "bench" and rec["args"] == {"steps": 3}
+  assert rec["results"] == {"t": 1.0} and rec["date"].endswith("Z")
+  assert rec["machine"]["slug"] and rec["machine"]["cores"] == os.cpu_count()
+  common.write_result("bench", {"steps": 4}, {"t": 2.0}, out=out, device_info=None)
+  assert json.loads(out.read_text())["results"] == {"t": 2.0}       # replaced, not appended
+  assert [p.name for p in out.parent.iterdir()] == ["m.json"]        # no temporary left
+  # A write that fails before os.replace leaves the old file whole and no temporary.
+  monkeypatch.setattr(common.json, "dump", lambda *a, **k: (_ for _ in ()).throw(OSError("x")))
+  with pytest.raises(OSError):
+    common.write_result("bench", {}, {"t": 3.0}, out=out, device_info=None)
+  assert json.loads(out.read_text())["results"] == {"t": 2.0}
+  assert [p.name for p in out.parent.iterdir()] == ["m.json"]
+
+
+def test_default_path_is_benchmark_and_machine_slug(tmp_path, monkeypatch):
+  monkeypatch.setattr(common, "RESULTS", tmp_path)
+  monkeypatch.setattr(common, "machine", lambda: {"slug": "cpu-2core-x", "cpu": "x", "cores": 2,
+                                                  "memory_gib": None, "accelerator": None,
+                                                  "load_avg_1m": None})
+  path = common.write_result("b", {}, {}, device_info=None, commit_sha=None)
+  assert path == tmp_path / "b" / "cpu-2core-x.json"
+
+
+def test_machine_slugs():
+  assert common.machine_slug("", 16, "NVIDIA H100 80GB HBM3") == "h100"
+  assert common.machine_slug("AMD EPYC 7B13", 2, None) == "cpu-2core-amd-epyc"
+  assert common.machine_slug("Intel(R) Xeon(R) CPU @ 2.20GHz", 16, None) == "cpu-16core-intel-xeon"
+  m = common.machine()
+  assert set(common.MACHINE_KEYS) <= set(m) and m["cores"] == os.cpu_count()
+
+
+@pytest.mark.parametrize("path", COMMITTED, ids=lambda p: str(p.relative_to(BENCH / "results")))
+def test_committed_results_have_the_schema_and_layout(path):
+  rel = path.relative_to(BENCH / "results")
+  assert len(rel.parts) == 2, f"{rel}: results go to results/<benchmark>/<machine>.json"
+  rec = json.loads(path.read_text())
+  common.check_schema(rec, str(rel))
+  assert rec["benchmark"] == rel.parts[0] and rec["machine"]["slug"] == path.stem, rel
+
+
+def test_results_table_builds_from_the_committed_jsons():
+  text = results_table.table()
+  rows = text.splitlines()[2:]
+  assert len(rows) == len(results_table.ROWS) >= 10
+  for row, (_, rel, _, _) in zip(rows, results_table.ROWS):
+    assert f"`benchmarks/results/{rel}`" in row and (BENCH / "results" / rel).exists()
+    assert row.count("|") == 6, row
+
+
+def test_results_table_names_a_missing_key_or_file(tmp_path):
+  res = tmp_path / "results"
+  shutil.copytree(BENCH / "results", res)
+  target = res / "vs_published_cpu" / "cpu-2core-amd-epyc.json"
+  rec = json.loads(target.read_text())
+  del rec["results"]["best_s"]["train"]["ours"]
+  target.write_text(json.dumps(rec))
+  cmd = [sys.executable, str(BENCH / "results_table.py"), f"--results={res}"]
+  p = subprocess.run(cmd, capture_output=True, text=True)
+  assert p.returncode == 1 and p.stderr.strip().count("\n") == 0, p.stderr
+  assert ("benchmarks/results/vs_published_cpu/cpu-2core-amd-epyc.json: missing key "
+          "results.best_s.train.ours") in p.stderr, p.stderr
+  (res / "quickstart" / "cpu-2core-amd-epyc.json").unlink()
+  p = subprocess.run(cmd, capture_output=True, text=True)
+  assert p.returncode == 1 and "quickstart/cpu-2core-amd-epyc.json: no such file" in p.stderr
+
+
+def test_write_replaces_only_between_the_markers(tmp_path):
+  f = tmp_path / "doc.md"
+  before = "# Title\n\nintro\n<!-- results-table -->\nold table\nold row\n<!-- /results-table -->\n"
+  after = "\ntail text\n"
+  f.write_text(before + after)
+  p = subprocess.run([sys.executable, str(BENCH / "results_table.py"), "--write", str(f)],
+                     capture_output=True, text=True)
+  assert p.returncode == 0, p.stderr
+  text = f.read_text()
+  head, rest = text.split("<!-- results-table -->\n")
+  body, tail = rest.split("<!-- /results-table -->\n")
+  assert head == "# Title\n\nintro\n" and tail == after
+  assert body == results_table.table() + "\n"
+  f.write_text("no markers here\n")
+  p = subprocess.run([sys.executable, str(BENCH / "results_table.py"), "--write", str(f)],
+                     capture_output=True, text=True)
+  assert p.returncode == 1 and "needs exactly one" in p.stderr
+  assert f.read_text() == "no markers here\n"
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: str(p.relative_to(BENCH)))
+def test_every_script_answers_help(script):
+  env = {**os.environ, "PYTHONPATH": str(REPO), "JAX_PLATFORMS": "cpu"}
+  p = subprocess.run([sys.executable, str(script), "--help"], capture_output=True, text=True,
+                     env=env, cwd=REPO, timeout=300)
+  assert p.returncode == 0, p.stderr[-2000:]
+
+
+def _private_uses(path: pathlib.Path) -> list[str]:
+  """`mod._name` where mod is bound to an aogpt_jax module, and `from aogpt_jax... import _x`."""
+  tree = ast.parse(path.read_text())
+  bound, bad = set(), []
+  for node in ast.walk(tree):
+    if isinstance(node, ast.Import):
+      for a in node.names:
+        if a.name.split(".")[0] == "aogpt_jax":
+          bound.add(a.asname or a.name.split(".")[0])
+    elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "aogpt_jax":
+      for a in node.names:
+        if a.name.startswith("_"):
+          bad.append(f"{path.name}:{node.lineno} imports {a.name}")
+        bound.add(a.asname or a.name)
+  for node in ast.walk(tree):
+    if (isinstance(node, ast.Attribute) and node.attr.startswith("_")
+        and not node.attr.startswith("__")):
+      root = node.value
+      while isinstance(root, ast.Attribute):
+        root = root.value
+      if isinstance(root, ast.Name) and root.id in bound:
+        bad.append(f"{path.name}:{node.lineno} uses {ast.unparse(node)}")
+  return bad
+
+
+def test_no_script_calls_a_private_function_of_aogpt_jax():
+  bad = [b for s in SCRIPTS for b in _private_uses(s)]
+  assert not bad, bad
