@@ -3,7 +3,7 @@
     python benchmarks/results_table.py                      # print it
     python benchmarks/results_table.py --write README.md docs/performance.md
 
-One row per current result: what was measured, the number, the machine (and date), the command
+One row per current result: what was measured, the number, the machine, the command
 that reruns it and the JSON it comes from. Every number is read from a field of that JSON (ROWS
 below names the fields); a missing file or key stops the script with one line naming both.
 ``--write FILE...`` replaces the text between the lines ``<!-- results-table -->`` and
@@ -80,9 +80,8 @@ class Result:
 
   def machine(self) -> str:
     m = self.get("machine")
-    name = m.get("accelerator") or f"{m.get('cores')}-core {m.get('cpu')} CPU"
-    date = self.data.get("date")
-    return f"{name}, {date[:10]}" if date else f"{name} (date unknown)"
+    # The JSON keeps the date and commit; README and docs show no dated history.
+    return m.get("accelerator") or f"{m.get('cores')}-core {m.get('cpu')} CPU"
 
 
 def _x(a: float) -> str:

@@ -79,6 +79,16 @@ def test_results_table_builds_from_the_committed_jsons():
     assert row.count("|") == 6, row
 
 
+@pytest.mark.parametrize("doc", ["README.md", "docs/performance.md"])
+def test_committed_docs_carry_the_current_table(doc):
+  """Every number in README's results table has its JSON: the table in the docs is exactly what
+  the committed JSONs give (rerun `python benchmarks/results_table.py --write README.md
+  docs/performance.md` after a benchmark)."""
+  text = (REPO / doc).read_text()
+  assert results_table.replace_between_markers(text, results_table.table(), doc) == text, (
+      f"{doc}: results table is stale; run python benchmarks/results_table.py --write {doc}")
+
+
 def test_results_table_names_a_missing_key_or_file(tmp_path):
   res = tmp_path / "results"
   shutil.copytree(BENCH / "results", res)
