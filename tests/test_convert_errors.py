@@ -8,7 +8,7 @@ import os
 import numpy as np
 import pytest
 
-import published_util as pu
+from helpers import published as pu
 from aogpt_jax.checkpoints import spec as checkpoint_spec
 from aogpt_jax.checkpoints import convert
 

@@ -16,7 +16,7 @@ from aogpt_jax.model import encoder as mdm
 from aogpt_jax.model import aogpt as model_lib
 from aogpt_jax.evaluation import encoder_nll as enc
 from aogpt_jax.evaluation import perplexity as ppl
-from sampler_testlib import encoder_forward, exact_elbo, tiny_encoder
+from helpers.sampler import encoder_forward, exact_elbo, tiny_encoder
 
 N = 6
 

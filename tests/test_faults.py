@@ -30,8 +30,8 @@ from aogpt_jax import modes
 from aogpt_jax.train import step as train_lib
 from aogpt_jax.train import loop as train_loop
 
-from trainer_util import REPO, checkpoint_steps, cli_args, cpu_env, start, tiny_config, wait_for
-from trainer_util import run as run_cli, saved_state
+from helpers.trainer import REPO, checkpoint_steps, cli_args, cpu_env, start, tiny_config, wait_for
+from helpers.trainer import run as run_cli, saved_state
 
 LONG = dict(total_steps=100000, checkpoint_every=4, log_every=4, eval_every=0)
 

@@ -10,8 +10,8 @@ import pytest
 from aogpt_jax import modes
 from aogpt_jax.config import ConfigError
 from aogpt_jax.evaluation import genppl
-import published_util as pu
-import trainer_util as tu
+from helpers import published as pu
+from helpers import trainer as tu
 
 
 def _cfg(tmp_path, scorer):

@@ -11,8 +11,8 @@ from aogpt_jax.checkpoints import spec as checkpoint_spec
 from aogpt_jax.checkpoints import hub
 from aogpt_jax.evaluation import genppl
 from aogpt_jax.checkpoints import convert
-import published_util as pu
-import trainer_util as tu
+from helpers import published as pu
+from helpers import trainer as tu
 
 
 def _flat(m):

@@ -12,8 +12,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import published_util as pu
-import trainer_util as tu
+from helpers import published as pu
+from helpers import trainer as tu
 
 pytest.importorskip("lm_eval", reason="needs lm_eval (pip install -e .[lmeval])")
 pytest.importorskip("torch", reason="needs torch to write the published .pt")

@@ -12,7 +12,7 @@ from flax import nnx
 from aogpt_jax.model import encoder as mdm
 from aogpt_jax.model import aogpt as model
 from aogpt_jax.model import orders
-from sampler_testlib import exact_elbo
+from helpers.sampler import exact_elbo
 
 exact_order_nll = nnx.jit(mdm.exact_order_nll)
 

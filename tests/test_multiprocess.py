@@ -10,7 +10,7 @@ from flax import nnx
 
 from aogpt_jax.checkpoints import store as checkpoint_lib
 from aogpt_jax import data as data_lib
-from trainer_util import cli_args, run, start, tiny_config
+from helpers.trainer import cli_args, run, start, tiny_config
 
 RUN = dict(total_steps=6, checkpoint_every=3, log_every=3, eval_every=6, batch_size=8)
 

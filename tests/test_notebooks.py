@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-import published_util as pu
+from helpers import published as pu
 from aogpt_jax.checkpoints import spec as checkpoint_spec
 
 COLABS = pathlib.Path(__file__).resolve().parent.parent / "colabs"

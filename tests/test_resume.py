@@ -16,7 +16,7 @@ import pytest
 from aogpt_jax.checkpoints import store as checkpoint_lib
 from aogpt_jax import data as data_lib
 from aogpt_jax.train import loop as train_loop
-from trainer_util import (REPO, checkpoint_steps, cli_args, cpu_env, run, saved_state, start,
+from helpers.trainer import (REPO, checkpoint_steps, cli_args, cpu_env, run, saved_state, start,
                           tiny_config, wait_for)
 
 TOTAL = 96

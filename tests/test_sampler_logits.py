@@ -11,7 +11,7 @@ import pytest
 from aogpt_jax.sampling import sampler
 from aogpt_jax.sampling import diffusion, prompts
 from aogpt_jax.sampling import tokens as tokens_lib
-from sampler_testlib import tiny_model
+from helpers.sampler import tiny_model
 
 N = 10
 

@@ -7,7 +7,7 @@ import pytest
 
 from aogpt_jax.sampling import sampler
 from aogpt_jax.data import get_tokenizer
-from sampler_testlib import tiny_model
+from helpers.sampler import tiny_model
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,5 @@
 """Exactness of the speculative sampler (`sampling.speculative`): sample frequencies match the
-ancestral (T = n) distribution computed by enumeration (`sampler_testlib`), and the parallel
+ancestral (T = n) distribution computed by enumeration (`helpers.sampler`), and the parallel
 T < n distribution (the drafts' own) is rejected, so the test has the power to fail."""
 
 import functools
@@ -13,8 +13,8 @@ from flax import nnx
 from aogpt_jax.model import aogpt as model_lib
 from aogpt_jax.sampling import sampler
 from aogpt_jax.sampling import diffusion, prompts, speculative, tokens as tokens_lib
-import exact_tiny
-from sampler_testlib import (chisquare_p, histogram, mixture_over_orders, parallel_logprob,
+from helpers import exact_tiny
+from helpers.sampler import (chisquare_p, histogram, mixture_over_orders, parallel_logprob,
                              tiny_model)
 
 N_SAMPLES, V, LEN = exact_tiny.N_SAMPLES, exact_tiny.V, exact_tiny.LEN

@@ -15,7 +15,7 @@ from aogpt_jax import config as config_lib
 from aogpt_jax import data as data_lib
 from aogpt_jax.train import sharding as sharding_lib
 from aogpt_jax.train import step as train_lib
-from trainer_util import tiny_config
+from helpers.trainer import tiny_config
 
 
 EMA_DECAY = 0.5     # small enough that the cap min(decay, (1+k)/(10+k)) binds from k = 8 on
