@@ -11,6 +11,8 @@ from aogpt_jax.checkpoints import convert
 pytest.importorskip("torch", reason="needs torch (pip install -r requirements-extra.txt)")
 from tests.test_convert import _checkpoint  # pylint: disable=g-import-not-at-top
 
+pytestmark = pytest.mark.torch
+
 
 def _flat(m):
   return convert.model_to_flat(m)

@@ -12,6 +12,9 @@ import pytest
 from aogpt_jax.checkpoints import convert
 
 torch = pytest.importorskip("torch", reason="needs torch (pip install -r requirements-extra.txt)")
+
+pytestmark = pytest.mark.torch
+
 nn, F = torch.nn, torch.nn.functional
 
 V, N, D, H, L, TD = 64, 12, 32, 4, 2, 128   # the published code hard-codes TD = 128

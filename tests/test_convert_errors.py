@@ -14,6 +14,8 @@ from aogpt_jax.checkpoints import convert
 
 torch = pytest.importorskip("torch", reason="needs torch (pip install -r requirements-extra.txt)")
 
+pytestmark = pytest.mark.torch
+
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):

@@ -53,6 +53,7 @@ def _wait_for(predicate, proc, timeout=400.0):
   return wait_for(predicate, proc, timeout)
 
 
+@pytest.mark.subprocess
 def test_second_run_on_a_busy_workdir_is_refused_and_kill9_frees_the_lock(cache_dir, tmp_path):
   work = tmp_path / "work"
   first = start(cli_args(cache_dir, work, **LONG), tmp_path / "first.log")
@@ -259,6 +260,7 @@ def test_non_finite_loss_names_the_last_saved_step(cache_dir, tmp_path):
     assert "no checkpoint of this run exists yet" in str(e.value)
 
 
+@pytest.mark.subprocess
 def test_cli_errors_are_one_line_and_verbose_shows_the_traceback(cache_dir, tmp_path):
   kw = dict(cwd=REPO, env=cpu_env(), capture_output=True, text=True, timeout=120)
   base = [sys.executable, "-m", "aogpt_jax.main", f"--workdir={tmp_path / 'w'}"]
@@ -314,6 +316,7 @@ def uninterrupted(cache_dir, tmp_path_factory):
 
 
 @pytest.mark.parametrize("async_save", [True, False])
+@pytest.mark.subprocess
 def test_kill9_between_commit_and_manifest_resumes_exactly(cache_dir, uninterrupted, tmp_path,
                                                            async_save):
   """Async saves write the manifest into orbax's temporary folder before the commit rename, so a
@@ -342,6 +345,7 @@ def test_kill9_between_commit_and_manifest_resumes_exactly(cache_dir, uninterrup
   assert checkpoint_lib.verify_manifest(work / "checkpoints/6")
 
 
+@pytest.mark.subprocess
 def test_sample_falls_back_past_an_unverifiable_corrupt_step_in_one_quiet_line(cache_dir, trained,
                                                                                tmp_path):
   """A step saved without a manifest (older runs) whose EMA files are garbage: the CLI names it,

@@ -65,6 +65,7 @@ def test_genppl_mode_bad_settings_are_named(tmp_path):
     modes.genppl_mode(cfg, str(tmp_path / "o"), checkpoint=ckpt)
 
 
+@pytest.mark.subprocess
 def test_scorer_path_errors_are_one_line_naming_the_key(tmp_path):
   """A missing scorer folder stops the CLI with one line naming genppl.scorer, before sampling;
   an uncached hf: scorer (offline) names the download command."""

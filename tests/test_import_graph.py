@@ -9,6 +9,8 @@ import pathlib
 import subprocess
 import sys
 
+import pytest
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
@@ -98,6 +100,7 @@ def test_find_cycle_finds_one():
   assert find_cycle({"a": {"b"}, "b": set()}) is None
 
 
+@pytest.mark.subprocess
 def test_former_cycle_modules_import_alone():
   env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT))
   scripts = {m: f"import {m}" for m in ("aogpt_jax.config", "aogpt_jax.evaluation.zero_shot",

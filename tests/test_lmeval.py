@@ -20,12 +20,13 @@ pytest.importorskip("torch", reason="needs torch to write the published .pt")
 
 import lm_eval  # noqa: E402
 from lm_eval.tasks import TaskManager  # noqa: E402
-
 from aogpt_jax.checkpoints import spec as checkpoint_spec  # noqa: E402
 from aogpt_jax.data import tokenizers  # noqa: E402
 from aogpt_jax.evaluation import ensembles as ens_lib  # noqa: E402
 from aogpt_jax.evaluation import lmeval  # noqa: E402
 from aogpt_jax.evaluation import perplexity as ppl_lib  # noqa: E402
+
+pytestmark = pytest.mark.torch
 
 ROWS = [
     {"ctx": "The cat sat on the", "cont": " mat", "text": "Hello world, a rolling text. " * 6},
@@ -182,6 +183,7 @@ def test_bad_model_args_are_one_clear_error(setup):
     lmeval.AOGPTLM(checkpoint=str(pt), tokenizer="byte")
 
 
+@pytest.mark.subprocess
 def test_command_line_entry_point_registers_the_model(setup):
   d, pt = setup
   out = subprocess.run(

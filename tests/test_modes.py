@@ -13,6 +13,8 @@ from aogpt_jax.evaluation import zero_shot as evaluate
 from aogpt_jax.config import ConfigError
 from helpers import trainer as tu
 
+pytestmark = pytest.mark.subprocess
+
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):

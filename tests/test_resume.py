@@ -46,6 +46,7 @@ def _metric_steps(workdir):
   return [json.loads(line)["step"] for line in lines if "train/loss" in line]
 
 
+@pytest.mark.subprocess
 def test_sigkill_then_sigterm_then_finish_equals_uninterrupted(cache_dir, tmp_path):
   ref, work = tmp_path / "reference", tmp_path / "interrupted"
   run(cli_args(cache_dir, ref, **RUN), tmp_path / "reference.log")
@@ -101,6 +102,7 @@ def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(cache_dir, tmp
     assert all(np.isfinite(np.asarray(x)).all() for x in leaves)
 
 
+@pytest.mark.subprocess
 def test_bad_mode_and_config_errors_exit_with_a_message(cache_dir, tmp_path):
   args = cli_args(cache_dir, tmp_path / "w")
   kw = dict(capture_output=True, text=True, env=cpu_env(), cwd=REPO, timeout=120)
@@ -111,6 +113,7 @@ def test_bad_mode_and_config_errors_exit_with_a_message(cache_dir, tmp_path):
   assert "config error: model.n_head: 3 heads do not divide n_embd=32" in p.stderr
 
 
+@pytest.mark.subprocess
 def test_ctrl_c_saves_like_sigterm_and_a_lower_total_steps_is_refused(cache_dir, tmp_path):
   work = tmp_path / "w"
   p = start(cli_args(cache_dir, work, **RUN), tmp_path / "interrupted.log")
