@@ -21,6 +21,7 @@ def _cfg(tmp_path, scorer):
   return cfg
 
 
+@pytest.mark.slow
 def test_genppl_mode_scores_every_grid_point(tmp_path):
   ckpt = pu.converted_folder(tmp_path / "conv")
   scorer = pu.gpt2_folder(tmp_path / "gpt2")

@@ -102,6 +102,7 @@ def _pair(tok, row):
   return ctx, tok.encode(row["ctx"] + row["cont"])[len(ctx):]
 
 
+@pytest.mark.slow
 def test_harness_answers_local_tasks_like_our_perplexity_code(setup):
   d, pt = setup
   res = _evaluate(d, "aogpt", ["ll", "roll", "gen"], f"checkpoint={pt},batch_size=4")
@@ -184,6 +185,7 @@ def test_bad_model_args_are_one_clear_error(setup):
 
 
 @pytest.mark.subprocess
+@pytest.mark.slow
 def test_command_line_entry_point_registers_the_model(setup):
   d, pt = setup
   out = subprocess.run(

@@ -13,7 +13,7 @@ from aogpt_jax.evaluation import zero_shot as evaluate
 from aogpt_jax.config import ConfigError
 from helpers import trainer as tu
 
-pytestmark = pytest.mark.subprocess
+pytestmark = [pytest.mark.slow, pytest.mark.subprocess]
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ from helpers import trainer as tu
 
 pytest.importorskip("torch", reason="needs torch (pip install -r requirements-extra.txt)")
 
-pytestmark = [pytest.mark.torch, pytest.mark.subprocess]
+pytestmark = [pytest.mark.slow, pytest.mark.torch, pytest.mark.subprocess]
 
 README = pathlib.Path(tu.REPO) / "README.md"
 

@@ -47,6 +47,7 @@ def _metric_steps(workdir):
 
 
 @pytest.mark.subprocess
+@pytest.mark.slow
 def test_sigkill_then_sigterm_then_finish_equals_uninterrupted(cache_dir, tmp_path):
   ref, work = tmp_path / "reference", tmp_path / "interrupted"
   run(cli_args(cache_dir, ref, **RUN), tmp_path / "reference.log")
@@ -87,6 +88,7 @@ def test_sigkill_then_sigterm_then_finish_equals_uninterrupted(cache_dir, tmp_pa
   assert json.loads((work / "config.json").read_text())["model"]["n_layer"] == 1
 
 
+@pytest.mark.slow
 def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(cache_dir, tmp_path):
   cfg = tiny_config(cache_dir, optimizer__lr=1e30, optimizer__warmup_steps=1, total_steps=20,
                     checkpoint_every=1, log_every=1, optimizer__ema_decay=0.0)
@@ -114,6 +116,7 @@ def test_bad_mode_and_config_errors_exit_with_a_message(cache_dir, tmp_path):
 
 
 @pytest.mark.subprocess
+@pytest.mark.slow
 def test_ctrl_c_saves_like_sigterm_and_a_lower_total_steps_is_refused(cache_dir, tmp_path):
   work = tmp_path / "w"
   p = start(cli_args(cache_dir, work, **RUN), tmp_path / "interrupted.log")

@@ -161,6 +161,7 @@ def test_pass_logits_are_masked_encoder_forwards_and_tokens_use_the_shared_keys(
   np.testing.assert_array_equal(np.asarray(redrawn)[valid], out.tokens[rows[valid], qpos[valid]])
 
 
+@pytest.mark.slow
 def test_same_key_same_samples_across_batch_sizes_and_block(enc10):
   s = sampler.SampleSettings(length=N, steps=4, count_mode="stochastic", method="encoder")
   key = jax.random.key(11)

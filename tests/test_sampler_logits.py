@@ -95,6 +95,7 @@ def test_parallel_queries_equal_swapped_order_forward(model):
 
 
 @pytest.mark.parametrize("count_mode", ["deterministic", "stochastic"])
+@pytest.mark.slow
 def test_cached_and_uncached_samplers_draw_identical_tokens(model, count_mode):
   """... and the block size (how steps are split into passes) does not change the samples."""
   s = sampler.SampleSettings(length=N, steps=5, count_mode=count_mode, top_p=0.9,

@@ -200,7 +200,7 @@ def test_sample_tokens_draws_what_inverse_cdf_of_filter_logits_draws(top_p, rule
 
 
 @pytest.mark.parametrize("shape", [(13, 1), (5, 3)])
-@pytest.mark.parametrize("top_p", [1.0, 0.9])
+@pytest.mark.parametrize("top_p", [1.0, pytest.param(0.9, marks=pytest.mark.slow)])
 def test_rows_drawn_in_chunks_equal_all_rows_at_once(shape, top_p, monkeypatch):
   """On CPU `_by_query` draws `DRAW_ROWS` rows at a time (13 rows: two chunks of 7 and one padding
   row; 15: two of 8): the same tokens and cut-offs as every row at once."""

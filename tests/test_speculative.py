@@ -55,6 +55,7 @@ def test_random_order_is_ancestral(model, seqs, draft, queries):
 
 
 @pytest.mark.parametrize("rule", ["nucleus", "published"])
+@pytest.mark.slow
 def test_l2r_temperature_top_p(model, seqs, rule):
   kw = dict(temperature=0.7, top_p=0.8, top_p_rule=rule)
   order = jnp.broadcast_to(jnp.arange(LEN, dtype=jnp.int32), (N_SAMPLES, LEN))
@@ -105,7 +106,8 @@ def _explicit_mask_logits(m, tokens, order):
   return m.head(h, tgt)
 
 
-@pytest.mark.parametrize("draft,queries", [(4, "taper"), ("auto", "taper"), (3, "all")])
+@pytest.mark.parametrize("draft,queries", [
+    (4, "taper"), pytest.param("auto", "taper", marks=pytest.mark.slow), (3, "all")])
 def test_verify_and_draft_logits_equal_uncached_forward(draft, queries):
   """Every round's causal-slot logits equal the explicit-mask causal forward over the known
   tokens plus the pending drafts, and the draft queries of causal slot c+i equal the
@@ -147,6 +149,7 @@ def test_verify_and_draft_logits_equal_uncached_forward(draft, queries):
   assert checked >= len(where)
 
 
+@pytest.mark.slow
 def test_one_pass_per_round_all_accepted(monkeypatch):
   """A model whose logits ignore the context and the target (p == q) accepts every draft: one
   pass for the first token, then K tokens per pass; the traced sampler calls the model twice
@@ -173,6 +176,7 @@ def test_one_pass_per_round_all_accepted(monkeypatch):
 
 
 @pytest.mark.parametrize("draft", [2, "auto"])
+@pytest.mark.slow
 def test_sample_independent_of_batch_composition(draft):
   """A row's tokens depend only on its key (and K): rows 2, 3 of one batch equal rows 0, 1 of
   the batch that starts two samples later (other companions, other orders and finishing times;

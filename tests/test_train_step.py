@@ -68,6 +68,7 @@ def _loss(m):
   return m["nll_sum"] / m["token_count"]
 
 
+@pytest.mark.slow
 def test_train_step_decreases_loss(single):
   cfg, trainer, mesh = single
   batches = _batches(cfg, 1) * 30           # memorising one batch must drive the loss down
@@ -144,6 +145,7 @@ def test_lr_schedule_matches_the_formula():
     assert float(sched(step)) == pytest.approx(want, rel=1e-5), step
 
 
+@pytest.mark.slow
 def test_gradient_accumulation_equals_one_big_batch(single):
   cfg, trainer, mesh = single
   batches = _batches(cfg, 3)
@@ -159,6 +161,7 @@ def test_gradient_accumulation_equals_one_big_batch(single):
                jax.device_get(s1["params"]), jax.device_get(s4["params"]))
 
 
+@pytest.mark.slow
 def test_sharded_step_equals_single_device_step(single):
   """8 devices as data 2 x fsdp 2 x tensor 2 with 2 microbatches (2 rows per device per
   microbatch) against the single-device, single-microbatch trainer."""
@@ -199,6 +202,7 @@ def test_logical_rules_drop_axes_that_do_not_divide(cache_dir):
   assert sharding_lib.logical_to_spec(None, (), rules, mesh) == P()
 
 
+@pytest.mark.slow
 def test_heldout_eval_includes_a_fixed_training_order(cache_dir):
   # A run on fixed_random / blockwise orders (the paper's Figure 3a) is also scored under its own
   # order; L2R, uniform and mixture runs are not (the L2R and uniform rows cover them).
@@ -225,6 +229,7 @@ def test_heldout_eval_includes_a_fixed_training_order(cache_dir):
   assert not np.isclose(out["nll_train_order"], out["nll_random"])
 
 
+@pytest.mark.slow
 def test_train_logs_mesh_and_memory_estimate_before_the_first_step(cache_dir, tmp_path, caplog):
   from aogpt_jax.train import loop as train_loop
   caplog.set_level(logging.INFO)
