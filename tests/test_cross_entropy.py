@@ -21,10 +21,9 @@ def _cfg(**kw):
   return model.preset("tiny", **base)
 
 
-@pytest.mark.parametrize("attention,target,chunk", [
-    pytest.param("gather", "adaln", 7, marks=pytest.mark.slow),
-    pytest.param("mask", "adaln", 16, marks=pytest.mark.slow),
-    ("gather", "sigma_gpt", 100)])
+@pytest.mark.parametrize("attention,target,chunk", [("gather", "adaln", 7), ("mask", "adaln", 16),
+                                                    ("gather", "sigma_gpt", 100)])
+@pytest.mark.slow
 def test_chunked_loss_equals_full_loss_and_grads(attention, target, chunk):
   tied = dict(tie_embeddings=True, head_bias=False) if target == "sigma_gpt" else {}
   cfg = _cfg(attention=attention, target=target, **tied)

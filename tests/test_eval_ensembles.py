@@ -51,7 +51,7 @@ def test_rank_subset_and_nesting(setup, naive):
 
 
 @pytest.mark.parametrize("program", ["packed_logp_any", "packed_logp_cpu"])
-@pytest.mark.parametrize("layout", ["pairs", "buckets"])
+@pytest.mark.parametrize("layout", [pytest.param("pairs", marks=pytest.mark.slow), "buckets"])
 def test_identity_ordering_of_the_prefix_kernel_is_the_base(setup, layout, program):
   """j = 0 through the prefix kernel reproduces the full base forward at every rank, with and
   without the CPU compiler options (the evaluator's choice on CPU)."""

@@ -83,6 +83,7 @@ def test_scorer_from_the_cache(tmp_path, cache):
 
 
 @pytest.mark.subprocess
+@pytest.mark.slow
 def test_cli_genppl_with_model_and_scorer_from_the_cache(tmp_path):
   """The README's route on a machine without network: both from HF_HUB_CACHE, one command."""
   cache = tmp_path / "hf" / "hub"

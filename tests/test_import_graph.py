@@ -101,6 +101,7 @@ def test_find_cycle_finds_one():
 
 
 @pytest.mark.subprocess
+@pytest.mark.slow
 def test_former_cycle_modules_import_alone():
   env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT))
   scripts = {m: f"import {m}" for m in ("aogpt_jax.config", "aogpt_jax.evaluation.zero_shot",

@@ -203,7 +203,8 @@ def test_kv_cache_chunks_equal_full_forward():
   assert float(jnp.abs(cache[0][0][:, :, N:]).max()) == 0.0   # nothing written past the slots
 
 
-@pytest.mark.parametrize("target", [pytest.param("adaln", marks=pytest.mark.slow), "per_block"])
+@pytest.mark.parametrize("target", ["adaln", "per_block"])
+@pytest.mark.slow
 def test_query_slots_and_causal_mask_chunks_equal_the_full_forward(target):
   """``hidden_slots(query=...)`` (the last block past its keys and values at the query slots
   only) and ``mask_causal=True`` (query chunks skipping the blocks above the diagonal) give the

@@ -108,6 +108,7 @@ def test_cached_and_uncached_samplers_draw_identical_tokens(model, count_mode):
   np.testing.assert_array_equal(a.tokens, c.tokens)
 
 
+@pytest.mark.slow
 def test_ar_equals_l2r_diffusion_with_one_token_per_step(model):
   s = sampler.SampleSettings(length=N, steps=N, order="l2r", top_p=0.9)
   ptok, pmask = prompts.prefix_prompt([[1, 2, 3], [4], []], N, 13)

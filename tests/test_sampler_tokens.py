@@ -67,7 +67,7 @@ def _poisoned_key_search(x, k, p, ok):
   return jnp.max(k), jnp.zeros((), p.dtype)
 
 
-@pytest.mark.parametrize("path", ["both", "key_search_only"])
+@pytest.mark.parametrize("path", [pytest.param("both", marks=pytest.mark.slow), "key_search_only"])
 @pytest.mark.parametrize("rule", tokens_lib.TOP_P_RULES)
 def test_top_p_cutoff_with_ties_padding_and_a_large_vocabulary(rule, path, monkeypatch):
   # Ties at the cut-off are all kept (the tied tokens' first occurrence decides), padding (-inf)

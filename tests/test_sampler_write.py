@@ -21,6 +21,7 @@ def _cfg(**kw):
   return c
 
 
+@pytest.mark.slow
 def test_write_samples_with_prompt_and_suffix(model, tmp_path):
   tok = get_tokenizer("byte")
   c = _cfg(prompt="Hi", suffix="!", order="random", top_p=0.9, temperature=0.8)

@@ -86,6 +86,7 @@ def test_infill_prompt(model, seqs):
   assert chisquare_p(hist, wrong, N_SAMPLES) < 1e-6
 
 
+@pytest.mark.slow
 def test_auto_draft_is_ancestral(model, seqs):
   """draft="auto" picks K from past outcomes only: still the T = n distribution."""
   toks, passes = _run(model, 21, _random_orders(2, N_SAMPLES, range(LEN)), draft="auto",
@@ -107,7 +108,8 @@ def _explicit_mask_logits(m, tokens, order):
 
 
 @pytest.mark.parametrize("draft,queries", [
-    (4, "taper"), pytest.param("auto", "taper", marks=pytest.mark.slow), (3, "all")])
+    (4, "taper"), pytest.param("auto", "taper", marks=pytest.mark.slow),
+    pytest.param(3, "all", marks=pytest.mark.slow)])
 def test_verify_and_draft_logits_equal_uncached_forward(draft, queries):
   """Every round's causal-slot logits equal the explicit-mask causal forward over the known
   tokens plus the pending drafts, and the draft queries of causal slot c+i equal the

@@ -79,6 +79,7 @@ def test_train_step_decreases_loss(single):
   assert all(np.isfinite(m["grad_norm"]) for m in metrics)
 
 
+@pytest.mark.slow
 def test_ema_follows_the_warmed_up_recursion(single):
   cfg, trainer, mesh = single
   with jax.set_mesh(mesh):
