@@ -43,6 +43,7 @@ def test_fast_equals_naive_mask_path(setup, naive, layout):
   assert np.abs(fast[:, 3:, 1:] - fast[:, 3:, :1]).max() > 1e-3
 
 
+@pytest.mark.slow
 def test_rank_subset_and_nesting(setup, naive):
   m, x, ids, sigma, base = setup
   part = ens.ensemble_logp(m, x, ids, sigma, base, max_m=2, seed=7, ranks=[2, 5, 7], rows=[1])

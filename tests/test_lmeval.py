@@ -143,6 +143,7 @@ def test_harness_answers_local_tasks_like_our_perplexity_code(setup):
     assert text == want
 
 
+@pytest.mark.slow
 def test_ensemble_option_is_eq4_over_the_context(setup):
   d, pt = setup
   lm = lmeval.AOGPTLM(checkpoint=str(pt), batch_size=4, ensemble_m=3, seed=5)

@@ -44,6 +44,7 @@ def test_default_checkpoint_is_the_readme_one():
 
 
 @pytest.mark.torch
+@pytest.mark.slow
 def test_sampling_notebook_on_a_published_checkpoint(published, offline, monkeypatch, capsys):
   monkeypatch.setenv("AOGPT_CHECKPOINT", published)
   ns = run_notebook("sampling.ipynb")

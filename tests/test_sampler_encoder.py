@@ -125,8 +125,8 @@ def _prompt():
   return prompts.pairs_prompt([{1: 3, 7: 5}, {}, {0: 1, 1: 2, 2: 3, 9: 4}], N, 13)
 
 
-@pytest.mark.parametrize("count_mode,steps", [
-    ("deterministic", 4), pytest.param("stochastic", 6, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("count_mode,steps", [("deterministic", 4), ("stochastic", 6)])
+@pytest.mark.slow
 def test_pass_logits_are_masked_encoder_forwards_and_tokens_use_the_shared_keys(enc10, count_mode,
                                                                                 steps):
   ptok, pmask = _prompt()
