@@ -1,6 +1,13 @@
-"""Shared test set-up: CPU only, 8 fake devices for the sharding tests, fp32 matmuls."""
+"""Shared test set-up: CPU only, 8 fake devices for the sharding tests, fp32 matmuls; tests/ on
+sys.path so that ``from helpers import ...`` works from any working directory and import mode."""
 
 import os
+import pathlib
+import sys
+
+_TESTS = str(pathlib.Path(__file__).resolve().parent)
+if _TESTS not in sys.path:
+  sys.path.insert(0, _TESTS)
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +

@@ -8,6 +8,7 @@ import re
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
@@ -44,6 +45,7 @@ def test_activation_rules_keep_features_whole_and_split_heads():
   assert act[layers.HEADS] == ("tensor",) and act[layers.MLP_ACT] == ("tensor",)
 
 
+@pytest.mark.slow
 def test_sharded_constrained_loss_equals_single_device():
   assert jax.device_count() >= 8, "conftest provides 8 fake CPU devices"
   gd, state, params, tokens, order = _setup()

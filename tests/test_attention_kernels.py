@@ -62,6 +62,7 @@ def test_blockwise_catches_a_wrong_mask():
 
 
 @pytest.mark.parametrize("path", ["gather", "mask"])
+@pytest.mark.slow
 def test_blockwise_model_loss_and_grads(path):
   cfg = model.preset("tiny", block_size=24, n_layer=1, n_head=2, n_embd=32, target_dim=8,
                      vocab_size=64, valid_vocab_size=50, attention=path)
@@ -81,6 +82,7 @@ def test_blockwise_model_loss_and_grads(path):
     np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_blockwise_saves_compiled_memory():
   """The loss gradient at n = 128 no longer keeps [B, heads, n, n] scores per layer."""
   n = 128

@@ -126,6 +126,8 @@ def test_write_replaces_only_between_the_markers(tmp_path):
   assert f.read_text() == "no markers here\n"
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: str(p.relative_to(BENCH)))
 def test_every_script_answers_help(script):
   env = {**os.environ, "PYTHONPATH": str(REPO), "JAX_PLATFORMS": "cpu"}

@@ -16,7 +16,7 @@ from aogpt_jax.model import aogpt as model_lib
 from aogpt_jax import recipes
 from aogpt_jax.train import sharding as sharding_lib
 from aogpt_jax.train import step as train_lib
-from trainer_util import tiny_config
+from helpers.trainer import tiny_config
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,9 @@ from aogpt_jax.checkpoints import spec as checkpoint_spec
 from aogpt_jax.checkpoints import convert
 
 pytest.importorskip("torch", reason="needs torch (pip install -r requirements-extra.txt)")
-from tests.test_convert import _checkpoint  # pylint: disable=g-import-not-at-top
+from helpers.torch_published import checkpoint as _checkpoint  # noqa: E402
+
+pytestmark = pytest.mark.torch
 
 
 def _flat(m):

@@ -14,7 +14,7 @@ from aogpt_jax import recipes
 from aogpt_jax.train import sharding as sharding_lib
 from aogpt_jax.train import step as train_lib
 from aogpt_jax.train import workdir as workdir_lib
-from trainer_util import REPO, tiny_config
+from helpers.trainer import REPO, tiny_config
 
 ConfigError = config_lib.ConfigError
 

@@ -13,7 +13,7 @@ from aogpt_jax import data
 from aogpt_jax import config as config_lib
 from aogpt_jax import main as main_lib
 from aogpt_jax import modes, recipes
-from trainer_util import tiny_config
+from helpers.trainer import tiny_config
 
 
 def _old_style(d: dict) -> dict:

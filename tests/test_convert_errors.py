@@ -8,11 +8,13 @@ import os
 import numpy as np
 import pytest
 
-import published_util as pu
+from helpers import published as pu
 from aogpt_jax.checkpoints import spec as checkpoint_spec
 from aogpt_jax.checkpoints import convert
 
 torch = pytest.importorskip("torch", reason="needs torch (pip install -r requirements-extra.txt)")
+
+pytestmark = pytest.mark.torch
 
 
 @pytest.fixture(scope="module")

@@ -23,6 +23,7 @@ def _cfg(**kw):
 
 @pytest.mark.parametrize("attention,target,chunk", [("gather", "adaln", 7), ("mask", "adaln", 16),
                                                     ("gather", "sigma_gpt", 100)])
+@pytest.mark.slow
 def test_chunked_loss_equals_full_loss_and_grads(attention, target, chunk):
   tied = dict(tie_embeddings=True, head_bias=False) if target == "sigma_gpt" else {}
   cfg = _cfg(attention=attention, target=target, **tied)

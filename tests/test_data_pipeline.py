@@ -81,6 +81,7 @@ def test_grain_checkpoint_handler_round_trip(cfg, tmp_path):
   assert all(np.array_equal(a, b) for a, b in zip(want, take(restored, 4)))
 
 
+@pytest.mark.slow
 def test_worker_processes(cfg):
   from absl import flags
   wcfg = config.resolve(cfg, worker_count=2)

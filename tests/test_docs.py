@@ -25,7 +25,6 @@ Code (slow, each in a subprocess on CPU):
 """
 
 import json
-import os
 import pathlib
 import re
 import shlex
@@ -34,7 +33,7 @@ import sys
 
 import pytest
 
-import trainer_util as tu
+from helpers import trainer as tu
 
 REPO = pathlib.Path(tu.REPO)
 README = REPO / "README.md"
@@ -297,7 +296,7 @@ def test_documented_commands(page, quickstart):
 
 
 def _gpt2_folder(root) -> str:
-  import published_util as pu  # pylint: disable=g-import-not-at-top
+  from helpers import published as pu  # pylint: disable=g-import-not-at-top
   path = root / "gpt2-large"
   if not path.exists():
     pu.gpt2_folder(path, vocab=50257)

@@ -17,7 +17,7 @@ from aogpt_jax.model import encoder as mdm
 from aogpt_jax.model import aogpt as model_lib
 from aogpt_jax.evaluation import encoder_nll as enc
 from aogpt_jax.evaluation import perplexity as ppl
-from sampler_testlib import encoder_forward, exact_elbo, tiny_encoder
+from helpers.sampler import encoder_forward, exact_elbo, tiny_encoder
 
 N = 6
 
@@ -31,6 +31,7 @@ def _tokens(rows=3, n=N, valid=7, seed=0):
   return np.random.default_rng(seed).integers(0, valid, (rows, n)).astype(np.int32)
 
 
+@pytest.mark.slow
 def test_order_nll_uses_the_aogpt_orders_and_is_single_position_predictions(m):
   tokens, ids = _tokens(), np.array([4, 17, 9], np.uint32)
   nll, order = enc.order_nll(m, tokens, ids, order="uniform", seed=3, order_index=1)
@@ -99,6 +100,7 @@ def test_elbo_masks_are_the_documented_draw():
       np.testing.assert_array_equal(masked[row], np.asarray(jax.random.uniform(k_m, (n,))) < t[row])
 
 
+@pytest.mark.slow
 def test_elbo_row_converges_to_the_exact_elbo_inside_its_interval():
   m4 = tiny_encoder(vocab=4, valid=3, block=4, std=0.5, seed=3)
   tokens = np.array([[1, 2, 0, 2], [2, 2, 1, 0]], np.int32)
@@ -120,6 +122,7 @@ def test_elbo_row_converges_to_the_exact_elbo_inside_its_interval():
                                                                        [1, 1, 0, 1]])}])
 
 
+@pytest.mark.slow
 def test_evaluate_encoder_rows_next_to_an_aogpt(m, tmp_path):
   rng = np.random.default_rng(1)
   data = {name: [{"tokens": rng.integers(0, 7, (2, N)).astype(np.int32),

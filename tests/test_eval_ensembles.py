@@ -29,6 +29,7 @@ def naive(setup):
 
 
 @pytest.mark.parametrize("layout", ["pairs", "buckets"])
+@pytest.mark.slow
 def test_fast_equals_naive_mask_path(setup, naive, layout):
   m, x, ids, sigma, base = setup
   fast = ens.ensemble_logp(m, x, ids, sigma, base, max_m=4, seed=7, layout=layout,
@@ -42,6 +43,7 @@ def test_fast_equals_naive_mask_path(setup, naive, layout):
   assert np.abs(fast[:, 3:, 1:] - fast[:, 3:, :1]).max() > 1e-3
 
 
+@pytest.mark.slow
 def test_rank_subset_and_nesting(setup, naive):
   m, x, ids, sigma, base = setup
   part = ens.ensemble_logp(m, x, ids, sigma, base, max_m=2, seed=7, ranks=[2, 5, 7], rows=[1])
@@ -50,7 +52,7 @@ def test_rank_subset_and_nesting(setup, naive):
 
 
 @pytest.mark.parametrize("program", ["packed_logp_any", "packed_logp_cpu"])
-@pytest.mark.parametrize("layout", ["pairs", "buckets"])
+@pytest.mark.parametrize("layout", [pytest.param("pairs", marks=pytest.mark.slow), "buckets"])
 def test_identity_ordering_of_the_prefix_kernel_is_the_base(setup, layout, program):
   """j = 0 through the prefix kernel reproduces the full base forward at every rank, with and
   without the CPU compiler options (the evaluator's choice on CPU)."""
@@ -71,6 +73,7 @@ def test_identity_ordering_of_the_prefix_kernel_is_the_base(setup, layout, progr
   np.testing.assert_allclose(got, base, atol=2e-5)
 
 
+@pytest.mark.slow
 def test_m1_equals_the_any_order_nll(setup):
   m, x, _, _, _ = setup
   batches = [{"tokens": np.concatenate([x, x[:1]]), "weight": np.array([1, 1, 0])}]
@@ -111,6 +114,7 @@ def test_plans_cover_every_rank_once():
     ens.pack_prefixes([4], 4)
 
 
+@pytest.mark.slow
 def test_default_plan_compiles_one_program(setup):
   """The default layout is one compiled shape (16 bucket shapes cost ~47 s of compilation at
   n = 256 on the 2-core box), and calls are split evenly: padding < one item per call."""

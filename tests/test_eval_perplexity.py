@@ -68,6 +68,7 @@ def test_l2r_perplexity_equals_independent_causal_lm():
   assert res["tokens"] == 5 * N and res["blocks"] == 5
 
 
+@pytest.mark.slow
 def test_orders_depend_on_block_not_on_batching():
   m = _model()
   x = np.random.default_rng(1).integers(0, 257, (4, N)).astype(np.int32)

@@ -25,6 +25,7 @@ def _setup():
   return m, data
 
 
+@pytest.mark.slow
 def test_evaluate_writes_json_and_table(tmp_path):
   m, data = _setup()
   s = evaluate.EvalSettings(num_orders=2, ensemble_max_m=2, seed=3)

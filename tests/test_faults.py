@@ -31,8 +31,8 @@ from aogpt_jax.train import step as train_lib
 from aogpt_jax.train import loop as train_loop
 from aogpt_jax.train import workdir as workdir_lib
 
-from trainer_util import REPO, checkpoint_steps, cli_args, cpu_env, start, tiny_config, wait_for
-from trainer_util import run as run_cli, saved_state
+from helpers.trainer import REPO, checkpoint_steps, cli_args, cpu_env, start, tiny_config, wait_for
+from helpers.trainer import run as run_cli, saved_state
 
 LONG = dict(total_steps=100000, checkpoint_every=4, log_every=4, eval_every=0)
 
@@ -54,6 +54,8 @@ def _wait_for(predicate, proc, timeout=400.0):
   return wait_for(predicate, proc, timeout)
 
 
+@pytest.mark.subprocess
+@pytest.mark.slow
 def test_second_run_on_a_busy_workdir_is_refused_and_kill9_frees_the_lock(cache_dir, tmp_path):
   work = tmp_path / "work"
   first = start(cli_args(cache_dir, work, **LONG), tmp_path / "first.log")
@@ -110,6 +112,7 @@ def _no_compile(monkeypatch):
   monkeypatch.setattr(train_lib, "build", build)
 
 
+@pytest.mark.slow
 def test_flipped_bytes_are_detected_set_aside_and_the_previous_step_used(cache_dir, trained,
                                                                          tmp_path, caplog):
   work = _copy(trained, tmp_path)
@@ -131,6 +134,7 @@ def test_flipped_bytes_are_detected_set_aside_and_the_previous_step_used(cache_d
   assert "checkpoints/4 is corrupt (CorruptCheckpoint" in caplog.text
 
 
+@pytest.mark.slow
 def test_changed_worker_count_is_an_error_naming_it_and_sets_nothing_aside(cache_dir, trained,
                                                                            tmp_path):
   work = _copy(trained, tmp_path)
@@ -143,6 +147,7 @@ def test_changed_worker_count_is_an_error_naming_it_and_sets_nothing_aside(cache
   assert _steps(work) == [2, 4] and not (work / "checkpoints_corrupt").exists()
 
 
+@pytest.mark.slow
 def test_an_intact_checkpoint_that_cannot_be_restored_is_not_set_aside(cache_dir, trained,
                                                                        tmp_path, monkeypatch):
   """Whatever the setting (here: the worker-count check switched off), a checkpoint whose
@@ -157,6 +162,7 @@ def test_an_intact_checkpoint_that_cannot_be_restored_is_not_set_aside(cache_dir
   assert _steps(work) == [2, 4] and not (work / "checkpoints_corrupt").exists()
 
 
+@pytest.mark.slow
 def test_loading_for_eval_or_sample_logs_no_orbax_warnings(trained, caplog):
   caplog.set_level(logging.WARNING)
   checkpoint_lib.load_model(trained, which="ema")
@@ -199,6 +205,7 @@ def _simulate_read_only(monkeypatch, folder_name: str):
   monkeypatch.setattr(pathlib.Path, "write_text", write_text)
 
 
+@pytest.mark.slow
 def test_read_only_checkpoints_fail_fast_naming_the_folder(cache_dir, trained, tmp_path,
                                                            monkeypatch):
   work = _copy(trained, tmp_path)
@@ -212,6 +219,7 @@ def test_read_only_checkpoints_fail_fast_naming_the_folder(cache_dir, trained, t
   assert time.time() - t < 30
 
 
+@pytest.mark.slow
 def test_read_only_checkpoints_by_chmod(cache_dir, trained, tmp_path, monkeypatch):
   work = _copy(trained, tmp_path)
   ckpts = work / "checkpoints"
@@ -227,6 +235,7 @@ def test_read_only_checkpoints_by_chmod(cache_dir, trained, tmp_path, monkeypatc
     ckpts.chmod(0o755)
 
 
+@pytest.mark.slow
 def test_read_only_workdir_in_sample_mode_is_one_line(cache_dir, trained, tmp_path, monkeypatch):
   work = _copy(trained, tmp_path)
   _simulate_read_only(monkeypatch, "samples")
@@ -235,6 +244,7 @@ def test_read_only_workdir_in_sample_mode_is_one_line(cache_dir, trained, tmp_pa
     modes.sample_mode(tiny_config(cache_dir), str(work))
 
 
+@pytest.mark.slow
 def test_eval_on_a_run_of_the_other_objective_names_eval_model_kind(cache_dir, trained,
                                                                         tmp_path):
   work = _copy(trained, tmp_path)
@@ -247,6 +257,7 @@ def test_eval_on_a_run_of_the_other_objective_names_eval_model_kind(cache_dir, t
     modes.sample_mode(tiny_config(cache_dir), str(work))
 
 
+@pytest.mark.slow
 def test_non_finite_loss_names_the_last_saved_step(cache_dir, tmp_path):
   """(Without any checkpoint: the CLI test below.)"""
   cfg = tiny_config(cache_dir, optimizer__lr=1e30, optimizer__warmup_steps=1, total_steps=20,
@@ -260,6 +271,8 @@ def test_non_finite_loss_names_the_last_saved_step(cache_dir, tmp_path):
     assert "no checkpoint of this run exists yet" in str(e.value)
 
 
+@pytest.mark.subprocess
+@pytest.mark.slow
 def test_cli_errors_are_one_line_and_verbose_shows_the_traceback(cache_dir, tmp_path):
   kw = dict(cwd=REPO, env=cpu_env(), capture_output=True, text=True, timeout=120)
   base = [sys.executable, "-m", "aogpt_jax.main", f"--workdir={tmp_path / 'w'}"]
@@ -315,6 +328,8 @@ def uninterrupted(cache_dir, tmp_path_factory):
 
 
 @pytest.mark.parametrize("async_save", [True, False])
+@pytest.mark.subprocess
+@pytest.mark.slow
 def test_kill9_between_commit_and_manifest_resumes_exactly(cache_dir, uninterrupted, tmp_path,
                                                            async_save):
   """Async saves write the manifest into orbax's temporary folder before the commit rename, so a
@@ -343,6 +358,8 @@ def test_kill9_between_commit_and_manifest_resumes_exactly(cache_dir, uninterrup
   assert checkpoint_lib.verify_manifest(work / "checkpoints/6")
 
 
+@pytest.mark.subprocess
+@pytest.mark.slow
 def test_sample_falls_back_past_an_unverifiable_corrupt_step_in_one_quiet_line(cache_dir, trained,
                                                                                tmp_path):
   """A step saved without a manifest (older runs) whose EMA files are garbage: the CLI names it,

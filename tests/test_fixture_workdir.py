@@ -10,7 +10,7 @@ import shutil
 
 import pytest
 
-import trainer_util as tu
+from helpers import trainer as tu
 
 FIXTURE = pathlib.Path(__file__).parent / "fixtures" / "workdir_v0_1"
 EXPECTED = json.loads((FIXTURE.parent / "workdir_v0_1.expected.json").read_text())

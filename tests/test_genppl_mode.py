@@ -10,8 +10,8 @@ import pytest
 from aogpt_jax import modes
 from aogpt_jax.config import ConfigError
 from aogpt_jax.evaluation import genppl
-import published_util as pu
-import trainer_util as tu
+from helpers import published as pu
+from helpers import trainer as tu
 
 
 def _cfg(tmp_path, scorer):
@@ -21,6 +21,7 @@ def _cfg(tmp_path, scorer):
   return cfg
 
 
+@pytest.mark.slow
 def test_genppl_mode_scores_every_grid_point(tmp_path):
   ckpt = pu.converted_folder(tmp_path / "conv")
   scorer = pu.gpt2_folder(tmp_path / "gpt2")
@@ -65,6 +66,7 @@ def test_genppl_mode_bad_settings_are_named(tmp_path):
     modes.genppl_mode(cfg, str(tmp_path / "o"), checkpoint=ckpt)
 
 
+@pytest.mark.subprocess
 def test_scorer_path_errors_are_one_line_naming_the_key(tmp_path):
   """A missing scorer folder stops the CLI with one line naming genppl.scorer, before sampling;
   an uncached hf: scorer (offline) names the download command."""

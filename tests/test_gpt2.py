@@ -28,6 +28,7 @@ def _save_hf(tmp_path, **kw):
 
 
 @pytest.mark.parametrize("act", ["gelu_new", "gelu"])
+@pytest.mark.torch
 def test_logits_match_transformers(tmp_path, act):
   torch, hf = _save_hf(tmp_path, activation_function=act)
   params, cfg = gpt2.load(str(tmp_path))
@@ -37,6 +38,7 @@ def test_logits_match_transformers(tmp_path, act):
   np.testing.assert_allclose(got, want, atol=2e-4, rtol=1e-4)
 
 
+@pytest.mark.torch
 def test_genppl_uses_the_scorers_nll(tmp_path):
   torch, hf = _save_hf(tmp_path)
   scorer = genppl.GPT2Scorer.from_pretrained(str(tmp_path))
@@ -55,6 +57,7 @@ def test_genppl_uses_the_scorers_nll(tmp_path):
   assert res["unigram_entropy"] == ent
 
 
+@pytest.mark.torch
 def test_prepend_eot_scores_every_token(tmp_path):
   pytest.importorskip("torch", reason="needs torch (requirements-extra.txt)")
   # vocab must contain the EOT id for this protocol: use a config with GPT-2's vocabulary size.

@@ -8,16 +8,20 @@ import pathlib
 import subprocess
 import sys
 
+import pytest
+
 REPO = pathlib.Path(__file__).resolve().parents[1]
 SUITE = REPO / "benchmarks" / "gpu_suite.sh"
 
 
+@pytest.mark.subprocess
 def test_suite_script_parses_and_names_a_bad_argument():
   subprocess.run(["bash", "-n", str(SUITE)], check=True)
   p = subprocess.run(["bash", str(SUITE), "--fast"], capture_output=True, text=True)
   assert p.returncode == 2 and "unknown argument --fast" in p.stderr
 
 
+@pytest.mark.subprocess
 def test_report_collects_every_number(tmp_path):
   train = {"batch_size": 16, "seq_len": 1024, "devices": 1, "step_s_median": 0.5,
            "tokens_per_s": 32768.0, "mfu": 0.41, "device_kind": "NVIDIA H100 80GB HBM3",
@@ -42,6 +46,8 @@ def test_report_collects_every_number(tmp_path):
   assert len(json.loads((tmp_path / "gpu_suite.json").read_text())["results"]["rows"]) == 4
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_train_step_benchmark_writes_a_profile(tmp_path):
   """`benchmarks/train_step.py --profile_dir` (the GPU suite's profile of the train step) runs on
   the quickstart config and leaves a jax.profiler trace beside its JSON."""

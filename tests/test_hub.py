@@ -11,8 +11,8 @@ from aogpt_jax.checkpoints import spec as checkpoint_spec
 from aogpt_jax.checkpoints import hub
 from aogpt_jax.evaluation import genppl
 from aogpt_jax.checkpoints import convert
-import published_util as pu
-import trainer_util as tu
+from helpers import published as pu
+from helpers import trainer as tu
 
 
 def _flat(m):
@@ -82,6 +82,8 @@ def test_scorer_from_the_cache(tmp_path, cache):
     genppl.GPT2Scorer.from_pretrained("hf:openai-community/gpt2-xl")
 
 
+@pytest.mark.subprocess
+@pytest.mark.slow
 def test_cli_genppl_with_model_and_scorer_from_the_cache(tmp_path):
   """The README's route on a machine without network: both from HF_HUB_CACHE, one command."""
   cache = tmp_path / "hf" / "hub"

@@ -10,6 +10,8 @@ import pathlib
 import subprocess
 import sys
 
+import pytest
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
@@ -154,6 +156,8 @@ def test_find_cycle_finds_one():
   assert find_cycle({"a": {"b"}, "b": set()}) is None
 
 
+@pytest.mark.subprocess
+@pytest.mark.slow
 def test_former_cycle_modules_import_alone():
   env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT))
   scripts = {m: f"import {m}" for m in ("aogpt_jax.config", "aogpt_jax.evaluation.zero_shot",

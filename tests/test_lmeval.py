@@ -12,20 +12,21 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import published_util as pu
-import trainer_util as tu
+from helpers import published as pu
+from helpers import trainer as tu
 
 pytest.importorskip("lm_eval", reason="needs lm_eval (pip install -e .[lmeval])")
 pytest.importorskip("torch", reason="needs torch to write the published .pt")
 
 import lm_eval  # noqa: E402
 from lm_eval.tasks import TaskManager  # noqa: E402
-
 from aogpt_jax.checkpoints import spec as checkpoint_spec  # noqa: E402
 from aogpt_jax.data import tokenizers  # noqa: E402
 from aogpt_jax.evaluation import ensembles as ens_lib  # noqa: E402
 from aogpt_jax.evaluation import lmeval  # noqa: E402
 from aogpt_jax.evaluation import perplexity as ppl_lib  # noqa: E402
+
+pytestmark = pytest.mark.torch
 
 ROWS = [
     {"ctx": "The cat sat on the", "cont": " mat", "text": "Hello world, a rolling text. " * 6},
@@ -101,6 +102,7 @@ def _pair(tok, row):
   return ctx, tok.encode(row["ctx"] + row["cont"])[len(ctx):]
 
 
+@pytest.mark.slow
 def test_harness_answers_local_tasks_like_our_perplexity_code(setup):
   d, pt = setup
   res = _evaluate(d, "aogpt", ["ll", "roll", "gen"], f"checkpoint={pt},batch_size=4")
@@ -141,6 +143,7 @@ def test_harness_answers_local_tasks_like_our_perplexity_code(setup):
     assert text == want
 
 
+@pytest.mark.slow
 def test_ensemble_option_is_eq4_over_the_context(setup):
   d, pt = setup
   lm = lmeval.AOGPTLM(checkpoint=str(pt), batch_size=4, ensemble_m=3, seed=5)
@@ -182,6 +185,8 @@ def test_bad_model_args_are_one_clear_error(setup):
     lmeval.AOGPTLM(checkpoint=str(pt), tokenizer="byte")
 
 
+@pytest.mark.subprocess
+@pytest.mark.slow
 def test_command_line_entry_point_registers_the_model(setup):
   d, pt = setup
   out = subprocess.run(

@@ -12,7 +12,7 @@ from flax import nnx
 from aogpt_jax.model import encoder as mdm
 from aogpt_jax.model import aogpt as model
 from aogpt_jax.model import orders
-from sampler_testlib import exact_elbo
+from helpers.sampler import exact_elbo
 
 exact_order_nll = nnx.jit(mdm.exact_order_nll)
 
@@ -112,6 +112,7 @@ def test_elbo_equals_order_averaged_any_order_nll_and_mc_estimate_converges():
   assert np.all(np.abs(mean - exact) < 5 * se + 1e-3), (mean, exact, se)
 
 
+@pytest.mark.slow
 def test_mdm_loss_is_mean_term_per_token_and_differentiable():
   m = tiny_encoder(n=4)
   tokens = jnp.array([[1, 3, 0, 2], [2, 2, 1, 0]], jnp.int32)

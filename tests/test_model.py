@@ -182,6 +182,7 @@ def test_variant_none_is_an_ordinary_causal_lm():
   assert not np.allclose(base[:, r + 1:], changed[:, r + 1:])
 
 
+@pytest.mark.slow
 def test_kv_cache_chunks_equal_full_forward():
   """Writing slots into a preallocated cache in two chunks, with the causal mask over cache
   indices, gives the same logits as one causal forward."""
@@ -203,6 +204,7 @@ def test_kv_cache_chunks_equal_full_forward():
 
 
 @pytest.mark.parametrize("target", ["adaln", "per_block"])
+@pytest.mark.slow
 def test_query_slots_and_causal_mask_chunks_equal_the_full_forward(target):
   """``hidden_slots(query=...)`` (the last block past its keys and values at the query slots
   only) and ``mask_causal=True`` (query chunks skipping the blocks above the diagonal) give the
@@ -343,6 +345,7 @@ def test_bf16_compute_is_close_to_fp32_and_params_stay_fp32():
   assert np.abs(np.asarray(a)[fin] - np.asarray(b)[fin]).max() < 0.05
 
 
+@pytest.mark.slow
 def test_remat_gives_the_same_gradients():
   tokens, order = batch(10)
   grads = []
@@ -392,6 +395,7 @@ def test_cudnn_requested_on_cpu_is_a_clear_error():
     m(tokens, order)
 
 
+@pytest.mark.slow
 def test_bf16_keeps_an_fp32_residual_stream_and_stays_close_to_fp32():
   # As the published trainer under bf16 autocast: fp32 embeddings, residual adds and norms; only
   # matmul inputs in bf16. A deep model (24 layers) with large weights (init_std 0.1) amplifies

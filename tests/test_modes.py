@@ -11,7 +11,9 @@ from aogpt_jax import data, modes
 from aogpt_jax.checkpoints import store as checkpoint
 from aogpt_jax.evaluation import zero_shot as evaluate
 from aogpt_jax.config import ConfigError
-import trainer_util as tu
+from helpers import trainer as tu
+
+pytestmark = [pytest.mark.slow, pytest.mark.subprocess]
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +70,7 @@ def test_sample_mode_writes_jsonl(trained):
 
 def test_genppl_mode_from_the_workdir(trained, tmp_path):
   """Without --checkpoint, genppl samples the run's EMA weights; the JSON names the step."""
-  import published_util as pu  # pylint: disable=g-import-not-at-top
+  from helpers import published as pu  # pylint: disable=g-import-not-at-top
   cache, workdir = trained
   cfg = tu.tiny_config(cache)
   cfg.sample.update(dict(num_samples=2, batch_size=2, length=16, steps=4))

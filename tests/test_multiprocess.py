@@ -6,11 +6,14 @@ import socket
 
 import jax
 import numpy as np
+import pytest
 from flax import nnx
 
 from aogpt_jax.checkpoints import store as checkpoint_lib
 from aogpt_jax import data as data_lib
-from trainer_util import cli_args, run, start, tiny_config
+from helpers.trainer import cli_args, run, start, tiny_config
+
+pytestmark = [pytest.mark.slow, pytest.mark.subprocess]
 
 RUN = dict(total_steps=6, checkpoint_every=3, log_every=3, eval_every=6, batch_size=8)
 

@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-import published_util as pu
+from helpers import published as pu
 from aogpt_jax.checkpoints import spec as checkpoint_spec
 
 COLABS = pathlib.Path(__file__).resolve().parent.parent / "colabs"
@@ -43,6 +43,8 @@ def test_default_checkpoint_is_the_readme_one():
   assert f"SMALL={checkpoint_spec.PUBLISHED['aogpt_small']}\n" in README.read_text()
 
 
+@pytest.mark.torch
+@pytest.mark.slow
 def test_sampling_notebook_on_a_published_checkpoint(published, offline, monkeypatch, capsys):
   monkeypatch.setenv("AOGPT_CHECKPOINT", published)
   ns = run_notebook("sampling.ipynb")
@@ -77,6 +79,7 @@ def test_sampling_notebook_falls_back_offline(tmp_path, offline, monkeypatch, ca
   assert ns["cfg"].valid_vocab_size == 257
 
 
+@pytest.mark.torch
 def test_ensembles_notebook_on_a_published_checkpoint(published, offline, monkeypatch, capsys):
   monkeypatch.setenv("AOGPT_CHECKPOINT", published)
   for k, v in {"AOGPT_MAX_M": "2", "AOGPT_SEQ_LEN": "32", "AOGPT_MAX_BLOCKS": "2",

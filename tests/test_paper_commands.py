@@ -13,10 +13,12 @@ import time
 
 import pytest
 
-import published_util as pu
-import trainer_util as tu
+from helpers import published as pu
+from helpers import trainer as tu
 
 pytest.importorskip("torch", reason="needs torch (pip install -r requirements-extra.txt)")
+
+pytestmark = [pytest.mark.slow, pytest.mark.torch, pytest.mark.subprocess]
 
 README = pathlib.Path(tu.REPO) / "README.md"
 

@@ -16,7 +16,7 @@ import pytest
 from aogpt_jax.checkpoints import store as checkpoint_lib
 from aogpt_jax import data as data_lib
 from aogpt_jax.train import loop as train_loop
-from trainer_util import (REPO, checkpoint_steps, cli_args, cpu_env, run, saved_state, start,
+from helpers.trainer import (REPO, checkpoint_steps, cli_args, cpu_env, run, saved_state, start,
                           tiny_config, wait_for)
 
 TOTAL = 96
@@ -46,6 +46,8 @@ def _metric_steps(workdir):
   return [json.loads(line)["step"] for line in lines if "train/loss" in line]
 
 
+@pytest.mark.subprocess
+@pytest.mark.slow
 def test_sigkill_then_sigterm_then_finish_equals_uninterrupted(cache_dir, tmp_path):
   ref, work = tmp_path / "reference", tmp_path / "interrupted"
   run(cli_args(cache_dir, ref, **RUN), tmp_path / "reference.log")
@@ -86,6 +88,7 @@ def test_sigkill_then_sigterm_then_finish_equals_uninterrupted(cache_dir, tmp_pa
   assert json.loads((work / "config.json").read_text())["model"]["n_layer"] == 1
 
 
+@pytest.mark.slow
 def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(cache_dir, tmp_path):
   cfg = tiny_config(cache_dir, optimizer__lr=1e30, optimizer__warmup_steps=1, total_steps=20,
                     checkpoint_every=1, log_every=1, optimizer__ema_decay=0.0)
@@ -101,6 +104,7 @@ def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(cache_dir, tmp
     assert all(np.isfinite(np.asarray(x)).all() for x in leaves)
 
 
+@pytest.mark.subprocess
 def test_bad_mode_and_config_errors_exit_with_a_message(cache_dir, tmp_path):
   args = cli_args(cache_dir, tmp_path / "w")
   kw = dict(capture_output=True, text=True, env=cpu_env(), cwd=REPO, timeout=120)
@@ -111,6 +115,8 @@ def test_bad_mode_and_config_errors_exit_with_a_message(cache_dir, tmp_path):
   assert "config error: model.n_head: 3 heads do not divide n_embd=32" in p.stderr
 
 
+@pytest.mark.subprocess
+@pytest.mark.slow
 def test_ctrl_c_saves_like_sigterm_and_a_lower_total_steps_is_refused(cache_dir, tmp_path):
   work = tmp_path / "w"
   p = start(cli_args(cache_dir, work, **RUN), tmp_path / "interrupted.log")

@@ -3,7 +3,7 @@ enumeration, logits equal plain encoder forwards, the shared key scheme, prompts
 
 Tiny encoder: 3 valid tokens + [MASK], length 4 (81 sequences), init std 0.5. Expected
 distributions come from plain bidirectional forwards with the not-yet-revealed positions set to
-[MASK] (`sampler_testlib.encoder_parallel_logprob`) or from `mdm.exact_order_nll`; every
+[MASK] (`helpers.sampler.encoder_parallel_logprob`) or from `mdm.exact_order_nll`; every
 chi-square test also rejects a wrong alternative, so it can fail.
 """
 
@@ -23,8 +23,8 @@ from aogpt_jax.sampling import write as sample_write
 from aogpt_jax.data import get_tokenizer
 from aogpt_jax.sampling import prompts
 from aogpt_jax.sampling import tokens as tokens_lib
-import exact_tiny
-from sampler_testlib import (chisquare_p, encoder_forward, encoder_parallel_logprob, histogram,
+from helpers import exact_tiny
+from helpers.sampler import (chisquare_p, encoder_forward, encoder_parallel_logprob, histogram,
                              mixture_over_orders, tiny_encoder, tiny_model)
 
 N_SAMPLES, V, LEN = exact_tiny.N_SAMPLES, exact_tiny.V, exact_tiny.LEN
@@ -128,6 +128,7 @@ def _prompt():
 
 
 @pytest.mark.parametrize("count_mode,steps", [("deterministic", 4), ("stochastic", 6)])
+@pytest.mark.slow
 def test_pass_logits_are_masked_encoder_forwards_and_tokens_use_the_shared_keys(enc10, count_mode,
                                                                                 steps):
   ptok, pmask = _prompt()
@@ -163,6 +164,7 @@ def test_pass_logits_are_masked_encoder_forwards_and_tokens_use_the_shared_keys(
   np.testing.assert_array_equal(np.asarray(redrawn)[valid], out.tokens[rows[valid], qpos[valid]])
 
 
+@pytest.mark.slow
 def test_same_key_same_samples_across_batch_sizes_and_block(enc10):
   s = sampler.SampleSettings(length=N, steps=4, count_mode="stochastic", method="encoder")
   key = jax.random.key(11)

@@ -1,10 +1,10 @@
 """Exactness: sample frequencies match the model's distribution computed by enumeration.
 
-Tiny model and enumeration: `exact_tiny`. Expected distributions are built from ordinary causal
-(gather-path) forwards only: a parallel step's query for target sigma_{m+j} is the causal forward
-of the order with ranks m and m+j swapped, at rank m. Chi-square with fixed seeds; every test
-also checks that the wrong alternative (e.g. one-token-at-a-time when steps < n) is rejected, so
-the test has the power to fail.
+Tiny model and enumeration: `helpers.exact_tiny`. Expected distributions are built from ordinary
+causal (gather-path) forwards only: a parallel step's query for target sigma_{m+j} is the causal
+forward of the order with ranks m and m+j swapped, at rank m. Chi-square with fixed seeds; every
+test also checks that the wrong alternative (e.g. one-token-at-a-time when steps < n) is
+rejected, so the test has the power to fail.
 """
 
 import math
@@ -15,8 +15,8 @@ import pytest
 
 from aogpt_jax.sampling import sampler
 from aogpt_jax.sampling import prompts
-import exact_tiny
-from sampler_testlib import chisquare_p, histogram, mixture_over_orders, parallel_logprob
+from helpers import exact_tiny
+from helpers.sampler import chisquare_p, histogram, mixture_over_orders, parallel_logprob
 
 N_SAMPLES, V, LEN = exact_tiny.N_SAMPLES, exact_tiny.V, exact_tiny.LEN
 model, seqs = exact_tiny.model, exact_tiny.seqs     # the shared fixtures

@@ -6,6 +6,7 @@ and the same "who sees whom", where query 0 of a step IS rank-slot m (cache inde
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from aogpt_jax.model import orders
 from aogpt_jax.sampling import diffusion, schedules
@@ -24,6 +25,7 @@ def test_parallel_generation_mask_reference():
   np.testing.assert_array_equal(mask, expected)
 
 
+@pytest.mark.slow
 def test_cached_pass_layout_equals_the_figure10_reference():
   n, batch = 12, 4
   plen = np.array([0, 2, 5, 11])

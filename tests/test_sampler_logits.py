@@ -11,7 +11,7 @@ import pytest
 from aogpt_jax.sampling import sampler
 from aogpt_jax.sampling import diffusion, prompts
 from aogpt_jax.sampling import tokens as tokens_lib
-from sampler_testlib import tiny_model
+from helpers.sampler import tiny_model
 
 N = 10
 
@@ -95,6 +95,7 @@ def test_parallel_queries_equal_swapped_order_forward(model):
 
 
 @pytest.mark.parametrize("count_mode", ["deterministic", "stochastic"])
+@pytest.mark.slow
 def test_cached_and_uncached_samplers_draw_identical_tokens(model, count_mode):
   """... and the block size (how steps are split into passes) does not change the samples."""
   s = sampler.SampleSettings(length=N, steps=5, count_mode=count_mode, top_p=0.9,
@@ -107,6 +108,7 @@ def test_cached_and_uncached_samplers_draw_identical_tokens(model, count_mode):
   np.testing.assert_array_equal(a.tokens, c.tokens)
 
 
+@pytest.mark.slow
 def test_ar_equals_l2r_diffusion_with_one_token_per_step(model):
   s = sampler.SampleSettings(length=N, steps=N, order="l2r", top_p=0.9)
   ptok, pmask = prompts.prefix_prompt([[1, 2, 3], [4], []], N, 13)

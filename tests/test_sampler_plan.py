@@ -8,7 +8,7 @@ import pytest
 
 from aogpt_jax.sampling import sampler
 from aogpt_jax.sampling import prompts, schedules
-from sampler_testlib import tiny_model
+from helpers.sampler import tiny_model
 
 N = 10
 

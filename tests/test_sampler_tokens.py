@@ -69,6 +69,7 @@ def _poisoned_key_search(x, k, p, ok):
 
 @pytest.mark.parametrize("path", ["both", "key_search_only"])
 @pytest.mark.parametrize("rule", tokens_lib.TOP_P_RULES)
+@pytest.mark.slow
 def test_top_p_cutoff_with_ties_padding_and_a_large_vocabulary(rule, path, monkeypatch):
   # Ties at the cut-off are all kept (the tied tokens' first occurrence decides), padding (-inf)
   # is never kept, and the search is exact across signs and scales; "key_search_only": every row
@@ -201,6 +202,7 @@ def test_sample_tokens_draws_what_inverse_cdf_of_filter_logits_draws(top_p, rule
 
 @pytest.mark.parametrize("shape", [(13, 1), (5, 3)])
 @pytest.mark.parametrize("top_p", [1.0, 0.9])
+@pytest.mark.slow
 def test_rows_drawn_in_chunks_equal_all_rows_at_once(shape, top_p, monkeypatch):
   """On CPU `_by_query` draws `DRAW_ROWS` rows at a time (13 rows: two chunks of 7 and one padding
   row; 15: two of 8): the same tokens and cut-offs as every row at once."""

@@ -9,7 +9,7 @@ from aogpt_jax.sampling import sampler
 from aogpt_jax.sampling import config as sample_config_lib
 from aogpt_jax.sampling import write as sample_write
 from aogpt_jax.data import get_tokenizer
-from sampler_testlib import tiny_model
+from helpers.sampler import tiny_model
 
 
 @pytest.fixture(scope="module")
@@ -23,6 +23,7 @@ def _cfg(**kw):
   return c
 
 
+@pytest.mark.slow
 def test_write_samples_with_prompt_and_suffix(model, tmp_path):
   tok = get_tokenizer("byte")
   c = _cfg(prompt="Hi", suffix="!", order="random", top_p=0.9, temperature=0.8)

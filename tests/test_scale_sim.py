@@ -22,6 +22,7 @@ def test_collective_parser_counts_tuple_bytes():
                                         "all-gather": {"count": 1, "bytes": 2 * 16 * 32}}
 
 
+@pytest.mark.slow
 def test_fsdp_shrinks_state_and_data_parallel_reduces_grads():
   dp = scale_sim.compile_step("tiny", 8, 1, 1, 1, 32, SMALL)
   fs = scale_sim.compile_step("tiny", 1, 8, 1, 1, 32, SMALL)
@@ -63,6 +64,7 @@ def test_table_names_each_rows_settings():
                          "1.00 | 2.00 |")
 
 
+@pytest.mark.slow
 def test_chunked_loss_gathers_no_activations_on_data_x_fsdp():
   # The chunked loss walks positions with the rows kept apart: with the batch split over data
   # and fsdp no device gathers the others' hidden states, so the all-gathers are the FSDP

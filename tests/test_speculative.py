@@ -1,5 +1,5 @@
 """Exactness of the speculative sampler (`sampling.speculative`): sample frequencies match the
-ancestral (T = n) distribution computed by enumeration (`sampler_testlib`), and the parallel
+ancestral (T = n) distribution computed by enumeration (`helpers.sampler`), and the parallel
 T < n distribution (the drafts' own) is rejected, so the test has the power to fail."""
 
 import functools
@@ -14,8 +14,8 @@ from aogpt_jax.model import aogpt as model_lib
 from aogpt_jax.sampling import sampler
 from aogpt_jax.sampling import config as sample_config_lib
 from aogpt_jax.sampling import diffusion, prompts, speculative, tokens as tokens_lib
-import exact_tiny
-from sampler_testlib import (chisquare_p, histogram, mixture_over_orders, parallel_logprob,
+from helpers import exact_tiny
+from helpers.sampler import (chisquare_p, histogram, mixture_over_orders, parallel_logprob,
                              tiny_model)
 
 N_SAMPLES, V, LEN = exact_tiny.N_SAMPLES, exact_tiny.V, exact_tiny.LEN
@@ -56,6 +56,7 @@ def test_random_order_is_ancestral(model, seqs, draft, queries):
 
 
 @pytest.mark.parametrize("rule", ["nucleus", "published"])
+@pytest.mark.slow
 def test_l2r_temperature_top_p(model, seqs, rule):
   kw = dict(temperature=0.7, top_p=0.8, top_p_rule=rule)
   order = jnp.broadcast_to(jnp.arange(LEN, dtype=jnp.int32), (N_SAMPLES, LEN))
@@ -86,6 +87,7 @@ def test_infill_prompt(model, seqs):
   assert chisquare_p(hist, wrong, N_SAMPLES) < 1e-6
 
 
+@pytest.mark.slow
 def test_auto_draft_is_ancestral(model, seqs):
   """draft="auto" picks K from past outcomes only: still the T = n distribution."""
   toks, passes = _run(model, 21, _random_orders(2, N_SAMPLES, range(LEN)), draft="auto",
@@ -106,7 +108,9 @@ def _explicit_mask_logits(m, tokens, order):
   return m.head(h, tgt)
 
 
-@pytest.mark.parametrize("draft,queries", [(4, "taper"), ("auto", "taper"), (3, "all")])
+@pytest.mark.parametrize("draft,queries", [
+    (4, "taper"), pytest.param("auto", "taper", marks=pytest.mark.slow),
+    pytest.param(3, "all", marks=pytest.mark.slow)])
 def test_verify_and_draft_logits_equal_uncached_forward(draft, queries):
   """Every round's causal-slot logits equal the explicit-mask causal forward over the known
   tokens plus the pending drafts, and the draft queries of causal slot c+i equal the
@@ -148,6 +152,7 @@ def test_verify_and_draft_logits_equal_uncached_forward(draft, queries):
   assert checked >= len(where)
 
 
+@pytest.mark.slow
 def test_one_pass_per_round_all_accepted(monkeypatch):
   """A model whose logits ignore the context and the target (p == q) accepts every draft: one
   pass for the first token, then K tokens per pass; the traced sampler calls the model twice
@@ -174,6 +179,7 @@ def test_one_pass_per_round_all_accepted(monkeypatch):
 
 
 @pytest.mark.parametrize("draft", [2, "auto"])
+@pytest.mark.slow
 def test_sample_independent_of_batch_composition(draft):
   """A row's tokens depend only on its key (and K): rows 2, 3 of one batch equal rows 0, 1 of
   the batch that starts two samples later (other companions, other orders and finishing times;

@@ -15,7 +15,7 @@ from aogpt_jax import config as config_lib
 from aogpt_jax import data as data_lib
 from aogpt_jax.train import sharding as sharding_lib
 from aogpt_jax.train import step as train_lib
-from trainer_util import tiny_config
+from helpers.trainer import tiny_config
 
 
 EMA_DECAY = 0.5     # small enough that the cap min(decay, (1+k)/(10+k)) binds from k = 8 on
@@ -68,6 +68,7 @@ def _loss(m):
   return m["nll_sum"] / m["token_count"]
 
 
+@pytest.mark.slow
 def test_train_step_decreases_loss(single):
   cfg, trainer, mesh = single
   batches = _batches(cfg, 1) * 30           # memorising one batch must drive the loss down
@@ -78,6 +79,7 @@ def test_train_step_decreases_loss(single):
   assert all(np.isfinite(m["grad_norm"]) for m in metrics)
 
 
+@pytest.mark.slow
 def test_ema_follows_the_warmed_up_recursion(single):
   cfg, trainer, mesh = single
   with jax.set_mesh(mesh):
@@ -144,6 +146,7 @@ def test_lr_schedule_matches_the_formula():
     assert float(sched(step)) == pytest.approx(want, rel=1e-5), step
 
 
+@pytest.mark.slow
 def test_gradient_accumulation_equals_one_big_batch(single):
   cfg, trainer, mesh = single
   batches = _batches(cfg, 3)
@@ -159,6 +162,7 @@ def test_gradient_accumulation_equals_one_big_batch(single):
                jax.device_get(s1["params"]), jax.device_get(s4["params"]))
 
 
+@pytest.mark.slow
 def test_sharded_step_equals_single_device_step(single):
   """8 devices as data 2 x fsdp 2 x tensor 2 with 2 microbatches (2 rows per device per
   microbatch) against the single-device, single-microbatch trainer."""
@@ -199,6 +203,7 @@ def test_logical_rules_drop_axes_that_do_not_divide(cache_dir):
   assert sharding_lib.logical_to_spec(None, (), rules, mesh) == P()
 
 
+@pytest.mark.slow
 def test_heldout_eval_includes_a_fixed_training_order(cache_dir):
   # A run on fixed_random / blockwise orders (the paper's Figure 3a) is also scored under its own
   # order; L2R, uniform and mixture runs are not (the L2R and uniform rows cover them).
@@ -225,6 +230,7 @@ def test_heldout_eval_includes_a_fixed_training_order(cache_dir):
   assert not np.isclose(out["nll_train_order"], out["nll_random"])
 
 
+@pytest.mark.slow
 def test_train_logs_mesh_and_memory_estimate_before_the_first_step(cache_dir, tmp_path, caplog):
   from aogpt_jax.train import loop as train_loop
   caplog.set_level(logging.INFO)

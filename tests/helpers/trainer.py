@@ -16,7 +16,7 @@ from ml_collections import config_dict
 from aogpt_jax import config as config_lib
 from aogpt_jax import recipes
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
+REPO = pathlib.Path(__file__).resolve().parents[2]
 
 # A model that compiles in seconds; every dimension divides 2 (the sharding tests use 2x2x2).
 TINY_OVERRIDES = {

@@ -7,7 +7,7 @@ picks the fixtures up under the names they are bound to."""
 
 import pytest
 
-from sampler_testlib import all_sequences, tiny_encoder, tiny_model
+from helpers.sampler import all_sequences, tiny_encoder, tiny_model
 
 N_SAMPLES = 20000
 V, LEN = 3, 4
