@@ -24,19 +24,14 @@ Top-level keys::
     distributed.* jax.distributed.initialize() options (multi-host)
 
 The ``eval`` and ``sample`` groups are registered by the modules that own them
-(`aogpt_jax.config_groups`), so this module imports no sampler or evaluation code. A config
-written before ``evaluate.*`` merged into ``eval.*`` is read with `upgrade` (WORKDIR/config.json,
-checkpoint metadata); an old key on the command line or in a config file fails naming its new
-name (`renamed`).
+(`aogpt_jax.config_groups`), so this module imports no sampler or evaluation code.
 """
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import json
-import logging
-from typing import Any, Mapping
+from typing import Any
 
 import jax
 from ml_collections import config_dict
@@ -151,8 +146,6 @@ def check_keys(cfg, schema=None, prefix: str = "") -> None:
     if name == "order.kwargs":
       continue
     if key not in schema:
-      if (new := renamed(name)) is not None:
-        _fail(name, f"renamed {new} (the evaluate.* group merged into eval.*)")
       known = ", ".join(sorted(prefix + k for k in schema.keys()))
       _fail(name, f"unknown config key; known keys here: {known}")
     if isinstance(schema[key], config_dict.ConfigDict):
@@ -327,36 +320,4 @@ def resolved_dict(cfg, mc: model_lib.ModelConfig) -> dict[str, Any]:
   """The config as plain data with every ``model.*`` field filled in (WORKDIR/config.json)."""
   d = json.loads(cfg.to_json())
   d["model"] = {"preset": cfg.model.preset, **mc.to_dict()}
-  return d
-
-
-# ----------------------------------------------------------------------------- old configs
-
-
-def renamed(key: str) -> str | None:
-  """The current name of ``key`` if it is a key from before ``evaluate.*`` merged into ``eval.*``
-  (``evaluate`` -> ``eval``, ``evaluate.X`` -> ``eval.X``), else None."""
-  group, dot, rest = key.partition(".")
-  return f"eval{dot}{rest}" if group == "evaluate" else None
-
-
-def upgrade(d: Mapping[str, Any], where: str = "config") -> dict[str, Any]:
-  """A config as plain data (WORKDIR/config.json, a checkpoint's metadata) in today's keys.
-
-  Written before the ``evaluate`` group merged into ``eval`` (it has an ``evaluate`` group):
-  ``evaluate.X`` -> ``eval.X``, and the old training-time ``eval.max_blocks`` ->
-  ``eval.train_max_blocks``; the old ``eval.split`` / ``batch_size`` / ``seed`` (the training
-  run's) are kept over ``evaluate.batch_size`` / ``seed``. Logs one line saying so. Any other
-  config is returned as a copy, unchanged."""
-  d = copy.deepcopy(dict(d))
-  if "evaluate" not in d:
-    return d
-  old_eval, new = dict(d.get("eval") or {}), dict(d.pop("evaluate") or {})
-  if "max_blocks" in old_eval:
-    new["train_max_blocks"] = old_eval.pop("max_blocks")
-  new.update(old_eval)
-  d["eval"] = new
-  logging.warning("%s: written before evaluate.* merged into eval.*; read with evaluate.X as "
-                  "eval.X and eval.max_blocks as eval.train_max_blocks (eval.batch_size / "
-                  "eval.seed: the training run's values)", where)
   return d

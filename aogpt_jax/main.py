@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import logging as std_logging
 import os
-import re
 import sys
 from typing import Callable
 
@@ -80,20 +79,13 @@ def one_line(e: BaseException) -> str:
   return f"{type(e).__name__}: {msg}" if msg else type(e).__name__
 
 
-def _renamed_hint(msg: str) -> str:
-  """``msg`` plus the new name when a config file uses the ``evaluate`` group of before."""
-  if re.search(r"\bevaluate\b", msg) and "eval." not in msg:
-    msg += " (the evaluate.* group merged into eval.*: cfg.evaluate.X is now cfg.eval.X)"
-  return msg
-
-
 def _verbose(argv) -> bool:
   return any(a in ("--verbose", "--verbose=true", "--verbose=True", "--verbose=1") for a in argv)
 
 
 def parse_flags(argv):
   """absl's flag parsing, with a one-line error (no traceback unless --verbose) for a missing
-  config file, a misspelt or renamed ``--config.KEY`` or a bad ``:arg``."""
+  config file, a misspelt ``--config.KEY`` or a bad ``:arg``."""
   for i, a in enumerate(argv[1:], 1):
     value = (a.split("=", 1)[1] if a.startswith("--config=") else
              argv[i + 1] if a == "--config" and i + 1 < len(argv) else None)
@@ -101,16 +93,12 @@ def parse_flags(argv):
       path = value.split(":", 1)[0]
       if not os.path.isfile(path):
         sys.exit(f"aogpt_jax: config error: --config: no such file: {path}")
-    key = a.split("=", 1)[0].removeprefix("--config.") if a.startswith("--config.") else ""
-    if key and (new := config_lib.renamed(key)) is not None:
-      sys.exit(f"aogpt_jax: config error: --config.{key}: renamed --config.{new} (the evaluate.* "
-               f"group merged into eval.*)")
   try:
     return flags.FLAGS(argv)
   except Exception as e:  # noqa: BLE001 - any parse failure is bad input
     if _verbose(argv):
       raise
-    sys.exit(f"aogpt_jax: config error: {_renamed_hint(one_line(_root(e)))}")
+    sys.exit(f"aogpt_jax: config error: {one_line(_root(e))}")
 
 
 def main(argv) -> None:
@@ -124,7 +112,7 @@ def main(argv) -> None:
   except Exception as e:  # noqa: BLE001 - the config file failed to load
     if _VERBOSE.value:
       raise
-    raise SystemExit(f"aogpt_jax: config error: --config: {_renamed_hint(one_line(_root(e)))}"
+    raise SystemExit(f"aogpt_jax: config error: --config: {one_line(_root(e))}"
                      ) from None
   if cfg is None:
     raise app.UsageError("--config is required")

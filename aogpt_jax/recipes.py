@@ -29,8 +29,6 @@ AO_GPT_ORDER = ("mixture", {"p_l2r": 0.1})
 
 def set_path(cfg: config_dict.ConfigDict, path: str, value: Any) -> None:
   """``set_path(cfg, "optimizer.lr", 1e-3)``; dict values become ConfigDicts."""
-  if (new := config_lib.renamed(path)) is not None:
-    raise KeyError(f"{path}: renamed {new} (the evaluate.* group merged into eval.*)")
   *parents, leaf = path.split(".")
   node = cfg
   for p in parents:

@@ -152,7 +152,7 @@ def run_meta(cfg, mc: model_lib.ModelConfig) -> dict[str, Any]:
 def check_compatible(saved: dict, current: dict, where: str) -> None:
   """Raises `IncompatibleCheckpoint` naming the first field that makes ``saved`` unusable for
   the current run; logs the fields that differ harmlessly (e.g. learning rate, total_steps)."""
-  old = config_lib.flatten(config_lib.upgrade(saved["config"], where))
+  old = config_lib.flatten(saved["config"])
   new = config_lib.flatten(current["config"])
   harmless = []
   for key in sorted(set(old) | set(new)):
@@ -375,7 +375,7 @@ def load_model(workdir: str | os.PathLike, which: str = "ema", step: int | None 
     target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=dev),
                           nnx.to_pure_dict(abstract))
     r = manager.restore(s, args=ocp.args.Composite(**{item: ocp.args.StandardRestore(target)}))
-    run_cfg = config_dict.ConfigDict(config_lib.upgrade(meta["config"], str(directory / str(s))))
+    run_cfg = config_dict.ConfigDict(meta["config"])
     # What was actually loaded (after any fallback), for every output's provenance.
     run_cfg.loaded = {"checkpoint": str(directory / str(s)), "step": int(s), "weights": item}
     return nnx.merge(graphdef, r[item]), run_cfg
