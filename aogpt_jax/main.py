@@ -6,7 +6,7 @@
 
 ``--config`` is an ml_collections config file with an optional ``:arg`` passed to its
 ``get_config(arg)``; every field can be overridden as ``--config.a.b=value``. ``--mode`` picks a
-function from `MODES` (each takes ``(config, workdir)``): train (`train_loop`), and eval, sample,
+function from `MODES` (each takes ``(config, workdir)``): train (`train.loop`), and eval, sample,
 genppl and prepare (`modes`). ``jax.distributed.initialize()`` runs first when the config
 (``distributed.enabled``) or the environment (AOGPT_DISTRIBUTED=1) asks for it.
 

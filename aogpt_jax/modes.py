@@ -1,7 +1,7 @@
 """The non-training modes of ``python -m aogpt_jax.main``: ``eval``, ``sample``, ``genppl`` and
 ``prepare``.
 
-Each takes ``(config, workdir)``, like `train_loop.train`, and reads its own config group:
+Each takes ``(config, workdir)``, like `train.loop.train`, and reads its own config group:
 
 * ``--mode=eval``: loads WORKDIR's newest checkpoint (``eval.which``: EMA by default) and
   scores ``eval.datasets`` (``heldout`` = the training source's ``eval.split``; the zero-shot

@@ -4,7 +4,7 @@ how its held-out loss is measured and reported, and which sampler and evaluator 
     ao   any-order autoregression (AO-GPT, sigma-GPT, GPT): NLL under an order (model.loss)
     mdm  the encoder-only masked diffusion baseline: the ELBO of Eq. 1 (model/encoder.py)
 
-The trainer (train.py, train_loop.py) calls `get(cfg.objective)` and never tests the name; the
+The trainer (train/step.py, train/loop.py) calls `get(cfg.objective)` and never tests the name; the
 keys ``sample.method`` and ``eval.model_kind`` follow from the objective unless a run sets
 them, and ``eval.ensemble_max_m`` must be 0 for an objective without ensembles
 (`config.follow_objective` fills them in and refuses a value that does not fit).
@@ -23,7 +23,7 @@ from aogpt_jax.model import aogpt as model_lib
 from aogpt_jax.model import encoder as encoder_model
 from aogpt_jax.model import orders as orders_lib
 
-# (label, order name, sorted kwargs) of one held-out loss (`train.heldout_orders`).
+# (label, order name, sorted kwargs) of one held-out loss (`train.step.heldout_orders`).
 HeldoutOrders = tuple[tuple[str, str, tuple], ...]
 
 

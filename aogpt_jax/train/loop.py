@@ -85,7 +85,7 @@ def _check_finite(step: int, m: dict[str, float], ckpt=None) -> None:
 
 def heldout_eval(trainer: train_lib.Trainer, params, cfg) -> dict[str, float]:
   """Held-out NLL per token under the L2R order, under uniform orders (fixed seed) and, for a
-  run on another fixed order distribution, under that one (`train.heldout_orders`)."""
+  run on another fixed order distribution, under that one (`train.step.heldout_orders`)."""
   bs = cfg.eval.batch_size or cfg.batch_size
   batches = data_lib.eval_batches(
       cfg.data, split=cfg.eval.split, seq_len=cfg.seq_len, global_batch_size=bs,
