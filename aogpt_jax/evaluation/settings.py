@@ -1,6 +1,6 @@
 """`EvalSettings`: what `evaluation.zero_shot` computes, and the ``eval`` config group that holds
 them (`eval_config`, registered in `aogpt_jax.config_groups`). A leaf module: it does not import
-`aogpt_jax.evaluation.zero_shot` (which loads checkpoints, and `checkpoints.store` imports `config`)."""
+`evaluation.zero_shot` (which loads checkpoints, and `checkpoints.store` imports `config`)."""
 
 from __future__ import annotations
 
