@@ -27,13 +27,13 @@ Code (slow, each in a subprocess on CPU):
 import json
 import pathlib
 import re
-import shlex
 import subprocess
 import sys
 
 import pytest
 
 from helpers import trainer as tu
+from helpers.docs import code_blocks, shell_commands
 
 REPO = pathlib.Path(tu.REPO)
 README = REPO / "README.md"
@@ -60,66 +60,12 @@ IF_SET = {"--config.eval.ensemble_max_m=": "--config.eval.ensemble_max_m=2",
 # ----------------------------------------------------------------------------- extraction
 
 
-def code_blocks(text: str) -> list[tuple[str, str]]:
-  """(language, body) of every fenced block, and ("", body) of every indented block outside
-  fences."""
-  blocks, lines, i = [], text.splitlines(), 0
-  prev_blank = True
-  while i < len(lines):
-    line = lines[i]
-    if line.startswith("```"):
-      lang, body, i = line[3:].strip(), [], i + 1
-      while i < len(lines) and not lines[i].startswith("```"):
-        body.append(lines[i])
-        i += 1
-      blocks.append((lang, "\n".join(body) + "\n"))
-      i, prev_blank = i + 1, False
-      continue
-    if prev_blank and line.startswith("    ") and line.strip():
-      body = []
-      while i < len(lines) and (lines[i].startswith("    ") or not lines[i].strip()):
-        body.append(lines[i][4:])
-        i += 1
-      blocks.append(("", "\n".join(body).rstrip() + "\n"))
-      prev_blank = False
-      continue
-    prev_blank = not line.strip()
-    i += 1
-  return blocks
-
-
 def python_blocks(page: pathlib.Path) -> list[str]:
   return [b for lang, b in code_blocks(page.read_text()) if lang == "python"]
 
 
 def commands(page: pathlib.Path) -> list[list[str]]:
-  """Every `python -m aogpt_jax...` command in the page's shell blocks, as argv (continuation
-  lines joined, comments dropped, `A && B` chains split, VAR=value lines substituted)."""
-  out = []
-  for lang, body in code_blocks(page.read_text()):
-    if lang not in ("", "bash", "sh", "shell"):
-      continue
-    env = {}
-    for line in body.replace("\\\n", " ").splitlines():
-      if m := re.fullmatch(r"([A-Z0-9_]+)=(\S+)", line.strip()):
-        env[m.group(1)] = m.group(2)
-        continue
-      for k, v in env.items():
-        line = line.replace(f"${k}", v)
-      try:
-        words = shlex.split(line, comments=True)
-      except ValueError:
-        continue
-      seg = []
-      for w in words + ["&&"]:
-        if w == "&&":
-          if seg[:3] and seg[0] in ("python", "python3") and seg[1] == "-m" and \
-              seg[2].startswith("aogpt_jax"):
-            out.append(seg)
-          seg = []
-        else:
-          seg.append(w)
-  return out
+  return shell_commands(page.read_text())
 
 
 # ----------------------------------------------------------------------------- static checks

@@ -5,8 +5,6 @@ test-made Hugging Face cache, with a random GPT-2 standing in for gpt2-large. No
 import json
 import os
 import pathlib
-import re
-import shlex
 import subprocess
 import sys
 import time
@@ -15,6 +13,7 @@ import pytest
 
 from helpers import published as pu
 from helpers import trainer as tu
+from helpers.docs import shell_commands
 
 pytest.importorskip("torch", reason="needs torch (pip install -r requirements-extra.txt)")
 
@@ -25,20 +24,10 @@ README = pathlib.Path(tu.REPO) / "README.md"
 
 def readme_commands() -> list[list[str]]:
   """The `python -m aogpt_jax.main` commands of the README's paper-commands block, with its
-  VAR=value lines substituted."""
+  VAR=value lines substituted, run by this interpreter."""
   text = README.read_text()
   block = text.split("<!-- paper-commands -->")[1].split("<!-- /paper-commands -->")[0]
-  lines = block.replace("\\\n", " ").splitlines()
-  env, cmds = {}, []
-  for line in lines:
-    line = line.split(" #")[0].strip() if not line.startswith("#") else ""
-    if m := re.fullmatch(r"([A-Z0-9_]+)=(\S+)", line):
-      env[m.group(1)] = m.group(2)
-    elif line.startswith("python "):
-      for k, v in env.items():
-        line = line.replace(f"${k}", v)
-      cmds.append([sys.executable] + shlex.split(line)[1:])
-  return cmds
+  return [[sys.executable] + argv[1:] for argv in shell_commands(block)]
 
 
 def _wikitext2(raw, cache):

@@ -8,6 +8,7 @@ puts tests/ on sys.path):
 - ``helpers.sampler``: tiny models and exact distributions by enumeration for the sampler tests.
 - ``helpers.torch_published``: a PyTorch mirror of the published architecture and random
   published-format checkpoints of it (needs torch).
+- ``helpers.docs``: code blocks and `python -m aogpt_jax` commands extracted from Markdown.
 - ``helpers.exact_tiny``: the module-scoped fixtures (``model``, ``encoder_model``, ``seqs``)
   shared by the exactness tests.
 """
