@@ -16,7 +16,7 @@ refused with an error naming the differing field.
 
 Other modes load a trained model with::
 
-    model, config = checkpoint.load_model(workdir, which="ema")   # or which="params"
+    model, config = store.load_model(workdir, which="ema")   # or which="params"; aogpt_jax.load
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """The transformer block of AO-GPT: attention (with the KV-cache write), MLP, and the pre-norm
 block with its target-position conditioning (adaLN modulation or a per-block target embedding).
 
-`model.AOGPT` stacks these; the parameter names (``attn.c_attn``, ``mlp.c_fc``, ``adaLN``,
-``wtpe``) are those of the published checkpoints and must not change. ``cfg`` is always a
-`model.ModelConfig` (not imported here: model.py imports this module).
+`aogpt.AOGPT` stacks these; the parameter names (``attn.c_attn``, ``mlp.c_fc``, ``adaLN``,
+``wtpe``) are those of the published checkpoints and must not change. ``cfg`` is always an
+`aogpt.ModelConfig` (not imported here: aogpt.py imports this module).
 """
 
 from __future__ import annotations
@@ -158,11 +158,10 @@ def modulation_tables(dense: Dense, cond_table: jax.Array, parts: int) -> list[j
   The conditioning depends only on the target position, so the projection is computed once per
   table row (and the zero row) and gathered: a fraction of the FLOPs at training batch sizes,
   and inside the samplers' step loops XLA hoists it out of the loop (it depends on parameters
-  only), so a sampler step gathers its rows instead of projecting them: 7-10% of a KV-cached
-  sampler step at batch 8 on CPU (n = 256, width 256, 4 layers); programs called many times on
-  the same weights take them precomputed (`AOGPT.modulation_tables`). Each part is gathered on
-  its own, so XLA can fuse the gather into the part's one use instead of writing all of them out
-  (the ensembles' packed program: 0.95x the time on CPU). The gather's gradient goes through
+  only), so a sampler step gathers its rows instead of projecting them; programs called many
+  times on the same weights take them precomputed (`AOGPT.modulation_tables`). Each part is
+  gathered on its own, so XLA can fuse the gather into the part's one use instead of writing all
+  of them out (docs/performance.md has the measured gains). The gather's gradient goes through
   `layers.take_rows` (no scatter-add when a sequence's targets are distinct).
   """
   full = jnp.concatenate([cond_table, jnp.zeros((1, cond_table.shape[1]), cond_table.dtype)])

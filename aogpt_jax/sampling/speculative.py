@@ -147,8 +147,8 @@ def query_layout(K: int, queries: str):
   return grp_Q, (np.arange(grp_Q.size) - first_K[grp_Q] + 1).astype(np.int32), first_K, sizes_K
 
 
-def speculative_round(model, order, tok_keys, filt, carry, *, K: int, kmax: int, cache_len: int,
-           queries: str, debug: bool):
+def speculative_round(model, order, tok_keys, filt, carry, *, K: int, kmax: int,
+                      cache_len: int, queries: str, debug: bool):
   """One round (one pass) with static block K: causal slots c..c+m (m <= K-1 pending drafts)
   and the draft queries of `query_layout`; every row drafts its own k - 1 <= K - 1 next."""
   cache, tokens_BxN, c_B, m_B, logq_BxGxV, passes_B, k_row_B, it, trace = carry

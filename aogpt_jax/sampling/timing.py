@@ -67,7 +67,8 @@ def compare(m, encoder=None, *, length: int, batch: int, steps: Sequence[int],
   if unknown:
     raise ValueError(f"methods: unknown {unknown}; known: {sampler.METHODS}")
   if "encoder" in methods and encoder is None:
-    raise ValueError("methods has 'encoder' but no encoder model was given (model.encoder.make_encoder)")
+    raise ValueError("methods has 'encoder' but no encoder model was given "
+                     "(model.encoder.make_encoder)")
   kw = dict(length=length, batch=batch, **settings)
   built = []
   if "ar" in methods:
