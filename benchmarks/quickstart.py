@@ -33,7 +33,6 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from aogpt_jax import config as config_lib  # noqa: E402
 from aogpt_jax import data as data_lib  # noqa: E402
 from ml_collections import config_dict  # noqa: E402
 
@@ -74,8 +73,7 @@ def main() -> None:
     lines = [json.loads(x) for x in
              (pathlib.Path(workdir) / "metrics.jsonl").read_text().splitlines()]
     # The run's own resolved config (overrides included) says what was scored.
-    cfg = config_dict.ConfigDict(config_lib.upgrade(json.loads(
-        (pathlib.Path(workdir) / "config.json").read_text())))
+    cfg = config_dict.ConfigDict(json.loads((pathlib.Path(workdir) / "config.json").read_text()))
   evals = [x for x in lines if "eval/loss_l2r" in x]
   train = [x for x in lines if "train/tokens_per_sec" in x]
   result = {

@@ -164,3 +164,24 @@ def _private_uses(path: pathlib.Path) -> list[str]:
 def test_no_script_calls_a_private_function_of_aogpt_jax():
   bad = [b for s in SCRIPTS for b in _private_uses(s)]
   assert not bad, bad
+
+
+@pytest.mark.slow
+@pytest.mark.subprocess
+def test_quickstart_benchmark_runs_end_to_end(tmp_path):
+  """benchmarks/quickstart.py past --help: a 4-step quickstart at tiny width, read back through
+  the run's own config.json, written in the schema."""
+  out = tmp_path / "q.json"
+  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(REPO))
+  over = ["--config.total_steps=4", "--config.log_every=2", "--config.eval_every=0",
+          "--config.checkpoint_every=0", "--config.model.n_layer=1", "--config.model.n_embd=32",
+          "--config.model.n_head=2", "--config.eval.train_max_blocks=8",
+          f"--config.data.cache_dir={tmp_path / 'cache'}"]
+  p = subprocess.run([sys.executable, str(BENCH / "quickstart.py"), f"--out={out}", "--", *over],
+                     cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+  assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+  rec = json.loads(out.read_text())
+  common.check_schema(rec, str(out))
+  r = rec["results"]
+  assert r["final_step"] == 4 and r["heldout_tokens_scored"] > 0
+  assert 0 < r["heldout_loss_l2r"] < 10 and r["heldout_unigram_cross_entropy"] > 0
