@@ -35,8 +35,8 @@ from flax import nnx
 from aogpt_jax.model import cross_entropy
 from aogpt_jax.model import orders as orders_lib
 from aogpt_jax.model.attention import ATTENTION_IMPLS
-from aogpt_jax.model.blocks import (Block, condition, dropout, fold_key, modulation_tables,
-                                    run_block, table_lookup)
+from aogpt_jax.model.blocks import (REMAT_POLICIES, Block, condition, dropout, fold_key,
+                                    modulation_tables, remat_module, run_block, table_lookup)
 from aogpt_jax.model.layers import (BATCH, NORMS, Dense, Embed, Norm, check_choice, constrain,
                                     matmul, trunc_normal)
 
@@ -79,7 +79,9 @@ class ModelConfig:
   attention_block: int = 256         # query/key block of attention_impl='blockwise'
   dtype: str = "float32"             # compute dtype (bfloat16 on accelerators)
   param_dtype: str = "float32"
-  remat: bool = False                # rematerialise each block in the backward pass
+  remat: bool = False                # rematerialise each block in the backward pass,
+  remat_policy: str = "block"        # keeping what this policy saves (blocks.REMAT_POLICIES):
+                                     # block (its inputs only) | attention | dots_no_batch | dots
   loss_chunk: int = 0                # > 0: training loss without [B, n, V] logits, about this
                                      # many tokens (positions x all rows) at a time
                                      # (cross_entropy.py); 0: plain logits
@@ -103,6 +105,7 @@ class ModelConfig:
     check_choice("model.norm", self.norm, NORMS)
     check_choice("model.attention", self.attention, ATTENTION_PATHS)
     check_choice("model.attention_impl", self.attention_impl, ATTENTION_IMPLS)
+    check_choice("model.remat_policy", self.remat_policy, tuple(REMAT_POLICIES))
     if int(self.attention_block) < 1:
       bad("attention_block", f"must be >= 1, got {self.attention_block}")
     if int(self.loss_chunk) < 0:
@@ -241,7 +244,7 @@ class AOGPT(nnx.Module):
     x = dropout(x, cfg.dropout, fold_key(dropout_key, cfg.n_layer))
     new_cache = []
     run = lambda *a: run_block(*a, mask_causal=mask_causal)  # noqa: E731 (a static flag)
-    run = nnx.remat(run) if cfg.remat else run
+    run = remat_module(run, cfg.remat_policy) if cfg.remat else run
     for i, block in enumerate(self.h):
       if cfg.target == "repeat":
         x = x + tgt_emb

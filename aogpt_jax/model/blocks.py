@@ -12,6 +12,7 @@ import math
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax.ad_checkpoint import checkpoint_name
 
 from aogpt_jax.model.attention import attention, query_mask, resolve_attention_impl
 from aogpt_jax.model.layers import (BATCH, HEADS, MLP_ACT, Dense, Embed, Norm, constrain,
@@ -86,7 +87,7 @@ class Attention(nnx.Module):
                                   masked=not (mask is None or isinstance(mask, str)),
                                   seq_q=q.shape[1], seq_k=k.shape[1])
     y = attention(q, k, v, mask=mask, impl=impl, block=self.block, mask_causal=mask_causal)
-    y = constrain(y, (BATCH, None, HEADS, None))
+    y = checkpoint_name(constrain(y, (BATCH, None, HEADS, None)), "attention")  # remat_policy
     return self.c_proj(y.reshape(b, q.shape[1], d)), new_cache
 
 
@@ -177,3 +178,71 @@ def run_block(block, x, slot_tgt, cond_table, mask, cache, write_index, dropout_
               tables=None, *, mask_causal=False):
   return block(x, slot_tgt, cond_table, mask=mask, cache=cache, write_index=write_index,
                dropout_key=dropout_key, query=query, mask_causal=mask_causal, tables=tables)
+
+
+# ----------------------------------------------------------------------------- remat
+
+# model.remat_policy: what a rematerialised block keeps for its backward pass (jax.checkpoint
+# policies); everything else is recomputed from the block's inputs.
+REMAT_POLICIES = {
+    "block": jax.checkpoint_policies.nothing_saveable,          # the block's inputs only
+    "attention": jax.checkpoint_policies.save_only_these_names("attention"),  # + attention out
+    "dots_no_batch": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,  # + x @ W
+    "dots": jax.checkpoint_policies.checkpoint_dots,           # + every matmul's output
+}
+
+
+def late_remat(fn, policy: str):
+  """``fn`` (pure: arrays in, arrays out) rematerialised under ``REMAT_POLICIES[policy]``, with
+  the recomputation tied to the incoming gradient (`after`).
+
+  ``jax.checkpoint`` alone recomputes a block from inputs that exist since the forward pass, so
+  XLA's scheduler is free to run the recomputation early, and XLA:CPU's did: for AO-GPT Small
+  at 8 x 1024 tokens every block's recomputed activations were live at once during the loss,
+  and full remat saved 0.3 of 10.5 GiB (docs/scaling.md, "What holds the memory"). Here the
+  backward pass makes the saved residuals depend on the output gradient (`after`), so a
+  block's recomputation cannot start before the gradient of its output exists, i.e. after the
+  blocks above it are done: one block's activations are recomputed and live at a time. Same
+  numbers as ``jax.checkpoint`` (the same vjp)."""
+  saved = jax.checkpoint(fn, policy=REMAT_POLICIES[policy], prevent_cse=True)
+
+  @jax.custom_vjp
+  def run(*args):
+    return fn(*args)
+
+  def fwd(*args):
+    return jax.vjp(saved, *args)   # (output, the vjp closure: its leaves are the residuals)
+
+  def bwd(vjp, g):
+    leaves, tree = jax.tree.flatten(vjp)
+    return jax.tree.unflatten(tree, after(leaves, g))(g)
+
+  run.defvjp(fwd, bwd)
+  return run
+
+
+def after(residuals: list, g) -> list:
+  """``residuals`` made to depend on ``g`` (a pytree with at least one float leaf) without
+  changing their values: every float residual plus ``0 * (first element of g)``.
+
+  ``lax.optimization_barrier`` does not order the schedule on XLA:CPU (its pipeline expands the
+  barrier away before scheduling), and XLA does not fold ``0 * y`` for floats (NaN, inf), so
+  this data dependency holds on every backend. Its cost is an add fused into the first use of
+  each residual. A non-finite ``g`` makes the recomputed block non-finite, whose gradients were
+  non-finite anyway."""
+  first = [leaf.reshape(-1)[:1] for leaf in jax.tree.leaves(g)
+           if jnp.issubdtype(leaf.dtype, jnp.inexact) and leaf.size]
+  if not first:
+    return residuals
+  zero = jnp.sum(first[0].astype(jnp.float32)) * 0.0
+  return [r + zero.astype(r.dtype) if jnp.issubdtype(r.dtype, jnp.inexact) else r
+          for r in residuals]
+
+
+def remat_module(call, policy: str):
+  """``call(module, *args)`` with the module's state as an input of `late_remat` (so its
+  gradients flow), the graph static."""
+  def wrapped(module, *args):
+    graphdef, state = nnx.split(module)
+    return late_remat(lambda st, *a: call(nnx.merge(graphdef, st), *a), policy)(state, *args)
+  return wrapped
