@@ -4,7 +4,8 @@
   released configs):
   AdamW(0.9, 0.95), weight decay 0.05, lr 6e-4 (Small) / 3e-4 (Medium), 2000 warmup steps,
   cosine to min_lr 6e-5 (both sizes, as released) over 500k steps, clip 1.0, 1024 x 1024 = 1M
-  tokens per step, bf16 compute, EMA 0.9999, OpenWebText with the GPT-2 tokenizer.
+  tokens per step, bf16 compute, EMA 0.9999, OpenWebText with the GPT-2 tokenizer; memory:
+  chunked loss, every block rematerialised, 8 microbatches (docs/scaling.md).
 * `ablation(...)`: the recipe of the paper's order ablations (released ``config_order/``):
   0.5M tokens per step for 20k steps, with the cosine still set for 500k steps.
 * `tiny(cfg)`: the same run shrunk to CPU size (the byte-level ``tiny`` model on the Python
@@ -50,6 +51,10 @@ def paper(size: str = "small", *, target: str = "adaln",
   apply(c, {
       "model.preset": size, "model.target": target, "model.dtype": "bfloat16",
       "model.loss_chunk": 1024,   # no [B, n, V] fp32 logits (5 GiB at 8 x 1024 tokens, Small)
+      # Each block rematerialised from its input in the backward pass: with 16 x 1024 tokens per
+      # device (8 microbatches of 128 rows on 8 devices) Small and Medium fit a 16 GB TPU v5e
+      # core (docs/scaling.md); attention_impl=auto takes splash/blockwise on TPU.
+      "model.remat": True, "model.remat_policy": "block",
       "order.name": order[0], "order.kwargs": dict(order[1]),
       "data.source": "openwebtext", "data.tokenizer": "gpt2",
       "seq_len": 1024, "batch_size": 1024, "microbatches": 8,   # 1M tokens per step
@@ -95,7 +100,7 @@ def ablation(**kw) -> config_dict.ConfigDict:
 def tiny(cfg: config_dict.ConfigDict) -> config_dict.ConfigDict:
   """Shrinks a run to CPU size, keeping its order, target injection and EMA."""
   return apply(cfg, {
-      "model.preset": "tiny", "model.dtype": "float32",
+      "model.preset": "tiny", "model.dtype": "float32", "model.remat": False,
       "data.source": "python_stdlib", "data.tokenizer": "byte",
       "seq_len": 128, "batch_size": 16, "microbatches": 1,
       "total_steps": 300, "log_every": 10, "eval_every": 100, "checkpoint_every": 100,

@@ -33,6 +33,9 @@ from aogpt_jax.sampling import tokens as tokens_lib
 
 PROGRAMS = ("train", "sample", "ensemble")
 H100, V5E = 80e9, 16e9
+# Model fields of the paper recipe that a simulated program takes from it (the architecture comes
+# from the size's preset: a tiny test model keeps its own).
+RECIPE_MODEL_FIELDS = ("dtype", "loss_chunk", "remat", "remat_policy", "attention_impl")
 _COLL = re.compile(r"\s(all-reduce|all-gather|reduce-scatter|all-to-all|collective-permute)"
                    r"(?:-start)?\(")
 _ARR = re.compile(r"(bf16|f32|f16|s32|u32|pred|s8|u8|f64|s64)\[([0-9,]*)\]")
@@ -104,8 +107,10 @@ def setup(size: str, data: int, fsdp: int, tensor: int, per_device: int, seq_len
                       "batch_size": per_device * data * fsdp, "microbatches": 1,
                       "seq_len": seq_len})
   mc = model_lib.preset(size)
-  mc = mc.replace(dtype="bfloat16", block_size=max(seq_len, mc.block_size),
-                  loss_chunk=int(cfg.model.loss_chunk or 0), **(overrides or {}))
+  # The recipe's model settings (bf16, loss_chunk, remat, ...), then the caller's overrides.
+  recipe = {k: v for k, v in cfg.model.items() if k != "preset" and v is not None
+            and k in RECIPE_MODEL_FIELDS}
+  mc = mc.replace(**{"block_size": max(seq_len, mc.block_size), **recipe, **(overrides or {})})
   mesh = sharding_lib.make_mesh(cfg, (devices or jax.devices())[:n_dev])
   return cfg, mc, mesh
 

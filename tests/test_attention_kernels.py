@@ -122,9 +122,9 @@ def test_selection(monkeypatch, caplog):
     attention.resolve_attention_impl("flash", bf16, 64, masked=False)
   monkeypatch.setattr(jax, "default_backend", lambda: "tpu")
   attention._logged.clear()
-  # auto never takes splash (opt-in; the default path keeps its numbers on every backend).
+  # auto on TPU: splash where it can (training at n = 1024, head_dim 64).
   assert attention.resolve_attention_impl("auto", bf16, 64, masked=False, seq_q=1024,
-                                       seq_k=1024) == "xla"
+                                       seq_k=1024) == "splash"
   assert attention.resolve_attention_impl("splash", bf16, 64, masked=False, seq_q=1024,
                                        seq_k=1024) == "splash"
   with caplog.at_level(logging.INFO):
@@ -140,6 +140,40 @@ def test_selection(monkeypatch, caplog):
     model.preset("tiny", attention_impl="pallas")
   with pytest.raises(ValueError, match="model.attention_block"):
     model.preset("tiny", attention_block=0)
+
+
+@pytest.mark.parametrize("backend,masked,seq_q,seq_k,head_dim,want", [
+    # TPU: splash for causal/full attention it can tile ...
+    ("tpu", False, 1024, 1024, 64, "splash"),
+    ("tpu", False, 2048, 2048, 128, "splash"),
+    # ... blockwise where it cannot and the call is long: never the [B, N, n, n] XLA path
+    ("tpu", False, 1025, 1025, 64, "blockwise"),      # length not a multiple of 128
+    ("tpu", False, 1024, 1024, 48, "blockwise"),      # head_dim not a multiple of 64
+    ("tpu", True, 1025, 1025, 64, "blockwise"),       # the mask path's rank mask
+    ("tpu", True, 1024, 1024, 64, "blockwise"),       # packed ensemble rows
+    # ... and the XLA path for short calls (the cached sampler's few queries, short rows)
+    ("tpu", True, 4, 1024, 64, "xla"),
+    ("tpu", False, 200, 200, 64, "xla"),
+    # GPU: cuDNN for causal/full attention, as before; CPU: XLA
+    ("gpu", False, 1024, 1024, 64, "cudnn"),
+    ("gpu", True, 1025, 1025, 64, "xla"),
+    ("gpu", False, 1024, 1024, 256, "xla"),
+    ("cpu", False, 1024, 1024, 64, "xla"),
+])
+def test_auto_choice_per_backend(backend, masked, seq_q, seq_k, head_dim, want):
+  got = attention.choose("auto", backend, jnp.bfloat16, head_dim, masked=masked, seq_q=seq_q,
+                         seq_k=seq_k)
+  assert got == want
+
+
+def test_auto_never_materialises_training_attention_on_tpu():
+  """Every AO-GPT preset and attention path at n >= 1024 on TPU: splash or blockwise."""
+  for name in ("small", "medium"):
+    cfg = model.preset(name)
+    for n, masked in ((1024, False), (1025, True), (2048, False)):
+      got = attention.choose("auto", "tpu", jnp.bfloat16, cfg.head_dim, masked=masked,
+                             seq_q=n, seq_k=n)
+      assert got in ("splash", "blockwise"), (name, n, masked, got)
 
 
 def test_splash_runs_per_shard_under_a_mesh():

@@ -89,3 +89,19 @@ def test_progress_log_lines_have_an_eta_and_skip_the_first_item(monkeypatch, cap
   assert lines == [f"eval heldout batches: {i}/11 ({100 * i / 11:.0f}%), {t} elapsed, ETA {eta}"
                    for i, t, eta in ((2, "1m02s", "0m18s"), (5, "1m08s", "0m12s"),
                                      (8, "1m14s", "0m06s"), (11, "1m20s", "0m00s"))]
+
+
+def test_memory_line_names_the_options_and_warns_over_the_device_limit():
+  mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]).reshape(1, 1, 1), ("data", "fsdp", "tensor"))
+  mem = {"argument_bytes": 2 * 2**30, "temp_bytes": 15 * 2**30, "output_bytes": 0,
+         "alias_bytes": 0, "peak_bytes": 17 * 2**30}
+  opts = flops_lib.memory_options(model_lib.preset("small", remat=True, loss_chunk=1024), 8)
+  assert opts == "attention_impl=auto, loss_chunk=1024, remat=block, microbatches=8"
+  assert flops_lib.memory_options(model_lib.preset("small")).endswith(
+      "loss_chunk=off, remat=off, microbatches=1")
+  line = flops_lib.memory_line(mesh, mem, 16 * 2**30, opts)
+  assert f"(XLA; {opts})" in line and "peak ~17.00 GiB (106% of the 16.00 GiB" in line, line
+  warn = flops_lib.memory_warning(mem, 16 * 2**30)
+  assert "\n" not in warn and "17.00 GiB per device" in warn and "exceeds the device's 16.00" in warn
+  assert flops_lib.memory_warning(mem, 20 * 2**30) is None
+  assert flops_lib.memory_warning(mem, None) is None     # CPU: limit unknown

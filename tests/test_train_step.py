@@ -236,9 +236,10 @@ def test_train_logs_mesh_and_memory_estimate_before_the_first_step(cache_dir, tm
   caplog.set_level(logging.INFO)
   train_loop.train(tiny_config(cache_dir, total_steps=1, checkpoint_every=0), str(tmp_path / "w"))
   msgs = [r.getMessage() for r in caplog.records]
-  mem = [i for i, m in enumerate(msgs) if "train step memory estimate per device (XLA)" in m]
+  mem = [i for i, m in enumerate(msgs) if "train step memory estimate per device (XLA;" in m]
   first = [i for i, m in enumerate(msgs) if m.startswith("first step (compilation included)")]
   assert len(mem) == 1 and first and mem[0] < first[0], msgs
   line = msgs[mem[0]]
   assert f"mesh {{'data': {jax.device_count()}, 'fsdp': 1, 'tensor': 1}}" in line, line
   assert "temporaries" in line and "peak ~" in line and "device limit unknown" in line, line
+  assert "remat=off, microbatches=1)" in line, line

@@ -42,8 +42,8 @@ from aogpt_jax.model import aogpt as model_lib
 
 STATE_ITEMS = ("params", "opt_state", "ema")
 # Model fields that do not change the parameters (free to differ between save and restore).
-_FREE_MODEL_FIELDS = {"dropout", "attention", "attention_impl", "dtype", "remat", "loss_chunk",
-                      "init_truncation"}  # init_truncation: used only at init
+_FREE_MODEL_FIELDS = {"dropout", "attention", "attention_impl", "dtype", "remat", "remat_policy",
+                      "loss_chunk", "init_truncation"}  # init_truncation: used only at init
 # Top-level keys that fix the data stream and the random stream of a run.
 # data.worker_count: grain's saved iterator state has another layout with worker processes.
 _STREAM_KEYS = {"seed", "batch_size", "seq_len", "data.source", "data.tokenizer",

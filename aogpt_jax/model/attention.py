@@ -11,8 +11,9 @@ Kernels:
   ``[B, heads, n, n]`` score or probability tensor is ever saved: the backward of one query block
   holds at most ``[B, heads, block, n]`` fp32 at a time. Causal attention skips the key blocks
   past the diagonal. Same numbers as the XLA path up to fp32 summation order.
-* `splash`: TPU flash attention (Pallas splash attention, opt-in: ``model.attention_impl=splash``)
-  for causal or full attention without a mask array, per shard under a mesh (``shard_map``);
+* `splash`: TPU flash attention (Pallas splash attention; ``auto``'s choice on TPU where its shape
+  rules allow) for causal or full attention without a mask array, per shard under a mesh
+  (``shard_map``);
   ``interpret=True`` runs the same kernel through the Pallas interpreter (CPU tests).
 """
 
@@ -52,31 +53,54 @@ def _log_once(msg: str, *key) -> None:
     logging.info(msg)
 
 
+# ``auto`` on TPU: at least this many queries attending at least this many keys (the training
+# step at n >= 1024, the ensembles' long packed rows) never run the materialising ``xla`` path
+# (a [B, heads, S, C] fp32 score tensor per layer): splash where it can, else blockwise.
+AUTO_BLOCKWISE_MIN = 1024
+
+
 def resolve_attention_impl(requested: str, dtype, head_dim: int, *, masked: bool,
                            seq_q: int | None = None, seq_k: int | None = None) -> str:
   """Chooses the attention kernel.
 
-  ``cudnn`` (flash attention through ``jax.nn.dot_product_attention``) needs a GPU, bf16/fp16
-  and head_dim a multiple of 8 up to 128; ``auto`` takes it when those hold and no explicit mask
-  array is given (causal or full attention) and falls back to ``xla`` otherwise, logging the
-  reason once; ``cudnn`` asked for explicitly raises when they do not hold.
-  ``splash`` (Pallas TPU flash attention, attention.py) is opt-in, never chosen by
-  ``auto``: it needs a TPU, sequence lengths multiple of 128 and head_dim a multiple of 64 (else
-  it raises); calls with an explicit mask array (the mask path, the cached sampler) run ``xla``,
-  logged once. ``blockwise`` (memory-efficient attention) and ``xla`` run everywhere.
+  ``auto``:
+  * GPU: ``cudnn`` (flash attention through ``jax.nn.dot_product_attention``) when the compute
+    dtype is bf16/fp16, head_dim a multiple of 8 up to 128 and no explicit mask array is given
+    (causal or full attention); ``xla`` otherwise, logging the reason once.
+  * TPU: ``splash`` (the Pallas flash kernel) for causal or full attention whose lengths are
+    multiples of 128 and head_dim a multiple of 64 (`splash_problems`); otherwise ``blockwise``
+    when the call is long (``seq_q`` and ``seq_k`` >= `AUTO_BLOCKWISE_MIN`: training at
+    n >= 1024, long masked rows), else ``xla`` (short calls, the cached sampler's few queries).
+    The choice and its reason are logged once.
+  * CPU and others: ``xla`` (the fastest there; README, measured results).
+  Asked for by name: ``cudnn`` and ``splash`` raise when their rules do not hold (``splash``
+  with an explicit mask array runs ``xla`` for those calls, logged once); ``blockwise`` and
+  ``xla`` run everywhere. `choose` is the same rule with the backend as an argument.
   """
+  return choose(requested, jax.default_backend(), dtype, head_dim, masked=masked, seq_q=seq_q,
+                seq_k=seq_k)
+
+
+def choose(requested: str, backend: str, dtype, head_dim: int, *, masked: bool,
+           seq_q: int | None = None, seq_k: int | None = None) -> str:
+  """`resolve_attention_impl` on ``backend`` ("cpu", "gpu", "tpu")."""
   check_choice("model.attention_impl", requested, ATTENTION_IMPLS)
   if requested in ("xla", "blockwise"):
     return requested
-  backend = jax.default_backend()
-  if requested == "splash":
+  seq_k = seq_k or seq_q
+  if requested == "splash" or (requested == "auto" and backend == "tpu"):
     if backend == "tpu" and masked:
-      _log_once("attention: explicit mask array, splash runs causal or full attention only; "
-                "using the XLA kernel for these calls", "splash-masked")
-      return "xla"
+      if requested == "splash":
+        _log_once("attention: explicit mask array, splash runs causal or full attention only; "
+                  "using the XLA kernel for these calls", "splash-masked")
+        return "xla"
+      return _long_fallback(seq_q, seq_k, "explicit mask array (splash runs causal or full "
+                            "attention only)")
     reasons = [] if backend == "tpu" else [f"backend is {backend}, not tpu"]
     if seq_q is not None:
-      reasons += splash_problems(seq_q, seq_k or seq_q, head_dim)
+      reasons += splash_problems(seq_q, seq_k, head_dim)
+    if requested == "auto" and reasons:
+      return _long_fallback(seq_q, seq_k, "; ".join(reasons))
     return _pick("splash", requested, reasons)
   reasons = []
   if backend != "gpu":
@@ -88,6 +112,16 @@ def resolve_attention_impl(requested: str, dtype, head_dim: int, *, masked: bool
   if masked and requested == "auto":
     reasons.append("explicit mask array (auto uses cuDNN only for causal or full attention)")
   return _pick("cudnn", requested, reasons)
+
+
+def _long_fallback(seq_q: int | None, seq_k: int | None, why: str) -> str:
+  """``auto`` on TPU without splash: blockwise for long calls, xla for short ones."""
+  if seq_q is not None and min(seq_q, seq_k or seq_q) >= AUTO_BLOCKWISE_MIN:
+    _log_once(f"attention: using blockwise attention ({why})", "blockwise", why)
+    return "blockwise"
+  _log_once(f"attention: using the XLA kernel for calls shorter than {AUTO_BLOCKWISE_MIN} "
+            f"({why})", "xla-short", why)
+  return "xla"
 
 
 def _pick(kernel: str, requested: str, reasons: list[str]) -> str:

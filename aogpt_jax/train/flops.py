@@ -2,8 +2,9 @@
 
 * `train_flops_per_step`: model FLOPs of one optimizer step (forward + backward = 3x forward,
   rematerialisation not counted); `peak_flops` per accelerator, hence `mfu`.
-* `compiled_memory`, `device_bytes_limit`, `memory_line`: the training log's memory line, printed
-  before the first step.
+* `compiled_memory`, `device_bytes_limit`, `memory_options`, `memory_line`, `memory_warning`:
+  the training log's memory line (and a warning when the estimate exceeds the device's memory),
+  printed before the first step.
 """
 
 from __future__ import annotations
@@ -104,11 +105,32 @@ def device_bytes_limit(device=None) -> int | None:
   return stats.get("bytes_limit")
 
 
-def memory_line(mesh, mem: dict[str, int], limit: int | None) -> str:
-  """One log line: the mesh and the compiled train step's memory estimate per device."""
+def memory_options(mc: model_lib.ModelConfig, microbatches: int = 1) -> str:
+  """The settings that decide the train step's activation memory, for the memory line:
+  attention kernel, chunked loss, rematerialisation (and its policy), gradient accumulation."""
+  remat = f"remat={mc.remat_policy}" if mc.remat else "remat=off"
+  return (f"attention_impl={mc.attention_impl}, loss_chunk={mc.loss_chunk or 'off'}, {remat}, "
+          f"microbatches={microbatches}")
+
+
+def memory_line(mesh, mem: dict[str, int], limit: int | None, options: str = "") -> str:
+  """One log line: the mesh, the memory options on (`memory_options`) and the compiled train
+  step's memory estimate per device."""
   g = lambda b: f"{b / 2**30:.2f} GiB"
   fit = "device limit unknown" if not limit else (
       f"{100 * mem['peak_bytes'] / limit:.0f}% of the {g(limit)} device limit")
+  opts = f"; {options}" if options else ""
   return (f"mesh {dict(mesh.shape)} over {mesh.size} {jax.devices()[0].device_kind} devices; "
-          f"train step memory estimate per device (XLA): arguments {g(mem['argument_bytes'])} + "
-          f"temporaries {g(mem['temp_bytes'])} -> peak ~{g(mem['peak_bytes'])} ({fit})")
+          f"train step memory estimate per device (XLA{opts}): arguments "
+          f"{g(mem['argument_bytes'])} + temporaries {g(mem['temp_bytes'])} -> peak "
+          f"~{g(mem['peak_bytes'])} ({fit})")
+
+
+def memory_warning(mem: dict[str, int], limit: int | None) -> str | None:
+  """One warning line when the estimated peak exceeds the device's memory (None otherwise)."""
+  if not limit or mem["peak_bytes"] <= limit:
+    return None
+  return (f"the train step's memory estimate ({mem['peak_bytes'] / 2**30:.2f} GiB per device) "
+          f"exceeds the device's {limit / 2**30:.2f} GiB: it may run out of memory; set "
+          f"model.remat=true, a larger microbatches, model.loss_chunk=1024 or shard over "
+          f"mesh.fsdp (docs/scaling.md)")

@@ -173,8 +173,12 @@ def _compile_step(trainer, state, batch):
   """The train step compiled ahead of time for this state and batch; logs the mesh and XLA's
   per-device memory estimate of the step (one line, before the first step runs)."""
   compiled = trainer.step.lower(state, batch).compile()
-  mem = flops_lib.compiled_memory(compiled)
-  logging.info("%s", flops_lib.memory_line(trainer.mesh, mem, flops_lib.device_bytes_limit()))
+  mem, limit = flops_lib.compiled_memory(compiled), flops_lib.device_bytes_limit()
+  options = flops_lib.memory_options(trainer.model_cfg, trainer.cfg.microbatches)
+  logging.info("%s", flops_lib.memory_line(trainer.mesh, mem, limit, options))
+  warning = flops_lib.memory_warning(mem, limit)
+  if warning:
+    logging.warning("%s", warning)
   return compiled
 
 
