@@ -234,10 +234,10 @@ def check_published(cfg: model_lib.ModelConfig, variant: str) -> None:
   """Raises unless ``cfg`` is an architecture the published ``variant`` code can express."""
   # The published code hard-codes the 4x MLP and (AO-GPT) the 128-wide target embedding.
   want = (dict(target="adaln", target_dim=128, norm="rmsnorm", qk_norm=True, tie_embeddings=False,
-               head_bias=True, mlp_ratio=4)
+               head_bias=True, mlp_ratio=4, gelu="exact", gate_offset=0.0)
           if variant == "aogpt" else
           dict(target="sigma_gpt", norm="layernorm", qk_norm=False, tie_embeddings=True,
-               head_bias=False, mlp_ratio=4))
+               head_bias=False, mlp_ratio=4, gelu="exact"))
   bad = {k: getattr(cfg, k) for k, v in want.items() if getattr(cfg, k) != v}
   if bad:
     raise ValueError(f"model config {bad} cannot be written in the published {variant} layout "
