@@ -155,7 +155,7 @@ def a2o_gpt2_small() -> config_dict.ConfigDict:
   0.5M tokens per step for 20k steps (10B tokens, 2% of the from-scratch recipe's 500B),
   peak lr 1e-4 after 500 warm-up steps, the curriculum over the first 5k steps."""
   c = apply(paper("small"), {f"model.{k}": v for k, v in GPT2_FIELDS.items()})
-  apply(c, {"seq_len": 1023, "batch_size": 512, "microbatches": 4,
+  apply(c, {"model.block_size": 1023, "seq_len": 1023, "batch_size": 512, "microbatches": 4,
             "eval_every": 1000, "checkpoint_every": 1000, "checkpoint.keep_every": 5000})
   return adapt(c, "gpt2:openai-community/gpt2", steps=20_000, curriculum_steps=5_000, lr=1e-4,
                warmup_steps=500)
