@@ -242,3 +242,76 @@ def test_a2o_configs_resolve_to_the_gpt2_architecture():
   config_lib.resolve(tiny)
   with pytest.raises(ValueError, match="expected nothing or 'tiny'"):
     mod.get_config("medium")
+
+
+@pytest.mark.slow
+def test_eval_mode_l2r_perplexity_of_a_converted_gpt2_is_gpt2s(tmp_path):
+  from aogpt_jax import data, modes
+  from helpers import trainer as tu
+  folder = published.gpt2_folder(tmp_path / "g", vocab=V, n_positions=NPOS, n_layer=2)
+  corpus = tmp_path / "corpus.jsonl"
+  corpus.write_text("".join(json.dumps({"text": f"def f{i}(x):\n    return x * {i} + 1\n" * 3})
+                            + "\n" for i in range(40)))
+  cfg = tu.tiny_config(tmp_path / "cache")
+  cfg.data.source, cfg.data.glob, cfg.data.validation_fraction = "text_files", str(corpus), 0.5
+  cfg.seq_len, cfg.eval.max_blocks, cfg.eval.batch_size = N, 12, 4
+  res = modes.eval_mode(cfg, str(tmp_path / "out"), checkpoint=f"gpt2:{folder}")
+  got = res["datasets"]["heldout"]["l2r"]
+  params, gcfg = gpt2.load(folder)
+  nll, count = 0.0, 0
+  for b in data.eval_batches(cfg.data, split=cfg.eval.split, seq_len=N, global_batch_size=4,
+                             max_blocks=12):
+    x = b["tokens"][b["weight"] > 0]
+    ctx = np.concatenate([np.full((len(x), 1), V - 1), x[:, :-1]], 1)   # GPT-2 reads EOT first
+    lp = jax.nn.log_softmax(np.asarray(gpt2.logits(params, ctx, cfg=gcfg), np.float64), -1)
+    nll -= float(np.take_along_axis(np.asarray(lp), x[..., None], -1).sum())
+    count += x.size
+  assert count == 12 * N
+  assert got["nll"] == pytest.approx(nll / count, rel=1e-5)
+  meta = json.loads((tmp_path / "out" / "eval" / "zero_shot.json").read_text())["meta"]
+  assert meta["source"] == f"gpt2:{folder}"
+
+
+@pytest.mark.slow
+def test_train_init_from_l2r_run_starts_from_its_weights_and_resume_ignores_it(tmp_path):
+  from ml_collections import config_dict
+  from aogpt_jax.checkpoints import store
+  from aogpt_jax.train import loop
+  from helpers import trainer as tu
+  cache = tmp_path / "cache"
+  l2r_cfg = tu.tiny_config(cache, model__target="none", total_steps=2, checkpoint_every=2)
+  l2r_cfg.order.name, l2r_cfg.order.kwargs = "l2r", config_dict.ConfigDict({})
+  loop.train(l2r_cfg, str(tmp_path / "l2r"))
+  want, _, _ = from_gpt.load(f"l2r:{tmp_path / 'l2r'}")
+
+  def a2o(**kw):
+    c = tu.tiny_config(cache, **{f"model__{k}": v for k, v in recipes.IDENTITY_FIELDS.items()},
+                       **({"optimizer__lr": 0.0, "total_steps": 1, "checkpoint_every": 1} | kw))
+    c.order.name = "curriculum"
+    c.order.kwargs = config_dict.ConfigDict({"steps": 10})
+    return c
+  cfg = a2o()
+  cfg.train.init_from = f"l2r:{tmp_path / 'l2r'}"
+  loop.train(cfg, str(tmp_path / "a2o"))
+  flat = lambda m: from_gpt.flatten(nnx.to_pure_dict(nnx.state(m, nnx.Param)))
+  ref = flat(want)
+  for which in ("params", "ema"):      # lr 0: the run's weights are still the converted ones
+    got = flat(store.load_model(str(tmp_path / "a2o"), which=which)[0])
+    assert sorted(got) == sorted(ref)
+    for k in ref:
+      np.testing.assert_array_equal(got[k], ref[k], err_msg=f"{which} {k}")
+  # Resuming: the run's own checkpoint takes over (init_from is not read again).
+  cfg = a2o(total_steps=2)
+  cfg.train.init_from = f"l2r:{tmp_path / 'nowhere'}"
+  loop.train(cfg, str(tmp_path / "a2o"))
+  assert tu.checkpoint_steps(tmp_path / "a2o")[-1] == 2
+  # A new run whose model differs: one line naming the fields, before training.
+  cfg = a2o(model__n_embd=64)
+  cfg.train.init_from = f"l2r:{tmp_path / 'l2r'}"
+  with pytest.raises(config_lib.ConfigError, match=r"train.init_from: l2r:.* is a different "
+                                                   r"model: model.n_embd=32 \(the run has 64\)"):
+    loop.train(cfg, str(tmp_path / "other"))
+  cfg = a2o()
+  cfg.train.init_from = f"l2r:{tmp_path / 'nowhere'}"
+  with pytest.raises(config_lib.ConfigError, match="train.init_from: .*no training run there"):
+    loop.train(cfg, str(tmp_path / "other2"))
