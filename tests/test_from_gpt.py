@@ -48,6 +48,7 @@ def _with(m, **kw):
                                from_gpt.flatten(nnx.to_pure_dict(nnx.state(m, nnx.Param))))
 
 
+@pytest.mark.slow
 @pytest.mark.torch
 @pytest.mark.parametrize("act", ["gelu_new", "gelu"])
 def test_converted_gpt2_has_gpt2s_logits_on_every_attention_path(tmp_path, act):
@@ -76,6 +77,7 @@ def test_converted_gpt2_has_gpt2s_logits_on_every_attention_path(tmp_path, act):
                                err_msg=target)
 
 
+@pytest.mark.slow
 @pytest.mark.torch
 def test_greedy_kv_cached_ar_decoding_equals_hf_generate(tmp_path):
   from aogpt_jax.sampling import prompts, sampler
@@ -92,6 +94,7 @@ def test_greedy_kv_cached_ar_decoding_equals_hf_generate(tmp_path):
     np.testing.assert_array_equal(row, want)
 
 
+@pytest.mark.slow
 def test_l2r_run_converts_exactly_and_its_new_parts_are_the_identity():
   src = model_lib.AOGPT(model_lib.preset("tiny", n_layer=2, n_embd=32, n_head=2, target_dim=8,
                                          block_size=N, target="none"), rngs=nnx.Rngs(3))
@@ -109,6 +112,7 @@ def test_l2r_run_converts_exactly_and_its_new_parts_are_the_identity():
     from_gpt.from_l2r(m, where="l2r:W")
 
 
+@pytest.mark.slow
 def test_gate_offset_and_tanh_gelu_change_the_function_only_when_set():
   base = model_lib.preset("tiny", n_layer=1, n_embd=32, n_head=2, target_dim=8, block_size=N)
   x = np.random.default_rng(0).integers(0, V, (1, N))
