@@ -8,7 +8,7 @@ Two sources (``--checkpoint`` / ``train.init_from`` / ``aogpt_jax.load`` SPECs):
 * ``l2r:WORKDIR``: this project's own left-to-right run (``model.target=none``, e.g.
   ``configs/gpt2_small.py``), its newest checkpoint (EMA weights unless ``which='params'``).
 
-How GPT-2 maps onto the AO-GPT (docs/method.md, "Starting from a GPT"):
+How GPT-2 maps onto the AO-GPT (docs/training.md, "Starting from a GPT"):
 
 * GPT-2 reads its end-of-text token at position 0 as the context of its first token; the AO-GPT's
   START slot (rank-slot 0, position row 0) gets the end-of-text embedding as its START vector,
