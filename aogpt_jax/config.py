@@ -13,6 +13,7 @@ Top-level keys::
     model.*       preset + any ModelConfig field (None = the preset's value); the vocabulary is
                   derived from data.tokenizer (valid ids = tokenizer.vocab_size, padded to 64)
     order.*       name (a distribution in aogpt_jax.model.orders) + kwargs for it
+    train.*       init_from: start a new run from these weights (a --checkpoint SPEC)
     optimizer.*   AdamW, warmup + cosine schedule, clipping, EMA
     mesh.*        (data, fsdp, tensor) sizes, -1 = all remaining devices; rules: logical -> mesh
     data.*        source, tokenizer, cache_dir
@@ -72,6 +73,11 @@ def default_config() -> config_dict.ConfigDict:
   c.model = config_dict.ConfigDict({"preset": "tiny"})
   for f in dataclasses.fields(model_lib.ModelConfig):
     c.model[f.name] = config_dict.placeholder(_FIELD_TYPES[type(f.default)])
+
+  # train.init_from: a --checkpoint SPEC (gpt2:DIR, l2r:WORKDIR, a converted folder, a WORKDIR,
+  # ...) whose weights a NEW run starts from (optimizer, EMA and step start fresh; a run that
+  # resumes from its own checkpoint ignores it). Its model must match model.* field for field.
+  c.train = config_dict.ConfigDict(dict(init_from=""))
 
   c.order = config_dict.ConfigDict({"name": "mixture",
                                     "kwargs": config_dict.ConfigDict({"p_l2r": 0.1})})

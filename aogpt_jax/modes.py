@@ -82,7 +82,7 @@ def _from_spec(cfg, spec: str, which: str):
   from aogpt_jax.checkpoints import spec as checkpoint_spec  # pylint: disable=g-import-not-at-top
   m, mc, prov = checkpoint_spec.load(spec, which)
   tok = data.get_tokenizer(cfg.data.tokenizer)
-  checkpoint_spec.check_vocab(mc, cfg.data.tokenizer, tok.vocab_size)
+  checkpoint_spec.check_vocab(mc, cfg.data.tokenizer, tok.vocab_size, prov)
   for key in config_lib.FOLLOWERS:
     if (value := config_lib.objective_value(cfg, key)) not in objectives.get("ao").follows(key):
       raise ConfigError(f"{key}: --checkpoint={spec} is an AO-GPT, got {value!r}")

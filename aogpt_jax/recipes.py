@@ -11,6 +11,8 @@
 * `tiny(cfg)`: the same run shrunk to CPU size (the byte-level ``tiny`` model on the Python
   standard library, a few hundred steps); what each config file's ``:tiny`` argument applies.
 * `quickstart()`: the CPU quickstart.
+* `a2o_gpt2_small()` / `a2o_tiny()`: adapting a left-to-right model (GPT-2 Small; the tiny
+  ``configs/gpt2_small.py:tiny`` run) to every order (`adapt`).
 * `from_arg(arg, base, variants)`: parses a config file's ``:variant,tiny`` argument.
 """
 
@@ -127,6 +129,53 @@ def quickstart() -> config_dict.ConfigDict:
       "total_steps": 600, "log_every": 20, "eval_every": 200, "checkpoint_every": 200,
       "optimizer.warmup_steps": 50, "optimizer.ema_decay": 0.999,
   })
+
+
+# GPT-2 as an AO-GPT (checkpoints/from_gpt.py): its architecture field for field, and the
+# target conditioning added as the identity.
+GPT2_FIELDS = dict(norm="layernorm", bias=True, qk_norm=False, tie_embeddings=True,
+                   head_bias=False, gelu="tanh")
+IDENTITY_FIELDS = dict(zero_init_modulation=True, gate_offset=1.0, zero_init_target=True)
+
+
+def adapt(cfg: config_dict.ConfigDict, init_from: str, *, steps: int, curriculum_steps: int,
+          lr: float, warmup_steps: int) -> config_dict.ConfigDict:
+  """Turns an AO-GPT run into the adaptation of a left-to-right model: start from ``init_from``
+  (weights only), the identity target conditioning, an order curriculum from all L2R to the
+  paper's 10% mixture over ``curriculum_steps``, a lower peak learning rate with a short
+  warm-up (the weights are trained already; the new conditioning starts at zero)."""
+  apply(cfg, {f"model.{k}": v for k, v in IDENTITY_FIELDS.items()})
+  return apply(cfg, {
+      "train.init_from": init_from, "total_steps": steps,
+      "order.name": "curriculum",
+      "order.kwargs": {"steps": curriculum_steps, "p_start": 1.0, "p_end": 0.1},
+      "optimizer.lr": lr, "optimizer.warmup_steps": warmup_steps, "optimizer.decay_steps": 0,
+      "optimizer.min_lr_ratio": 0.1,
+  })
+
+
+def a2o_gpt2_small() -> config_dict.ConfigDict:
+  """GPT-2 Small (the Hugging Face ``openai-community/gpt2`` in the local cache) -> AO-GPT Small:
+  GPT-2's architecture (`GPT2_FIELDS`, 1023-token blocks: GPT-2's 1024 positions minus START),
+  0.5M tokens per step for 20k steps (10B tokens, 2% of the from-scratch recipe's 500B),
+  peak lr 1e-4 after 500 warm-up steps, the curriculum over the first 5k steps."""
+  c = apply(paper("small"), {f"model.{k}": v for k, v in GPT2_FIELDS.items()})
+  apply(c, {"model.block_size": 1023, "seq_len": 1023, "batch_size": 512, "microbatches": 4,
+            "eval_every": 1000, "checkpoint_every": 1000, "checkpoint.keep_every": 5000})
+  return adapt(c, "gpt2:openai-community/gpt2", steps=20_000, curriculum_steps=5_000, lr=1e-4,
+               warmup_steps=500)
+
+
+L2R_TINY_WORKDIR = "/tmp/aogpt_l2r_tiny"
+
+
+def a2o_tiny() -> config_dict.ConfigDict:
+  """The CPU analogue: adapts the tiny left-to-right run of ``configs/gpt2_small.py:tiny``
+  (trained first into `L2R_TINY_WORKDIR`, same model fields but ``target='none'``): 300 steps,
+  the curriculum over the first 100, peak lr 1e-3 (the tiny recipe's 2e-3 halved) after 10
+  warm-up steps."""
+  return adapt(tiny(paper("small")), "l2r:" + L2R_TINY_WORKDIR, steps=300, curriculum_steps=100,
+               lr=1e-3, warmup_steps=10)
 
 
 def from_arg(arg: str | None, base: Callable[[], config_dict.ConfigDict],

@@ -13,6 +13,8 @@ embedding added to the input, head tied to ``wte`` without bias). PyTorch Linear
         # -> converted/{ema,params}/{model.safetensors,config.json}
     python -m aogpt_jax.checkpoints.convert export --workdir WORKDIR --which ema --out DIR \\
         [--layout aogpt_jax|published]
+    python -m aogpt_jax.checkpoints.convert from-gpt --spec gpt2:~/models/gpt2 --out DIR
+        # a GPT-2 (or l2r:WORKDIR) as the AO-GPT with the same L2R logits (checkpoints/from_gpt.py)
 
 torch is imported lazily, only to read ``.pt`` files (requirements-extra.txt).
 """
@@ -234,10 +236,10 @@ def check_published(cfg: model_lib.ModelConfig, variant: str) -> None:
   """Raises unless ``cfg`` is an architecture the published ``variant`` code can express."""
   # The published code hard-codes the 4x MLP and (AO-GPT) the 128-wide target embedding.
   want = (dict(target="adaln", target_dim=128, norm="rmsnorm", qk_norm=True, tie_embeddings=False,
-               head_bias=True, mlp_ratio=4)
+               head_bias=True, mlp_ratio=4, gelu="exact", gate_offset=0.0)
           if variant == "aogpt" else
           dict(target="sigma_gpt", norm="layernorm", qk_norm=False, tie_embeddings=True,
-               head_bias=False, mlp_ratio=4))
+               head_bias=False, mlp_ratio=4, gelu="exact"))
   bad = {k: getattr(cfg, k) for k, v in want.items() if getattr(cfg, k) != v}
   if bad:
     raise ValueError(f"model config {bad} cannot be written in the published {variant} layout "
@@ -406,6 +408,14 @@ def main(argv=None) -> None:
                    help="a folder ready for the Hugging Face Hub: the safetensors folder plus a "
                         "model card README.md (architecture, training recipe, WORKDIR/eval tables)")
   exp.add_argument("--layout", default="aogpt_jax", choices=("aogpt_jax", "published"))
+  gpt = sub.add_parser("from-gpt", parents=[common],
+                       help="a left-to-right GPT (gpt2:DIR, gpt2:OWNER/REPO, l2r:WORKDIR) -> an "
+                            "AO-GPT folder that computes the same logits under the L2R order")
+  gpt.add_argument("--spec", required=True, help="gpt2:DIR, gpt2:OWNER/REPO or l2r:WORKDIR")
+  gpt.add_argument("--out", required=True, help="the safetensors folder (must not exist yet)")
+  gpt.add_argument("--which", default="ema", choices=("ema", "params"), help="l2r: weights")
+  gpt.add_argument("--target", default="adaln", help="target conditioning of the AO-GPT")
+  gpt.add_argument("--seed", type=int, default=0, help="init of the adaLN target table")
   a = ap.parse_args(argv)
   if a.cmd == "export" and not (a.out or a.hub_dir):
     ap.error("export: pass --out DIR and/or --hub-dir DIR")
@@ -415,13 +425,16 @@ def main(argv=None) -> None:
     if a.verbose:
       raise
     msg = "; ".join(ln.strip() for ln in str(e).splitlines() if ln.strip()) or type(e).__name__
-    where = a.ckpt if a.cmd == "import" else a.workdir
+    where = {"import": getattr(a, "ckpt", ""), "from-gpt": getattr(a, "spec", "")}.get(
+        a.cmd, getattr(a, "workdir", ""))
     raise SystemExit(f"convert {a.cmd}: {'' if where in msg else where + ': '}{msg} "
                      f"(--verbose for the traceback)") from None
 
 
 def _run(a: argparse.Namespace) -> None:
-  if a.cmd == "import":
+  if a.cmd == "from-gpt":
+    _from_gpt(a)
+  elif a.cmd == "import":
     ck = read_torch_checkpoint(a.ckpt, a.trust_pickle)
     over = {k: v for k, v in (("n_head", a.n_head), ("valid_vocab_size", a.valid_vocab_size)) if v}
     for which in a.which.split(","):
@@ -443,6 +456,20 @@ def _run(a: argparse.Namespace) -> None:
       from aogpt_jax.checkpoints import model_card  # pylint: disable=g-import-not-at-top
       print(f"wrote {model_card.write(a.hub_dir, m.cfg, a.workdir, loaded)}; upload the folder "
             f"with `huggingface-cli upload OWNER/REPO {a.hub_dir}`")
+
+
+def _from_gpt(a: argparse.Namespace) -> None:
+  """``convert from-gpt``: writes the converted AO-GPT like ``import`` does (never over files)."""
+  from aogpt_jax.checkpoints import from_gpt  # pylint: disable=g-import-not-at-top
+  if os.path.exists(os.path.join(a.out, "model.safetensors")):
+    raise ValueError(f"--out {a.out} already holds a model.safetensors; nothing was written "
+                     f"(choose a new folder)")
+  m, cfg, prov = from_gpt.load(a.spec, a.which, target=a.target, seed=a.seed)
+  out = export_safetensors(m, a.out, meta={"source": a.spec, "which": prov.get("weights"),
+                                           "iter_num": prov.get("step"), "converted_by":
+                                           "python -m aogpt_jax.checkpoints.convert from-gpt"})
+  print(f"wrote {out} ({cfg.n_layer} layers, d={cfg.n_embd}, target={cfg.target}, the same "
+        f"logits as {a.spec} under the L2R order)")
 
 
 if __name__ == "__main__":

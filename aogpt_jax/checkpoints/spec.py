@@ -8,7 +8,10 @@ SPEC is one of
   ``model.safetensors``);
 * ``hf:OWNER/REPO[@REV]/PATH``: PATH (a ``.pt`` file or a converted / Hub folder) in the
   repository's snapshot in the local Hugging Face cache; ``hf:/local/DIR[/PATH]``: a folder laid
-  out like a Hub repository (see `aogpt_jax.checkpoints.hub`; nothing is downloaded at run time).
+  out like a Hub repository (see `aogpt_jax.checkpoints.hub`; nothing is downloaded at run time);
+* ``gpt2:DIR`` / ``gpt2:OWNER/REPO`` (a Hugging Face GPT-2) or ``l2r:WORKDIR`` (this project's
+  left-to-right run): converted to the AO-GPT that computes the same logits under the L2R order
+  (`aogpt_jax.checkpoints.from_gpt`).
 
 `load` returns ``(model, model_config, provenance)``; provenance is a dict
 ``{"source": SPEC, "step": ..., "weights": "ema"|"params"}`` for output writers.
@@ -23,6 +26,7 @@ import json
 import os
 
 from aogpt_jax.checkpoints import convert
+from aogpt_jax.checkpoints import from_gpt
 from aogpt_jax.checkpoints import hub
 
 
@@ -101,6 +105,13 @@ def load(spec: str, which: str = "ema", trust_pickle: bool = False):
   if which not in ("ema", "params"):
     raise CheckpointSpecError(f"--checkpoint={spec}: which must be 'ema' or 'params', "
                               f"got {which!r}")
+  if from_gpt.is_spec(spec):
+    try:
+      return from_gpt.load(spec, which)
+    except from_gpt.ConversionError as err:
+      msg = str(err)
+      raise CheckpointSpecError(msg if msg.startswith(spec) else f"--checkpoint={spec}: {msg}"
+                                ) from None
   path = _from_hf(spec) if spec.startswith("hf:") else os.path.expanduser(spec)
   step = None
   if os.path.isdir(path):
@@ -136,12 +147,15 @@ def default_tokenizer(cfg) -> str:
   return DEFAULT_TOKENIZERS[cfg.valid_vocab_size]
 
 
-def check_vocab(cfg, tokenizer_name: str, vocab_size: int) -> None:
-  """The tokenizer must fit the checkpoint: a one-line error naming both values."""
+def check_vocab(cfg, tokenizer_name: str, vocab_size: int, provenance=None) -> None:
+  """The tokenizer must fit the checkpoint: a one-line error naming both values (and, for a
+  converted GPT-2, the file and tensor the vocabulary comes from)."""
   if vocab_size != cfg.valid_vocab_size:
+    src = (provenance or {}).get("weights_file")
+    where = f" (tensor 'wte.weight' of {src})" if src else ""
     raise CheckpointSpecError(
         f"data.tokenizer: {tokenizer_name!r} has {vocab_size} ids but the checkpoint has "
-        f"valid_vocab_size={cfg.valid_vocab_size}; use the checkpoint's tokenizer")
+        f"valid_vocab_size={cfg.valid_vocab_size}{where}; use the checkpoint's tokenizer")
 
 
 def load_any(spec: str, which: str = "ema"):

@@ -21,6 +21,7 @@ Other modes load a trained model with::
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import hashlib
 import json
@@ -44,6 +45,7 @@ STATE_ITEMS = ("params", "opt_state", "ema")
 # Model fields that do not change the parameters (free to differ between save and restore).
 _FREE_MODEL_FIELDS = {"dropout", "attention", "attention_impl", "dtype", "remat", "remat_policy",
                       "loss_chunk", "init_truncation"}  # init_truncation: used only at init
+_MODEL_DEFAULTS = {f.name: f.default for f in dataclasses.fields(model_lib.ModelConfig)}
 # Top-level keys that fix the data stream and the random stream of a run.
 # data.worker_count: grain's saved iterator state has another layout with worker processes.
 _STREAM_KEYS = {"seed", "batch_size", "seq_len", "data.source", "data.tokenizer",
@@ -159,6 +161,8 @@ def check_compatible(saved: dict, current: dict, where: str) -> None:
     a, b = old.get(key, "<absent>"), new.get(key, "<absent>")
     if a == b or key.startswith("distributed."):
       continue
+    if a == "<absent>" and key.startswith("model.") and b == _MODEL_DEFAULTS.get(key[6:], a):
+      continue                  # a model field added since, at its default: the same model
     structural = (key in _STREAM_KEYS or
                   (key.startswith("model.") and key.split(".", 1)[1] not in _FREE_MODEL_FIELDS
                    and key != "model.preset"))

@@ -42,6 +42,7 @@ from aogpt_jax.model.layers import (BATCH, NORMS, Dense, Embed, Norm, check_choi
 
 TARGETS = ("adaln", "sigma_gpt", "repeat", "per_block", "none")
 ATTENTION_PATHS = ("gather", "mask")
+GELUS = ("exact", "tanh")
 START = orders_lib.START          # slot token id meaning "the START vector"
 NO_TARGET = orders_lib.NO_TARGET  # slot target meaning "no conditioning" (zero vector)
 RESIDUAL_DTYPE = jnp.float32  # residual stream (embeddings, adds, norms) under any compute dtype
@@ -73,6 +74,14 @@ class ModelConfig:
   init_std: float = 0.02             # residual projections get init_std / sqrt(2L)
   init_truncation: float = 3.0       # truncated normal cut at this many std; 0: plain normal
   zero_init_modulation: bool = False # the published model does NOT zero-init adaLN
+  gelu: str = "exact"                # exact | tanh (GPT-2's tanh approximation, "gelu_new")
+  gate_offset: float = 0.0           # adaLN branch gates are gate_offset + g (g the projected
+                                     # gate): 1.0 with zero_init_modulation starts every block
+                                     # as the unconditioned GPT block (a converted GPT-2)
+  zero_init_target: bool = False     # sigma_gpt / repeat / per_block target embeddings start
+                                     # at zero (adaln keeps its random ones: with zero-init
+                                     # modulation they are not used yet, and a zero table
+                                     # would get no gradient)
   dropout: float = 0.0
   attention: str = "gather"          # gather | mask (same numbers; gather is faster)
   attention_impl: str = "auto"       # auto | xla | cudnn | splash | blockwise (layers.py)
@@ -104,6 +113,7 @@ class ModelConfig:
     check_choice("model.target", self.target, TARGETS)
     check_choice("model.norm", self.norm, NORMS)
     check_choice("model.attention", self.attention, ATTENTION_PATHS)
+    check_choice("model.gelu", self.gelu, GELUS)
     check_choice("model.attention_impl", self.attention_impl, ATTENTION_IMPLS)
     check_choice("model.remat_policy", self.remat_policy, tuple(REMAT_POLICIES))
     if int(self.attention_block) < 1:
@@ -176,6 +186,8 @@ class AOGPT(nnx.Module):
       self.wtpe = Embed(cfg.block_size, cfg.target_dim, axes=(None, "cond"), **ekw)
     elif cfg.target in ("sigma_gpt", "repeat"):
       self.wtpe = Embed(cfg.block_size, d, axes=(None, "embed"), **ekw)
+      if cfg.zero_init_target:
+        self.wtpe.embedding[...] = jnp.zeros_like(self.wtpe.embedding[...])
     self.h = nnx.List([Block(cfg, rngs=rngs, dtype=dtype, param_dtype=pdt)
                        for _ in range(cfg.n_layer)])
     self.ln_f = Norm(d, kind=cfg.norm, use_bias=cfg.bias, dtype=jnp.float32, param_dtype=pdt)

@@ -99,15 +99,18 @@ class MLP(nnx.Module):
               truncation=cfg.init_truncation)
     self.c_fc = Dense(d, h, axes=("embed", "mlp"), std=std, **kw)
     self.c_proj = Dense(h, d, axes=("mlp", "embed"), std=std / math.sqrt(2 * cfg.n_layer), **kw)
+    self.approximate = cfg.gelu == "tanh"
 
   def __call__(self, x):
     h = constrain(self.c_fc(x), (BATCH, None, MLP_ACT))
-    return self.c_proj(jax.nn.gelu(h, approximate=False))
+    return self.c_proj(jax.nn.gelu(h, approximate=self.approximate))
 
 
 class Block(nnx.Module):
   """Pre-norm block; with ``target='adaln'`` the norms are modulated and the branches gated:
-  ``x = x + gate_a * Attn(norm(x) * (1 + scale_a) + shift_a)``, the same for the MLP."""
+  ``x = x + gate_a * Attn(norm(x) * (1 + scale_a) + shift_a)``, the same for the MLP, where
+  ``gate_a = model.gate_offset + g_a`` (``g_a`` projected like shift and scale; offset 0 as
+  published; offset 1 with zero-init modulation makes the block the plain GPT block)."""
 
   def __init__(self, cfg, *, rngs: nnx.Rngs, dtype, param_dtype):
     # Norms return fp32 (the residual stream's dtype); Dense casts its input to ``dtype``.
@@ -125,6 +128,9 @@ class Block(nnx.Module):
       self.wtpe = Embed(cfg.block_size, cfg.n_embd, axes=(None, "embed"), rngs=rngs,
                         std=cfg.init_std, dtype=dtype, param_dtype=param_dtype,
                         truncation=cfg.init_truncation)
+      if cfg.zero_init_target:
+        self.wtpe.embedding[...] = jnp.zeros_like(self.wtpe.embedding[...])
+    self.gate_offset = float(cfg.gate_offset)
 
   def __call__(self, x, slot_tgt, cond_table, *, mask, cache, write_index, dropout_key,
                query=None, mask_causal=False, tables=None):
@@ -141,6 +147,8 @@ class Block(nnx.Module):
         tables = modulation_tables(self.adaLN, cond_table, 6)
       sa, ca = (condition(t, slot_tgt) for t in tables[:2])
       ga, sm, cm, gm = (condition(t, rows(slot_tgt)) for t in tables[2:])
+      if self.gate_offset:     # gate = gate_offset + g (model.gate_offset)
+        ga, gm = ga + self.gate_offset, gm + self.gate_offset
       h, new_cache = self.attn(self.ln_1(x) * (1 + ca) + sa, **kw)
       x = rows(x) + ga * dropout(h, self.dropout, fold_key(dropout_key, 0))
       h = self.mlp(self.ln_2(x) * (1 + cm) + sm)

@@ -53,16 +53,25 @@ def get(name: str) -> OrderFn:
 def check_kwargs(name: str, kwargs: dict) -> None:
   """Raises a ValueError naming any keyword that ``name`` does not take (before tracing)."""
   params = inspect.signature(get(name)).parameters
-  accepted = [p for p in params if p not in ("key", "batch", "length")]
+  accepted = [p for p in params if p not in ("key", "batch", "length", "step")]
   unknown = sorted(set(kwargs) - set(accepted))
   if unknown:
     raise ValueError(f"order distribution {name!r} takes {accepted or 'no options'}, "
                      f"got unknown option(s) {unknown}")
 
 
-def sample(name: str, key: jax.Array, batch: int, length: int, **kwargs) -> jax.Array:
-  """Draws ``int32[batch, length]`` orders from the distribution registered as ``name``."""
+def takes_step(name: str) -> bool:
+  """Whether distribution ``name`` depends on the training step (a curriculum)."""
+  return "step" in inspect.signature(get(name)).parameters
+
+
+def sample(name: str, key: jax.Array, batch: int, length: int, *, step=None,
+           **kwargs) -> jax.Array:
+  """Draws ``int32[batch, length]`` orders from the distribution registered as ``name``;
+  ``step`` (the training step, may be traced) reaches only distributions that take it."""
   check_kwargs(name, kwargs)
+  if step is not None and takes_step(name):
+    kwargs = dict(kwargs, step=step)
   return get(name)(key, batch, length, **kwargs)
 
 
@@ -91,6 +100,29 @@ def mixture(key: jax.Array, batch: int, length: int, p_l2r: float = 0.1) -> jax.
     raise ValueError(f"mixture: p_l2r must be in [0, 1], got {p_l2r}")
   k_coin, k_perm = jax.random.split(key)
   coins = jax.random.bernoulli(k_coin, p_l2r, (batch, 1))
+  return jnp.where(coins, l2r(key, batch, length), uniform(k_perm, batch, length))
+
+
+def curriculum_p_l2r(step, steps: int, p_start: float, p_end: float):
+  """The L2R probability of `curriculum` at ``step``: linear from ``p_start`` (step 0) to
+  ``p_end`` (step ``steps``), then ``p_end``."""
+  frac = jnp.clip(jnp.asarray(step, jnp.float32) / float(steps), 0.0, 1.0)
+  return p_start + (p_end - p_start) * frac
+
+
+@register("curriculum")
+def curriculum(key: jax.Array, batch: int, length: int, steps: int = 1000, p_start: float = 1.0,
+               p_end: float = 0.1, step=0) -> jax.Array:
+  """`mixture` whose ``p_l2r`` moves linearly from ``p_start`` to ``p_end`` over the first
+  ``steps`` training steps, then stays at ``p_end``: adapting a left-to-right model to every
+  order starts from the orders it knows (all L2R) and ends at the paper's 10% mixture."""
+  for name, p in (("p_start", p_start), ("p_end", p_end)):
+    if not 0.0 <= p <= 1.0:
+      raise ValueError(f"curriculum: {name} must be in [0, 1], got {p}")
+  if int(steps) < 1:
+    raise ValueError(f"curriculum: steps must be >= 1, got {steps}")
+  k_coin, k_perm = jax.random.split(key)
+  coins = jax.random.uniform(k_coin, (batch, 1)) < curriculum_p_l2r(step, steps, p_start, p_end)
   return jnp.where(coins, l2r(key, batch, length), uniform(k_perm, batch, length))
 
 

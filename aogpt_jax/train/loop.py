@@ -130,8 +130,14 @@ def _train(cfg, workdir, model_cfg, mesh, meta, proc) -> dict[str, float]:
     if proc == 0:
       workdir_lib.write_json_atomic(workdir / "config.json", json_dumps(meta["config"]))
     if restored is None:
+      src = load_init(cfg, model_cfg) if cfg.train.init_from else None
       state, start = trainer.init(), 0
-      logging.info("starting a new run in %s", workdir)
+      if src is not None:
+        state = init_from(state, src)
+        logging.info("starting a new run in %s from the weights of train.init_from=%s "
+                     "(optimizer, EMA and step fresh)", workdir, cfg.train.init_from)
+      else:
+        logging.info("starting a new run in %s", workdir)
     else:
       start, state = restored
       if start > cfg.total_steps:
@@ -152,6 +158,42 @@ def _train(cfg, workdir, model_cfg, mesh, meta, proc) -> dict[str, float]:
     finally:
       writer.close()
       ckpt.close()
+
+
+def load_init(cfg, model_cfg):
+  """``train.init_from``: the model it names (any --checkpoint SPEC or a WORKDIR), checked
+  against the run's model field for field (`from_gpt.FUNCTION_FIELDS`) before anything
+  compiles."""
+  from aogpt_jax.checkpoints import from_gpt  # pylint: disable=g-import-not-at-top
+  from aogpt_jax.checkpoints import spec as spec_lib  # pylint: disable=g-import-not-at-top
+  spec = str(cfg.train.init_from)
+  try:
+    m, _ = spec_lib.load_any(spec)
+  except (ValueError, OSError) as err:
+    msg = str(err).splitlines()[0] if str(err) else type(err).__name__
+    raise config_lib.ConfigError(f"train.init_from: {msg}") from None
+  diff = [f"model.{f}={getattr(m.cfg, f)!r} (the run has {getattr(model_cfg, f)!r})"
+          for f in from_gpt.FUNCTION_FIELDS if getattr(m.cfg, f) != getattr(model_cfg, f)]
+  if diff:
+    raise config_lib.ConfigError(
+        f"train.init_from: {spec} is a different model: {'; '.join(diff)}; set those model.* "
+        f"fields (a2o configs: configs/a2o_gpt2_small.py)")
+  return m
+
+
+def init_from(state, m):
+  """A fresh state with ``m``'s weights as the parameters and the EMA (the optimizer moments and
+  the step stay those of a new run)."""
+  from flax import nnx  # pylint: disable=g-import-not-at-top
+  params = nnx.to_pure_dict(nnx.state(m, nnx.Param))
+  if jax.tree.structure(params) != jax.tree.structure(state["params"]):
+    raise config_lib.ConfigError("train.init_from: its parameters do not fit the run's model")
+  params = jax.tree.map(lambda p, ref: jax.device_put(p.astype(ref.dtype), ref.sharding),
+                        params, state["params"])
+  state = dict(state, params=params)
+  if "ema" in state:
+    state["ema"] = jax.tree.map(lambda p: p.copy(), params)
+  return state
 
 
 def json_dumps(d) -> str:

@@ -134,7 +134,7 @@ def train_step(state: State, batch: dict[str, jax.Array], *, graphdef, tx, cfg,
   order_key, dropout_key = jax.random.split(key)
   # Orders for the whole global batch at once, so accumulation equals one big batch.
   order = orders_lib.sample(cfg.order.name, order_key, tokens.shape[0], tokens.shape[1],
-                            **config_lib.order_kwargs(cfg))
+                            step=step, **config_lib.order_kwargs(cfg))
   grads, sums = _grads(state["params"], graphdef, tokens, order, dropout_key, cfg.microbatches,
                        dropout, cfg.objective)
   updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
@@ -153,10 +153,10 @@ def train_step(state: State, batch: dict[str, jax.Array], *, graphdef, tx, cfg,
 def heldout_orders(cfg) -> tuple[tuple[str, str, tuple], ...]:
   """(label, order name, sorted kwargs) of the held-out losses: L2R, uniform ("random") and,
   when the run trains on another fixed distribution (``fixed_random``, ``blockwise``, a new one;
-  not ``l2r``, ``uniform`` or ``mixture``, which the first two cover), that order as
+  not ``l2r``, ``uniform``, ``mixture`` or ``curriculum``, which the first two cover), that order as
   "train_order", so e.g. the paper's Figure 3a runs can be read from their own held-out loss."""
   out = [("l2r", "l2r", ()), ("random", "uniform", ())]
-  if cfg.order.name not in ("l2r", "uniform", "mixture"):
+  if cfg.order.name not in ("l2r", "uniform", "mixture", "curriculum"):
     out.append(("train_order", cfg.order.name,
                 tuple(sorted(config_lib.order_kwargs(cfg).items()))))
   return tuple(out)
