@@ -125,8 +125,9 @@ class SampleSettings:
       t = self.threshold
       if isinstance(t, bool) or not isinstance(t, numbers.Real) or not 0 < t <= 1:
         raise ValueError(f"sample.threshold: must be a number in (0, 1], got {t!r}")
-    if ((self.method not in PLANLESS_METHODS or self.method == "adaptive")
-        and not 1 <= self.steps <= self.length):
+    counted = self.method not in PLANLESS_METHODS or (self.method == "adaptive"
+                                                      and self.policy != "threshold")
+    if counted and not 1 <= self.steps <= self.length:
       raise ValueError(f"sample.steps: must be in [1, length={self.length}], got {self.steps}")
     check_choice("sample.schedule", self.schedule, schedules.SCHEDULES)
     check_choice("sample.count_mode", self.count_mode, schedules.COUNT_MODES)
