@@ -24,6 +24,9 @@ against wall time, one curve per sampler, to ``--png`` (default: the JSON's path
     python benchmarks/sampling_frontier.py                     # trains both models, ~20 min CPU
     python benchmarks/sampling_frontier.py --workdir=/tmp/aogpt_quickstart --judge_workdir=J
     python benchmarks/sampling_frontier.py --tiny              # random tiny models, seconds
+    python benchmarks/sampling_frontier.py --report=benchmarks/results/sampling_frontier/X.json
+
+``--report`` prints the markdown table of a results JSON (and redraws its PNG) without sampling.
 """
 
 from __future__ import annotations
@@ -73,7 +76,27 @@ def parse_args(argv=None):
                   help="random-weight tiny models, length 16, a few configurations (a smoke run)")
   ap.add_argument("--out", default=None)
   ap.add_argument("--png", default=None)
+  ap.add_argument("--report", default="", help="a results JSON: print its table, redraw its PNG")
   return ap.parse_args(argv)
+
+
+def title(rec: dict) -> str:
+  a, m = rec["args"], rec["machine"]
+  return (f"sampling frontier: n={a['length']}, batch {a['batch']}, temperature "
+          f"{a['temperature']}, top-p {a['top_p']}; {m.get('cpu')}, {m.get('cores')} cores")
+
+
+def table(rows: list[dict]) -> str:
+  """Markdown: one line per configuration."""
+  head = ("| sampler | T / K / threshold | passes per row | wall s | judge NLL | unigram entropy "
+          "| repeated 4-grams | Kendall tau vs L2R |\n|---|---|---|---|---|---|---|---|")
+  lines = [head]
+  for r in rows:
+    knob = r.get("steps", r.get("draft", r.get("threshold", "")))
+    lines.append(f"| {r['sampler']} | {knob} | {r['passes_per_row']:g} | {r['run_s']:.3f} | "
+                 f"{r['judge_nll']:.3f} | {r['unigram_entropy']:.3f} | "
+                 f"{r['repeat_4gram_rate']:.3f} | {r.get('kendall_tau_l2r', '')} |")
+  return "\n".join(lines)
 
 
 def train(workdir: str, steps: int, extra: list[str]) -> float:
@@ -188,13 +211,19 @@ def plot(rows: list[dict], path: str, title: str) -> None:
 
 def main(argv=None) -> None:
   args = parse_args(argv)
+  if args.report:
+    rec = json.load(open(args.report))
+    plot(rec["results"]["rows"], args.png or args.report[:-len(".json")] + ".png", title(rec))
+    print(table(rec["results"]["rows"]))
+    print(json.dumps(rec["results"]["goals"], indent=1))
+    return
   import aogpt_jax
   from aogpt_jax.evaluation.genppl import unigram_entropy
   from aogpt_jax.model import aogpt as model_lib
   from flax import nnx
   info = {}
   if args.tiny:
-    args.length, args.batch, args.steps, args.drafts = 16, 4, "4,16", "2"
+    args.length, args.batch, args.steps, args.drafts = 16, 4, "4", "2"
     args.thresholds, args.candidates, args.repeats = "0.5", 8, 1
     cfg = model_lib.preset("tiny", block_size=16)
     model = model_lib.AOGPT(cfg, rngs=nnx.Rngs(0))
@@ -232,12 +261,11 @@ def main(argv=None) -> None:
     rows.append(row)
   info["load_avg_1m"] = load
   summary = goals(rows, args.length)
-  mach = common.machine()
   results = {"info": info, "goals": summary, "rows": rows}
   path = common.write_result("sampling_frontier", vars(args), results, out=args.out)
   png = args.png or str(path)[:-len(".json")] + ".png"
-  plot(rows, png, f"sampling frontier: n={args.length}, batch {args.batch}, "
-       f"temperature {args.temperature}, top-p {args.top_p}; {mach.get('cpu') or mach}")
+  plot(rows, png, title(json.load(open(path))))
+  print(table(rows))
   print(json.dumps(summary, indent=1))
   print(f"wrote {path} and {png}")
 

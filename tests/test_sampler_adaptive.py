@@ -203,3 +203,29 @@ def test_random_policy_is_the_random_order_diffusion_sampler(exact_model, seqs):
   # and the orders it chose are uniform: each of the 4! orders about 1/24 of the time
   ranks = np.unique(out.order, axis=0, return_counts=True)[1]
   assert len(ranks) == 24 and chisquare_p(ranks, np.full(24, 1 / 24), N_SAMPLES) > 1e-3
+
+
+@pytest.mark.slow
+@pytest.mark.subprocess
+def test_frontier_benchmark_tiny_run(tmp_path):
+  """benchmarks/sampling_frontier.py --tiny: every sampler's row, the goals, the JSON schema and
+  the PNG."""
+  import pathlib
+  import subprocess
+  import sys
+  repo = pathlib.Path(__file__).resolve().parent.parent
+  out = tmp_path / "frontier.json"
+  subprocess.run([sys.executable, str(repo / "benchmarks" / "sampling_frontier.py"), "--tiny",
+                  f"--out={out}"], check=True, cwd=repo, capture_output=True, timeout=900)
+  rec = json.loads(out.read_text())
+  assert rec["benchmark"] == "sampling_frontier" and rec["machine"]["slug"]
+  names = {r["sampler"] for r in rec["results"]["rows"]}
+  assert names == {"ar", "diffusion", "speculative", "adaptive threshold",
+                   "adaptive max_prob C=8"} | {f"adaptive {p}" for p in
+                                               ("max_prob", "confidence", "margin", "entropy",
+                                                "random")}
+  for r in rec["results"]["rows"]:
+    assert r["run_s"] > 0 and r["judge_nll"] > 0 and 0 <= r["repeat_4gram_rate"] <= 1
+  assert set(rec["results"]["goals"]["time_ratio"]) == {
+      f"{p} T=4" for p in ("max_prob", "confidence", "margin", "entropy", "random")}
+  assert (tmp_path / "frontier.png").stat().st_size > 10000
