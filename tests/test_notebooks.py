@@ -6,6 +6,7 @@ import json
 import pathlib
 import re
 
+import numpy as np
 import pytest
 
 from helpers import published as pu
@@ -57,6 +58,11 @@ def test_sampling_notebook_on_a_published_checkpoint(published, offline, monkeyp
   assert (ns["out"].tokens[:, :len(prefix)] == prefix).all()    # the prefix-prompting cell
   assert "speculative K=4 order=l2r" in out and "speculative K=4 order=random" in out
   assert (ns["spec"].tokens[:, :len(prefix)] == prefix).all()   # the speculative cell
+  for policy in ("max_prob", "margin", "random"):                # the adaptive cell
+    assert re.search(rf"^adaptive {policy} *: first written \[", out, re.M), policy
+  assert re.search(r"^adaptive threshold 0.9: \[\d+, \d+\] steps per row", out, re.M)
+  assert (ns["ad"].tokens[:, :len(prefix)] == prefix).all()
+  assert (np.sort(ns["ad"].order, axis=1) == np.arange(32)).all()
   # the speed cell: a line per decoder with its time and tokens/s, the speedups, the plot note
   for method, steps in [("ar", 32), ("diffusion", 8), ("encoder", 8)]:
     assert re.search(rf"^  {method} +T= +{steps}: [0-9.]+ s +[0-9.]+ tokens/s", out, re.M), method

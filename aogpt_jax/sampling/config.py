@@ -16,9 +16,14 @@ from aogpt_jax.sampling.sampler import SampleSettings
 def sample_config() -> ml_collections.ConfigDict:
   """Defaults of the ``sample`` config group (``--config.sample.steps=128`` etc.)."""
   return ml_collections.ConfigDict(dict(
-      method="diffusion",          # diffusion | ar | uncached | speculative | encoder (MDM model)
+      method="diffusion",          # diffusion | ar | uncached | speculative | adaptive |
+                                   # encoder (MDM model)
       draft="auto",                # speculative: drafts per round, "auto" or an integer ("4")
       draft_queries="taper",       # speculative: taper (fewer after early slots) | all
+      policy="max_prob",           # adaptive: max_prob | confidence | margin | entropy | random |
+                                   # threshold (or a registered one)
+      candidates=0,                # adaptive: positions queried per step (0: every masked one)
+      threshold=0.9,               # adaptive, policy=threshold: commit max prob >= this
       num_samples=8,
       batch_size=8,
       length=0,                    # 0: model.block_size
@@ -57,7 +62,20 @@ def settings_from_config(c: ml_collections.ConfigDict, cfg: ModelConfig) -> Samp
                         top_p_rule=str(c.get("top_p_rule", "published")),
                         greedy=bool(c.greedy), method=c.method,
                         draft=parse_draft(c.get("draft", "auto")),
-                        draft_queries=str(c.get("draft_queries", "taper")))
+                        draft_queries=str(c.get("draft_queries", "taper")),
+                        policy=str(c.get("policy", "max_prob")),
+                        candidates=parse_candidates(c.get("candidates", 0)),
+                        threshold=float(c.get("threshold", 0.9)))
+
+
+def parse_candidates(value) -> int | None:
+  """``sample.candidates`` from a config: 0 (every masked position) -> None, else the int."""
+  try:
+    v = int(value)
+  except (TypeError, ValueError):
+    raise ValueError(f"sample.candidates: must be an integer (0: every masked position), got "
+                     f"{value!r}") from None
+  return None if v == 0 else v
 
 
 def parse_draft(value) -> Any:

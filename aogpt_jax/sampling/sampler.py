@@ -15,6 +15,10 @@ scheme (`sampling.tokens`):
   the parallel (Figure 10) draft queries of the next round; distributed exactly as T = n (one
   token per step) in the same order, in fewer passes than tokens. ``draft`` = K or "auto";
   ``steps`` / ``schedule`` / ``count_mode`` are unused.
+* ``adaptive``: adaptive order (`sampling.adaptive`): each step queries the still-masked
+  positions (or ``candidates`` of them) in one cached pass, a ``policy`` scores them and the step
+  commits the best ones (as many as ``steps`` / ``schedule`` / ``count_mode`` say, or every one
+  above ``threshold``); ``Samples.order`` is the chosen order.
 * ``encoder``: the encoder-only masked-diffusion model of `aogpt_jax.model.encoder` (bidirectional,
   [MASK] tokens; `sampling.encoder`): the standard MDM reverse process, one full forward per
   step. Needs a model built with `encoder_model.make_encoder`.
@@ -49,6 +53,7 @@ from aogpt_jax.model import jit as model_jit
 from aogpt_jax.model import orders as orders_lib
 from aogpt_jax.model.aogpt import AOGPT, ModelConfig
 from aogpt_jax.model.layers import check_choice
+from aogpt_jax.sampling import adaptive as adaptive_lib
 from aogpt_jax.sampling import ar as ar_lib
 from aogpt_jax.sampling import diffusion, prompts, schedules
 from aogpt_jax.sampling import encoder as encoder_lib
@@ -56,9 +61,9 @@ from aogpt_jax.sampling import speculative as spec_lib
 from aogpt_jax.sampling import tokens as tokens_lib
 from aogpt_jax.sampling.state import Draw, Passes, PassShape
 
-METHODS = ("diffusion", "ar", "uncached", "encoder", "speculative")
-# Methods without a step plan (one compiled loop over positions / rounds).
-PLANLESS_METHODS = ("ar", "speculative")
+METHODS = ("diffusion", "ar", "uncached", "encoder", "speculative", "adaptive")
+# Methods without a step plan (one compiled loop over positions / rounds / adaptive steps).
+PLANLESS_METHODS = ("ar", "speculative", "adaptive")
 # Below this, logits / temperature overflow float64 for ordinary logits (and the draw is argmax
 # anyway); infinity would give every token the same probability. greedy=True is the argmax.
 MIN_TEMPERATURE = 1e-6
@@ -80,6 +85,9 @@ class SampleSettings:
   method: str = "diffusion"             # diffusion | ar | uncached | encoder | speculative
   draft: Any = "auto"                   # speculative: drafts per round, int >= 1 or "auto"
   draft_queries: str = "taper"          # speculative: taper | all (draft queries per slot)
+  policy: str = "max_prob"              # adaptive: a registered policy (sampling.adaptive)
+  candidates: Any = None                # adaptive: None (every masked position) or C >= 1
+  threshold: float = 0.9                # adaptive, policy="threshold": commit max prob >= this
 
   def validate(self, cfg: ModelConfig) -> None:
     """Raises ValueError naming the bad setting."""
@@ -108,7 +116,18 @@ class SampleSettings:
       if self.greedy:
         raise ValueError("sample.greedy: not supported with sample.method='speculative' "
                          "(greedy decoding is deterministic; use method='ar' or 'diffusion')")
-    if self.method not in PLANLESS_METHODS and not 1 <= self.steps <= self.length:
+    if self.method == "adaptive":
+      adaptive_lib.get(self.policy)          # raises naming the known policies
+      c = self.candidates
+      if c is not None and (isinstance(c, bool) or not isinstance(c, numbers.Integral) or c < 1):
+        raise ValueError(f"sample.candidates: must be None (every masked position) or an int "
+                         f">= 1, got {c!r}")
+      t = self.threshold
+      if isinstance(t, bool) or not isinstance(t, numbers.Real) or not 0 < t <= 1:
+        raise ValueError(f"sample.threshold: must be a number in (0, 1], got {t!r}")
+    counted = self.method not in PLANLESS_METHODS or (self.method == "adaptive"
+                                                      and self.policy != "threshold")
+    if counted and not 1 <= self.steps <= self.length:
       raise ValueError(f"sample.steps: must be in [1, length={self.length}], got {self.steps}")
     check_choice("sample.schedule", self.schedule, schedules.SCHEDULES)
     check_choice("sample.count_mode", self.count_mode, schedules.COUNT_MODES)
@@ -132,6 +151,7 @@ class Prepared:
   order: np.ndarray          # int32 [B, n]: prompt positions first
   counts: np.ndarray         # int32 [B, T]: reveals per step
   tok_keys: jax.Array        # [B] token-stream keys
+  adapt_keys: jax.Array | None = None   # adaptive: [B] keys of the candidate / policy draws
 
 
 @functools.partial(jax.jit, static_argnames=("batch", "length", "order"))
@@ -147,6 +167,12 @@ def _draw(key, offset, *, batch: int, length: int, order: str | None):
           tokens_lib.stream(keys, tokens_lib.COUNT_STREAM))
 
 
+@functools.partial(jax.jit, static_argnames=("batch",))
+def _adapt_keys(key, offset, *, batch: int):
+  """Per-sample keys of the adaptive sampler's own draws (candidates, random policies)."""
+  return tokens_lib.stream(tokens_lib.sample_keys(key, batch, offset), tokens_lib.POLICY_STREAM)
+
+
 @dataclasses.dataclass
 class Samples:
   tokens: np.ndarray         # int32 [B, n]
@@ -154,7 +180,8 @@ class Samples:
   plan: schedules.StepPlan | None
   logits: np.ndarray | None  # debug: [passes, B, Q, V] (diffusion, uncached, encoder) or
                              # [steps, B, V] (ar); speculative: its trace dict
-  passes: np.ndarray | None = None   # speculative: model passes each row needed (no prefill)
+  passes: np.ndarray | None = None   # speculative: model passes each row needed (no prefill);
+                                     # adaptive: steps each row took
 
 
 def as_key(key) -> jax.Array:
@@ -209,6 +236,18 @@ def prepare(cfg: ModelConfig, key: jax.Array, s: SampleSettings, *, prompt=None,
     counts = schedules.deterministic_counts(n - plen, t)
   else:
     counts = schedules.stochastic_counts(count_keys, n - plen, t)
+  if s.method == "adaptive":
+    # The prompt first, the rest filled in as the policy chooses; steps that reveal nothing
+    # change nothing, so each row's counts are compacted (its steps run back to back).
+    order = prompts.build_orders(pmask, np.broadcast_to(np.arange(n, dtype=np.int32), (b, n)))
+    nz = counts > 0
+    counts = np.take_along_axis(counts, np.argsort(~nz, axis=1, kind="stable"), axis=1)
+    if s.candidates is not None and s.policy != "threshold" and counts.max() > s.candidates:
+      raise ValueError(f"sample.candidates: {s.candidates} is fewer than the {counts.max()} "
+                       f"positions a step commits at steps={s.steps}; take candidates >= "
+                       f"{counts.max()} or more steps")
+    return Prepared(ptok, pmask, plen, order, counts, tok_keys,
+                    _adapt_keys(key, jnp.int32(sample_offset), batch=b))
   return Prepared(ptok, pmask, plen, order, counts, tok_keys)
 
 
@@ -230,6 +269,28 @@ def plan(batches: Sequence[Prepared], *, block: int | None = None, pass_overhead
   return [schedules.plan_steps(p.counts, p.prompt_len, block=block, **mins) for p in batches]
 
 
+def adaptive_shape(p: Prepared, s: SampleSettings, *, block: int | None = None,
+                   cached: bool = True) -> adaptive_lib.AdaptiveShape:
+  """The static sizes of the adaptive sampler for this batch: Q query slots (every masked
+  position of the shortest prompt's row, or ``candidates``), catch-up slots for the widest step
+  (``block``: slots per pass, at least Q + that; the samples do not depend on it)."""
+  n = s.length
+  q = n - int(p.prompt_len.min())
+  q = max(1, q if s.candidates is None else min(q, int(s.candidates)))
+  widest = q if s.policy == "threshold" else int(min(q, p.counts.max(initial=1)))
+  catchup = max(0, widest - 1)
+  if block is not None:
+    if block < q + catchup:
+      raise ValueError(f"block: the adaptive sampler needs at least {q + catchup} slots per pass "
+                       f"({q} queries + {catchup} catch-up), got {block}")
+    catchup = block - q
+  max_steps = q if s.policy == "threshold" else int(p.counts.shape[1])
+  return adaptive_lib.AdaptiveShape(
+      queries=q, catchup=catchup, prefill=int(p.prompt_len.max(initial=0)),
+      max_steps=max(1, min(max_steps, n)), candidates=int(s.candidates or 0),
+      policy=str(s.policy), threshold=float(s.threshold), cached=cached)
+
+
 @model_jit.jit("kind", "shape", "draw", "draft", "queries")
 def sampler_program(model, order, tokens0, prompt_len, tok_keys, passes: Passes | None, *,
                     kind: str, shape: PassShape | None, draw: Draw, draft, queries=None):
@@ -242,6 +303,10 @@ def sampler_program(model, order, tokens0, prompt_len, tok_keys, passes: Passes 
         model, order, tokens0, prompt_len, tok_keys, draft=draft, temperature=draw.temperature,
         top_p=draw.top_p, top_p_rule=draw.top_p_rule, queries=queries, debug=draw.debug)
     return toks, (npasses, trace)
+  if kind == "adaptive":
+    toks, order, steps, logits = adaptive_lib.sample_adaptive(
+        model, order, tokens0, prompt_len, tok_keys, *passes, shape=shape, draw=draw)
+    return toks, (order, steps, logits)
   if kind == "diffusion":
     return diffusion.sample_cached(model, order, tokens0, prompt_len, tok_keys, passes, shape,
                                    draw)
@@ -249,7 +314,8 @@ def sampler_program(model, order, tokens0, prompt_len, tok_keys, passes: Passes 
   return fn(model, order, tokens0, tok_keys, passes, shape.queries, draw)
 
 
-def program_args(p: Prepared, pl: schedules.StepPlan | None, s: SampleSettings, debug: bool):
+def program_args(p: Prepared, pl: schedules.StepPlan | None, s: SampleSettings, debug: bool,
+                 adaptive: adaptive_lib.AdaptiveShape | None = None):
   draw = Draw(temperature=float(s.temperature), top_p=float(s.top_p),
               top_p_rule=str(s.top_p_rule), greedy=bool(s.greedy), debug=bool(debug))
   shape, passes, draft, queries = None, None, None, None
@@ -258,6 +324,9 @@ def program_args(p: Prepared, pl: schedules.StepPlan | None, s: SampleSettings, 
   elif s.method == "speculative":
     draft = s.draft if s.draft == "auto" else int(s.draft)
     queries = str(s.draft_queries)
+  elif s.method == "adaptive":
+    shape = adaptive or adaptive_shape(p, s)
+    passes = (jnp.asarray(p.counts), p.adapt_keys)
   else:
     shape, passes = pl.shape(), pl.passes()
   args = (jnp.asarray(p.order), jnp.asarray(p.tokens0),
@@ -266,19 +335,26 @@ def program_args(p: Prepared, pl: schedules.StepPlan | None, s: SampleSettings, 
 
 
 def compile_sampler(model: AOGPT, p: Prepared, pl: schedules.StepPlan | None,
-                    s: SampleSettings, debug: bool = False):
+                    s: SampleSettings, debug: bool = False,
+                    adaptive: adaptive_lib.AdaptiveShape | None = None):
   """Ahead-of-time compiles the sampler for this batch shape; returns ``run() -> (tokens,
   logits)`` (for benchmarks: compile time apart from run time)."""
-  args, kw = program_args(p, pl, s, debug)
+  args, kw = program_args(p, pl, s, debug, adaptive)
   with tokens_lib.exact_sampling():
     return model_jit.compile_ahead(sampler_program, model, *args, **kw)
 
 
 def sample_batch(model: AOGPT, p: Prepared, pl: schedules.StepPlan | None, s: SampleSettings,
-                 *, debug: bool = False) -> Samples:
-  args, kw = program_args(p, pl, s, debug)
+                 *, debug: bool = False,
+                 adaptive: adaptive_lib.AdaptiveShape | None = None) -> Samples:
+  """``adaptive``: the adaptive sampler's static sizes (None: `adaptive_shape` of ``p``)."""
+  args, kw = program_args(p, pl, s, debug, adaptive)
   with tokens_lib.exact_sampling():
     toks, logits = model_jit.call(sampler_program, model, *args, **kw)
+  if s.method == "adaptive":
+    order, steps, logits = logits
+    return Samples(np.asarray(toks), np.asarray(order), None,
+                   None if logits is None else np.asarray(logits), np.asarray(steps))
   if s.method == "speculative":
     passes, trace = logits
     trace = None if trace is None else {k: np.asarray(v) for k, v in trace.items()}
@@ -288,11 +364,18 @@ def sample_batch(model: AOGPT, p: Prepared, pl: schedules.StepPlan | None, s: Sa
 
 def generate(model: AOGPT, key: jax.Array, s: SampleSettings, *, prompt=None,
              batch: int | None = None, sample_offset: int = 0, block: int | None = None,
-             debug: bool = False) -> Samples:
+             debug: bool = False, reference: bool = False) -> Samples:
   """Samples one batch. ``prompt`` = (tokens int[B, n], mask bool[B, n]) (see
   `sampling.prompts`); row b uses the key ``fold_in(key, sample_offset + b)``. ``block``: slots
   per forward pass (None: chosen by a cost model; the samples do not depend on it). ``debug``
-  returns every pass's query logits."""
+  returns every pass's query logits. ``reference`` (adaptive only): the uncached reference, a
+  full explicit-mask forward per step (the test oracle; the same samples)."""
   p = prepare(model.cfg, key, s, prompt=prompt, batch=batch, sample_offset=sample_offset)
+  if s.method == "adaptive":
+    shape = adaptive_shape(p, s, block=block, cached=not reference)
+    return sample_batch(model, p, None, s, debug=debug, adaptive=shape)
+  if reference:
+    raise ValueError("generate: reference=True is for sample.method='adaptive' (the uncached "
+                     "twin of 'diffusion' is method='uncached')")
   pl = None if s.method in PLANLESS_METHODS else plan([p], block=block, method=s.method)[0]
   return sample_batch(model, p, pl, s, debug=debug)

@@ -44,7 +44,7 @@ from jax.sharding import PartitionSpec as P
 
 from aogpt_jax.model import layers
 
-ORDER_STREAM, COUNT_STREAM, TOKEN_STREAM = 0, 1, 2
+ORDER_STREAM, COUNT_STREAM, TOKEN_STREAM, POLICY_STREAM = 0, 1, 2, 3
 
 
 def exact_sampling() -> contextlib.AbstractContextManager:

@@ -1,0 +1,290 @@
+"""Adaptive-order generation: the model chooses where to write next (``method="adaptive"``).
+
+Each step queries every still-masked position (or ``candidates=C`` of them, drawn at random) in
+ONE cached pass: the queries are copies of the frontier rank-slot, one per candidate target (the
+paper's Figure 10 layout, as in `sampling.diffusion`). Every candidate's token is drawn exactly
+as the other samplers draw (`tokens.sample_tokens`, key by position), a *policy* scores the
+candidates, and the step commits its chosen positions in descending score (ties: lower position
+first): the first becomes rank m (its query IS rank-slot m, so its keys/values are moved from
+the scratch region to cache index m), the others ranks m+1.. , whose slots are computed once, as
+the *catch-up* slots of the next pass. How many a step commits follows ``steps`` / ``schedule``
+/ ``count_mode`` (the counts of the diffusion sampler), or, for the ``threshold`` policy, every
+candidate whose largest probability is at least ``threshold`` (at least one per step; the number
+of steps adapts).
+
+A policy is a heuristic: the samples are NOT drawn from the model's joint distribution (except
+for ``random``, which is the diffusion sampler with a random order). Policies are registered
+functions (`register`)::
+
+    fn(probs, tokens, positions, step, keys) -> scores
+    probs      float32 [B, Q, V]  the distribution each candidate's token was drawn from (after
+                                  temperature and top-p; the model's softmax when greedy)
+    tokens     int32 [B, Q]       the drawn tokens
+    positions  int32 [B, Q]       the candidates' positions (meaningless where not a candidate)
+    step       int32 []           the step (0, 1, ...)
+    keys       [B] PRNG keys      this row's key of this step (for random choices)
+    scores     float [B, Q]       higher = written earlier
+
+Static shapes: one `jax.lax.while_loop` over steps; each iteration is one pass over a block of S =
+Q + catch-up slots (Q query slots, padding masked and dropped); the KV cache (length n + Q:
+rank-slots 0..n-1, query scratch n..n+Q-1) and the tokens are the loop carry. ``cached=False``
+(`AdaptiveShape`) runs the uncached reference instead: a full explicit-mask forward over all n
+rank-slots plus the queries at every step, the same policy and keys (the test oracle).
+
+Shape suffixes of local arrays: B rows, N sequence length n, Q query slots, C catch-up slots,
+S = Q + C, K cache length n + Q, V vocabulary, T steps.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+
+from aogpt_jax.model import orders as orders_lib
+from aogpt_jax.model.aogpt import AOGPT, NO_TARGET
+from aogpt_jax.sampling import tokens as tokens_lib
+from aogpt_jax.sampling.diffusion import parallel_generation_mask
+from aogpt_jax.sampling.state import Draw
+
+PolicyFn = Callable[..., jax.Array]
+_POLICIES: dict[str, PolicyFn] = {}
+# Streams of a row's adaptive key (`tokens.POLICY_STREAM`): candidate subsets, policy keys.
+CANDIDATE_STREAM, SCORE_STREAM = 0, 1
+
+
+def register(name: str) -> Callable[[PolicyFn], PolicyFn]:
+  """Registers ``fn(probs, tokens, positions, step, keys) -> scores`` as policy ``name``."""
+
+  def deco(fn: PolicyFn) -> PolicyFn:
+    if name in _POLICIES:
+      raise ValueError(f"adaptive policy {name!r} is already registered")
+    _POLICIES[name] = fn
+    return fn
+
+  return deco
+
+
+def names() -> list[str]:
+  return sorted(_POLICIES)
+
+
+def get(name: str) -> PolicyFn:
+  if name not in _POLICIES:
+    raise ValueError(f"sample.policy: unknown policy {name!r}; known: {', '.join(names())}")
+  return _POLICIES[name]
+
+
+@register("max_prob")
+def max_prob(probs, tokens, positions, step, keys):
+  """The largest probability of the candidate's distribution (MaskGIT / LLaDA confidence)."""
+  return jnp.max(probs, axis=-1)
+
+
+@register("confidence")
+def confidence(probs, tokens, positions, step, keys):
+  """The probability of the token drawn there (Dream's ``maskgit_plus`` with sampling)."""
+  return jnp.take_along_axis(probs, tokens[..., None], axis=-1)[..., 0]
+
+
+@register("margin")
+def margin(probs, tokens, positions, step, keys):
+  """Top-1 minus top-2 probability (Dream's ``topk_margin``)."""
+  top = jax.lax.top_k(probs, 2)[0]
+  return top[..., 0] - top[..., 1]
+
+
+@register("entropy")
+def entropy(probs, tokens, positions, step, keys):
+  """Minus the entropy: the lowest-entropy candidates first (Dream's ``entropy``)."""
+  return jnp.sum(jnp.where(probs > 0, probs * jnp.log(jnp.where(probs > 0, probs, 1.0)), 0.0),
+                 axis=-1)
+
+
+@register("random")
+def random(probs, tokens, positions, step, keys):
+  """The control: a uniform score per (row, step, position), whatever the model predicts."""
+  return position_uniforms(keys, positions)
+
+
+@register("threshold")
+def threshold(probs, tokens, positions, step, keys):
+  """Scores as ``max_prob``; the sampler commits every candidate whose score is at least
+  ``threshold`` (at least one per step; Fast-dLLM's parallel decoding)."""
+  return max_prob(probs, tokens, positions, step, keys)
+
+
+def position_uniforms(keys: jax.Array, positions: jax.Array) -> jax.Array:
+  """float32 [B, Q]: ``uniform(fold_in(keys[b], positions[b, q]))``: a row's random numbers keyed
+  by position, so they do not depend on which other positions are candidates."""
+  return jax.vmap(lambda k, p: jax.vmap(
+      lambda q: jax.random.uniform(jax.random.fold_in(k, q)))(p))(keys, positions)
+
+
+@dataclasses.dataclass(frozen=True)
+class AdaptiveShape:
+  """The static settings of one compiled adaptive sampler."""
+  queries: int          # Q: query slots (candidates per step)
+  catchup: int          # catch-up slots per pass (>= the largest step's commits - 1)
+  prefill: int          # slots of the prompt's prefill pass (0: none)
+  max_steps: int        # loop bound (T, or n - shortest prompt for ``threshold``)
+  candidates: int       # 0: every masked position; else C drawn at random per step
+  policy: str
+  threshold: float      # ``threshold`` policy only
+  cached: bool = True   # False: the uncached reference (full forward per step)
+
+
+def _candidates(masked_BxN, ckeys_B, q: int, subset: bool):
+  """Candidate positions and validity [B, Q]: the masked positions in ascending order, or (subset)
+  the Q masked positions with the largest per-position uniforms of the row's step key."""
+  n = masked_BxN.shape[1]
+  pos_N = jnp.arange(n, dtype=jnp.int32)
+  if subset:
+    u_BxN = position_uniforms(ckeys_B, jnp.broadcast_to(pos_N, masked_BxN.shape))
+    key_BxN = jnp.where(masked_BxN, u_BxN, -1.0)
+  else:
+    key_BxN = jnp.where(masked_BxN, (n - pos_N).astype(jnp.float32), -1.0)
+  top_BxQ, cand_BxQ = jax.lax.top_k(key_BxN, q)
+  return cand_BxQ.astype(jnp.int32), top_BxQ >= 0
+
+
+def _choose(scores_BxQ, cand_BxQ, valid_BxQ, count_B):
+  """Indices [B, Q] of the candidates in commit order (score descending, then position
+  ascending; non-candidates last) and how many are committed [B]."""
+  q = scores_BxQ.shape[1]
+  neg = jnp.where(valid_BxQ, -scores_BxQ.astype(jnp.float32), jnp.inf)
+  second = jnp.where(valid_BxQ, cand_BxQ, jnp.iinfo(jnp.int32).max)
+  idx_BxQ = jnp.broadcast_to(jnp.arange(q, dtype=jnp.int32), scores_BxQ.shape)
+  _, _, idx_BxQ = jax.lax.sort((neg, second, idx_BxQ), dimension=1, num_keys=2)
+  return idx_BxQ, jnp.minimum(count_B, jnp.sum(valid_BxQ, axis=1)).astype(jnp.int32)
+
+
+def policy_probs(logits, draw: Draw):
+  """float32 [..., V]: the distribution each token is drawn from (the softmax when greedy)."""
+  if draw.greedy:
+    return jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
+  x = tokens_lib.filter_logits(logits, temperature=draw.temperature, top_p=draw.top_p,
+                               top_p_rule=draw.top_p_rule)
+  return jax.nn.softmax(x, axis=-1).astype(jnp.float32)
+
+
+def _move_slot(cache, src_B, dst_B):
+  """Copies every layer's keys/values at cache index ``src`` to ``dst`` per row (dst out of
+  range: nothing)."""
+  b_B = jnp.arange(src_B.shape[0])
+  return tuple(tuple(c.at[b_B, :, dst_B].set(c[b_B, :, src_B], mode="drop") for c in kv)
+               for kv in cache)
+
+
+def _rank_block(order, tokens, rank_BxS, valid_BxS, tgt_BxS, write_BxS, lim_BxS, cache_len):
+  """Slot tokens, positions, targets, write indices and mask [B, S, K] of rank-slot copies."""
+  tok_BxS, pos_BxS = orders_lib.rank_slots(order, tokens, rank_BxS)
+  write_BxS = jnp.where(valid_BxS, write_BxS, cache_len).astype(jnp.int32)
+  lim_BxS = jnp.where(valid_BxS, lim_BxS, 0)
+  kk_1x1xK = jnp.arange(cache_len, dtype=jnp.int32)[None, None, :]
+  mask_BxSxK = (kk_1x1xK < lim_BxS[:, :, None]) | (kk_1x1xK == write_BxS[:, :, None])
+  return (tok_BxS, pos_BxS, jnp.where(valid_BxS, tgt_BxS, NO_TARGET).astype(jnp.int32),
+          write_BxS, mask_BxSxK)
+
+
+def sample_adaptive(model: AOGPT, order0, tokens0, prompt_len, tok_keys, counts, adapt_keys, *,
+                    shape: AdaptiveShape, draw: Draw):
+  """Traced body of the adaptive sampler. ``order0`` [B, n]: prompt positions first (ranks <
+  prompt_len; the rest is overwritten as positions are chosen); ``counts`` int32 [B, T] commits
+  per step (unused by ``threshold``); ``adapt_keys`` [B]. Returns (tokens [B, n], order [B, n]:
+  the position written at each rank, steps each row took [B], per-step query logits
+  [max_steps, B, Q, V] if ``draw.debug`` else None)."""
+  batch, n = order0.shape
+  q, c = shape.queries, shape.catchup
+  cache_len = n + q
+  policy = get(shape.policy)
+  rows_B = jnp.arange(batch)
+  ckeys_B = tokens_lib.stream(adapt_keys, CANDIDATE_STREAM)
+  skeys_B = tokens_lib.stream(adapt_keys, SCORE_STREAM)
+  m0_B = prompt_len.astype(jnp.int32)
+  in_prompt_BxN = jnp.zeros((batch, n), bool).at[rows_B[:, None], order0].set(
+      jnp.arange(n)[None, :] < m0_B[:, None])
+  masked0_BxN = ~in_prompt_BxN
+  cache = None
+  if shape.cached:
+    cache = model.init_cache(batch, cache_len)
+    if shape.prefill:
+      r_BxP = jnp.broadcast_to(jnp.arange(shape.prefill, dtype=jnp.int32), (batch, shape.prefill))
+      ok_BxP = r_BxP < m0_B[:, None]
+      tok, pos, tgt, write, mask = _rank_block(order0, tokens0, r_BxP, ok_BxP,
+                                               orders_lib.slot_target(order0, r_BxP), r_BxP,
+                                               r_BxP, cache_len)
+      _, cache = model.hidden_slots(tok, pos, tgt, mask=mask, cache=cache, write_index=write)
+  dbg = (jnp.zeros((shape.max_steps, batch, q, model.cfg.vocab_size), jnp.float32)
+         if draw.debug else None)
+
+  def query_logits(cache, order, tokens, m_B, prevk_B, cand_BxQ, valid_BxQ):
+    m_BxQ = jnp.broadcast_to(m_B[:, None], (batch, q))
+    if not shape.cached:      # the reference: every rank-slot and the queries, explicit mask
+      rank_BxN = orders_lib.all_ranks(order)
+      rtok, rpos = orders_lib.rank_slots(order, tokens, rank_BxN)
+      qtok, qpos = orders_lib.rank_slots(order, tokens, m_BxQ)
+      tok = jnp.concatenate([rtok, qtok], axis=1)
+      pos = jnp.concatenate([rpos, qpos], axis=1)
+      tgt = jnp.concatenate([order, jnp.where(valid_BxQ, cand_BxQ, NO_TARGET)], axis=1)
+      hidden, _ = model.hidden_slots(tok, pos, tgt.astype(jnp.int32),
+                                     mask=parallel_generation_mask(m_B, n, q))
+      return model.head(hidden[:, n:], tgt[:, n:].astype(jnp.int32)), cache
+    j_1xC = jnp.arange(c, dtype=jnp.int32)[None, :]
+    crank_BxC = (m_B - prevk_B + 1)[:, None] + j_1xC
+    cok_BxC = j_1xC < (prevk_B - 1)[:, None]
+    rank_BxS = jnp.concatenate([m_BxQ, crank_BxC], axis=1)
+    ok_BxS = jnp.concatenate([valid_BxQ, cok_BxC], axis=1)
+    tgt_BxS = jnp.concatenate([cand_BxQ, orders_lib.slot_target(order, crank_BxC)], axis=1)
+    write_BxS = jnp.concatenate(
+        [jnp.broadcast_to(n + jnp.arange(q, dtype=jnp.int32), (batch, q)), crank_BxC], axis=1)
+    tok, pos, tgt, write, mask = _rank_block(order, tokens, rank_BxS, ok_BxS, tgt_BxS, write_BxS,
+                                             rank_BxS, cache_len)
+    hidden, cache = model.hidden_slots(tok, pos, tgt, mask=mask, cache=cache, write_index=write)
+    return model.head(hidden[:, :q], tgt[:, :q]), cache
+
+  def cond(state):
+    i, _, _, _, masked_BxN = state[:5]
+    return (i < shape.max_steps) & jnp.any(masked_BxN)
+
+  def body(state):
+    i, cache, tokens_BxN, order_BxN, masked_BxN, m_B, prevk_B, steps_B, dbg = state
+    step_ckeys = jax.vmap(lambda k: jax.random.fold_in(k, i))(ckeys_B)
+    step_skeys = jax.vmap(lambda k: jax.random.fold_in(k, i))(skeys_B)
+    cand_BxQ, valid_BxQ = _candidates(masked_BxN, step_ckeys, q, shape.candidates > 0)
+    logits_BxQxV, cache = query_logits(cache, order_BxN, tokens_BxN, m_B, prevk_B, cand_BxQ,
+                                       valid_BxQ)
+    new_BxQ = tokens_lib.sample_tokens(
+        logits_BxQxV, tokens_lib.token_keys(tok_keys, cand_BxQ), temperature=draw.temperature,
+        top_p=draw.top_p, top_p_rule=draw.top_p_rule, greedy=draw.greedy)
+    probs_BxQxV = policy_probs(logits_BxQxV, draw)
+    scores_BxQ = policy(probs_BxQxV, new_BxQ, cand_BxQ, i, step_skeys)
+    if shape.policy == "threshold":
+      sure_B = jnp.sum(valid_BxQ & (jnp.max(probs_BxQxV, axis=-1) >= shape.threshold), axis=1)
+      count_B = jnp.maximum(sure_B, 1)
+    else:
+      count_B = jnp.where(i < counts.shape[1],
+                          counts[:, jnp.minimum(i, counts.shape[1] - 1)], 0)
+    idx_BxQ, k_B = _choose(scores_BxQ, cand_BxQ, valid_BxQ, count_B)
+    j_1xQ = jnp.arange(q, dtype=jnp.int32)[None, :]
+    take_BxQ = j_1xQ < k_B[:, None]
+    pos_BxQ = jnp.take_along_axis(cand_BxQ, idx_BxQ, axis=1)        # in commit order
+    tok_BxQ = jnp.take_along_axis(new_BxQ, idx_BxQ, axis=1)
+    at_BxQ = jnp.where(take_BxQ, pos_BxQ, n)
+    tokens_BxN = tokens_lib.commit_tokens(tokens_BxN, at_BxQ, tok_BxQ)
+    order_BxN = order_BxN.at[rows_B[:, None], jnp.where(take_BxQ, m_B[:, None] + j_1xQ, n)].set(
+        pos_BxQ, mode="drop")
+    masked_BxN = masked_BxN.at[rows_B[:, None], at_BxQ].set(False, mode="drop")
+    if shape.cached:      # the first chosen query IS rank-slot m: scratch n + j -> index m
+      cache = _move_slot(cache, n + idx_BxQ[:, 0], jnp.where(k_B > 0, m_B, cache_len))
+    if dbg is not None:
+      dbg = dbg.at[i].set(logits_BxQxV)
+    return (i + 1, cache, tokens_BxN, order_BxN, masked_BxN, m_B + k_B,
+            k_B, steps_B + (k_B > 0), dbg)
+
+  state = (jnp.int32(0), cache, tokens0, order0, masked0_BxN, m0_B, jnp.zeros_like(m0_B),
+           jnp.zeros_like(m0_B), dbg)
+  _, _, tokens_BxN, order_BxN, _, _, _, steps_B, dbg = jax.lax.while_loop(cond, body, state)
+  return tokens_BxN, order_BxN, steps_B, dbg
