@@ -39,8 +39,8 @@ TINY_BUDGET: dict[str, dict[str, Any]] = {
 MICRO: dict[str, Any] = {
     "model.n_layer": 1, "model.n_embd": 32, "model.n_head": 2, "model.target_dim": 8,
     "model.block_size": 32, "seq_len": 16, "batch_size": 8, "total_steps": 4,
-    "log_every": 1, "eval_every": 2, "checkpoint_every": 4, "optimizer.warmup_steps": 1,
-    "eval.batch_size": 8, "eval.train_max_blocks": 8, "checkpoint.keep": 1,
+    "log_every": 1, "eval_every": 2, "checkpoint_every": 2, "optimizer.warmup_steps": 1,
+    "eval.batch_size": 8, "eval.train_max_blocks": 8, "checkpoint.keep": 2,
 }
 
 MEDIUM: dict[str, Any] = {
