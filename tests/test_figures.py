@@ -246,3 +246,14 @@ def test_module_entry_point_dry_run(tmp_path):
       env={**__import__("os").environ, "PYTHONPATH": str(REPO)})
   assert out.returncode == 0, out.stderr
   assert out.stdout.count("20000 steps") == 4 and "H100" in out.stdout
+
+
+def test_a_run_folder_of_another_size_is_refused(tmp_path):
+  from aogpt_jax import config as config_lib
+  run = registry.RUNS["fig2/l2r"]
+  cfg = runs_lib.run_config(run, "micro")
+  (tmp_path / "config.json").write_text(json.dumps(
+      config_lib.resolved_dict(cfg, config_lib.resolve(cfg))))
+  runs_lib.check_same_run(tmp_path, cfg)      # the same run: resumes
+  with pytest.raises(ValueError, match="another config .*total_steps"):
+    runs_lib.check_same_run(tmp_path, runs_lib.run_config(run, "tiny"))

@@ -82,7 +82,7 @@ def check_same_run(workdir: str | pathlib.Path, cfg) -> None:
   if not path.exists():
     return
   old = json.loads(path.read_text(encoding="utf-8"))
-  new = json.loads(cfg.to_json())
+  new = config_lib.resolved_dict(cfg, config_lib.resolve(cfg))   # as the trainer writes it
   diff = sorted(k for k in ("seq_len", "batch_size", "total_steps", "model", "order",
                             "optimizer", "objective") if old.get(k) != new.get(k))
   if diff:
