@@ -39,9 +39,13 @@ def _corpus(tmp: pathlib.Path) -> pathlib.Path:
   return out
 
 
+def _data(tmp: pathlib.Path) -> dict:
+  return {"glob": str(_corpus(tmp)), "txt_rows": "line", "cache_dir": str(tmp / "cache")}
+
+
 def _common(tmp: pathlib.Path, work: pathlib.Path) -> list[str]:
-  return ["--size=micro", f"--workdir={work}", f"--data.glob={_corpus(tmp)}",
-          "--data.txt_rows=line", f"--data.cache_dir={tmp / 'cache'}"]
+  return ["--size=micro", f"--workdir={work}",
+          *(f"--data.{k}={v}" for k, v in _data(tmp).items())]
 
 
 def _variants_of(config: str) -> dict:
@@ -117,12 +121,12 @@ def test_finished_runs_are_only_drawn_with_their_metrics(tmp_path, monkeypatch, 
     rows[3].update({"eval/loss_l2r": 4.25 + i, "eval/loss_random": 4.375 + i})
     _fake_finished(work, key, rows)
   monkeypatch.setattr(runs_lib, "train", lambda *a: pytest.fail("a finished run was trained"))
-  cli.run(["fig2", "--size=micro", f"--workdir={work}", "--dry-run"])
+  cli.run(["fig2", *_common(tmp_path, work), "--dry-run"])
   states = [ln.split()[2] for ln in capsys.readouterr().out.splitlines()
             if ln.startswith("  run ")]
   assert states == ["finished", "finished"]
-  paths = cli.run(["fig2", "--size=micro", f"--workdir={work}"])["fig2"]
-  _check_curves("fig2", work, paths)
+  paths = cli.run(["fig2", *_common(tmp_path, work)])["fig2"]
+  _check_curves("fig2", work, paths, _data(tmp_path))
   assert paths["png"].stat().st_size > 0 and paths["svg"].exists()
 
 
@@ -143,9 +147,14 @@ def _md_tables(text: str) -> list[dict]:
            for j, h in enumerate(t["header"]) if j} for t in tables]
 
 
+def _close(a, b) -> bool:
+  return len(a) == len(b) and all(math.isclose(u, v, rel_tol=1e-9) for u, v in zip(a, b))
+
+
 def _check_lines(paths, expected: list[list[tuple[str, list, list]]]) -> None:
   """The Figure's Line2D data, the JSON and the Markdown beside the PNG all hold ``expected``
-  (per panel: (label, x, y))."""
+  (per panel: (label, x, y); y to float rounding: the metrics' own values, and an entropy
+  summed in another order)."""
   fig = paths["figure"]
   data = json.loads(paths["json"].read_text())
   tables = _md_tables(paths["md"].read_text())
@@ -155,21 +164,40 @@ def _check_lines(paths, expected: list[list[tuple[str, list, list]]]) -> None:
     assert [ln.get_label() for ln in lines] == [w[0] for w in want]
     for ln, jl, (label, x, y) in zip(lines, panel["lines"], want):
       assert len(x) > 0
-      assert list(ln.get_xdata()) == x and list(ln.get_ydata()) == y, label
-      assert jl["x"] == x and jl["y"] == y
+      assert list(ln.get_xdata()) == x and _close(list(ln.get_ydata()), y), label
+      assert jl["x"] == x and _close(jl["y"], y)
       assert sorted(table[label]) == sorted(float(v) for v in x)
       for xv, yv in zip(x, y):   # the table rounds to 4 significant digits
         assert math.isclose(table[label][float(xv)], yv, rel_tol=1e-3), (label, xv)
 
 
-def _check_curves(name: str, work: pathlib.Path, paths) -> None:
-  """Every curve of a training figure is its run's metrics.jsonl, read here independently."""
+def _unigram(cfg) -> float:
+  """Entropy of the byte counts of the held-out blocks the trainer scores."""
+  import collections
+  from aogpt_jax import data as data_lib
+  counts = collections.Counter()
+  for b in data_lib.eval_batches(cfg.data, split="validation", seq_len=cfg.seq_len,
+                                 global_batch_size=8, max_blocks=cfg.eval.train_max_blocks):
+    for row, w in zip(b["tokens"].tolist(), b["weight"].tolist()):
+      if w > 0:
+        counts.update(row)
+  total = sum(counts.values())
+  return -sum(c / total * math.log(c / total) for c in counts.values())
+
+
+def _check_curves(name: str, work: pathlib.Path, paths, data: dict) -> None:
+  """Every curve of a training figure is its run's metrics.jsonl, read here independently, and
+  the dotted line the held-out blocks' unigram entropy."""
+  fig = registry.FIGURES[name]
+  h = _unigram(runs_lib.run_config(registry.RUNS[fig.runs[0]], "micro", data))
   expected = []
-  for p in registry.FIGURES[name].panels:
+  for p in fig.panels:
     panel = []
     for c in p.curves:
       rows = [r for r in _metrics(work / c.run / "metrics.jsonl") if c.metric in r]
       panel.append((c.label, [r["step"] for r in rows], [r[c.metric] for r in rows]))
+    steps = [s for _, x, _ in panel for s in x]
+    panel.append((cli.UNIGRAM, [min(steps), max(steps)], [h, h]))
     expected.append(panel)
   _check_lines(paths, expected)
 
@@ -179,7 +207,7 @@ def test_micro_fig3b_and_fig4_train_draw_and_resume(tmp_path, monkeypatch):
   work = tmp_path / "work"
   args = ["fig3b", "fig4", *_common(tmp_path, work)]
   paths = cli.run(args)
-  _check_curves("fig3b", work, paths["fig3b"])
+  _check_curves("fig3b", work, paths["fig3b"], _data(tmp_path))
   for key in registry.FIGURES["fig3b"].runs:      # the runs went to their full length
     assert max(r["step"] for r in _metrics(work / key / "metrics.jsonl")) == 4
   res = json.loads((work / "fig4" / "eval" / "fig4.json").read_text())["datasets"]["heldout"]
@@ -196,7 +224,7 @@ def test_micro_fig3b_and_fig4_train_draw_and_resume(tmp_path, monkeypatch):
   first = _metrics(work / "fig3b/uniform/metrics.jsonl")
   monkeypatch.setattr(runs_lib, "train", lambda *a: pytest.fail("a finished run was trained"))
   again = cli.run(args)
-  _check_curves("fig3b", work, again["fig3b"])
+  _check_curves("fig3b", work, again["fig3b"], _data(tmp_path))
   assert json.loads(again["fig4"]["json"].read_text())["panels"] == \
       json.loads(paths["fig4"]["json"].read_text())["panels"]
   monkeypatch.undo()
@@ -216,7 +244,7 @@ def test_micro_fig3b_and_fig4_train_draw_and_resume(tmp_path, monkeypatch):
     for k in ("eval/loss_l2r", "eval/loss_random"):
       if k in b:
         assert math.isclose(a[k], b[k], rel_tol=1e-5), (a["step"], k)
-  _check_curves("fig3b", work, resumed["fig3b"])
+  _check_curves("fig3b", work, resumed["fig3b"], _data(tmp_path))
 
 
 @pytest.mark.slow

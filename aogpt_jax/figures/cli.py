@@ -20,6 +20,9 @@ from aogpt_jax.figures import runs as runs_lib
 from aogpt_jax.figures import sizes
 
 
+UNIGRAM = "unigram entropy of the held-out blocks"
+
+
 def parse(argv: list[str]) -> tuple[argparse.Namespace, dict[str, str]]:
   ap = argparse.ArgumentParser(
       prog="python -m aogpt_jax.figures",
@@ -102,11 +105,16 @@ def figure_data(name: str, args, planned, argv) -> dict[str, Any]:
   by_key = {run.key: (cfg, wd) for run, cfg, wd in planned}
   if spec.kind == "curves":
     panels = []
+    unigram = runs_lib.unigram_entropy(by_key[spec.runs[0]][0])
     for p in spec.panels:
       lines = []
       for c in p.curves:
         x, y = runs_lib.series(by_key[c.run][1], c.metric)
         lines.append({"label": c.label, "run": c.run, "metric": c.metric, "x": x, "y": y})
+      xs = [x for line in lines for x in line["x"]]
+      if xs:
+        lines.append({"label": UNIGRAM, "x": [min(xs), max(xs)], "y": [unigram] * 2,
+                      "style": ":"})
       panels.append({"title": p.title, "xlabel": "step", "ylabel": p.ylabel, "lines": lines})
   elif spec.kind == "ensemble":
     cfg, wd = by_key[spec.runs[0]]

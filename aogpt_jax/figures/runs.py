@@ -127,6 +127,24 @@ def train(cfg, workdir: str | pathlib.Path) -> dict[str, float]:
   return out
 
 
+def unigram_entropy(cfg) -> float:
+  """Entropy (nats) of the token frequencies of the held-out blocks the trainer scores (the first
+  ``eval.train_max_blocks`` of ``eval.split``): the lowest loss a model that ignores every other
+  token could reach on them. A loss curve that stays at it has learned nothing of context."""
+  import numpy as np
+  from aogpt_jax import data as data_lib
+  counts = np.zeros(0, np.int64)
+  for b in data_lib.eval_batches(cfg.data, split=cfg.eval.split, seq_len=cfg.seq_len,
+                                 global_batch_size=cfg.eval.batch_size or cfg.batch_size,
+                                 max_blocks=cfg.eval.train_max_blocks):
+    toks = np.asarray(b["tokens"])[np.asarray(b["weight"]) > 0].ravel()
+    c = np.bincount(toks)
+    counts = np.pad(counts, (0, max(0, len(c) - len(counts))))
+    counts[:len(c)] += c
+  p = counts[counts > 0] / counts.sum()
+  return float(-(p * np.log(p)).sum())
+
+
 def series(workdir: str | pathlib.Path, metric: str) -> tuple[list[int], list[float]]:
   """(steps, values) of ``metric`` in the run's metrics.jsonl, in step order."""
   pts = sorted((r["step"], float(r[metric])) for r in read_metrics(workdir) if metric in r)

@@ -29,11 +29,11 @@ TINY_COMMON: dict[str, Any] = {
 }
 TINY_BUDGET: dict[str, dict[str, Any]] = {
     # figure: overrides (steps, evaluation and checkpoint cadence)
-    "fig2": {"total_steps": 1200, "eval_every": 150, "checkpoint_every": 300},
-    "fig3a": {"total_steps": 1200, "eval_every": 150, "checkpoint_every": 300},
-    "fig3b": {"total_steps": 1200, "eval_every": 150, "checkpoint_every": 300},
-    "fig7": {"total_steps": 600, "eval_every": 100, "checkpoint_every": 300},
-    "fig8": {"total_steps": 600, "eval_every": 100, "checkpoint_every": 300},
+    "fig2": {"total_steps": 1000, "eval_every": 125, "checkpoint_every": 250},
+    "fig3a": {"total_steps": 1000, "eval_every": 125, "checkpoint_every": 250},
+    "fig3b": {"total_steps": 1000, "eval_every": 125, "checkpoint_every": 250},
+    "fig7": {"total_steps": 500, "eval_every": 100, "checkpoint_every": 250},
+    "fig8": {"total_steps": 500, "eval_every": 100, "checkpoint_every": 250},
 }
 
 MICRO: dict[str, Any] = {
@@ -90,7 +90,7 @@ class TimingSize:
 
 TIMING = {
     "micro": TimingSize("tiny", {"n_layer": 1, "n_embd": 32, "n_head": 2, "target_dim": 8,
-                                 "block_size": 32}, 16, 2, (2, 4, 8, 16), 1),
+                                 "block_size": 32}, 16, 2, (2, 8), 1),
     "tiny": TimingSize("tiny", {}, 128, 8, (8, 16, 32, 64, 128), 3),
     "small": TimingSize("small", {}, 1024, 32, (64, 128, 256, 512, 1024), 3, "bfloat16"),
     "medium": TimingSize("medium", {}, 1024, 32, (64, 128, 256, 512, 1024), 3, "bfloat16"),
