@@ -38,6 +38,10 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, dict[str, str]]:
   ap.add_argument("--workdir", required=True, help="runs go to WORKDIR/FIGURE/VARIANT")
   ap.add_argument("--out", default="",
                   help="folder of the pictures and tables (default: WORKDIR/FIGURE)")
+  ap.add_argument("--judge", default="",
+                  help="table1: a local GPT-2 (Large) folder or hf:OWNER/REPO from the local "
+                       "cache to score the samples (GPT-2-tokenized runs only); default: the "
+                       "L2R run fig2/l2r judges")
   ap.add_argument("--dry-run", action="store_true",
                   help="list the runs, their state and estimated cost; train nothing")
   ap.add_argument("--verbose", action="store_true", help="show tracebacks on errors")
@@ -87,6 +91,11 @@ def dry_run(args, names, planned) -> None:
       total += c["seconds"]
     print(f"  run {run.key:22s} {state:28s} {runs_lib.format_cost(c)}")
   for n in names:
+    if n == "table1":
+      g = sizes.GENPPL[args.size]
+      print(f"  table1: {g.num_samples} samples x {g.length} tokens of fig3b/mixture_10 at T in "
+            f"{list(g.steps)} and 3 annealing settings, judged by "
+            f"{args.judge or 'the L2R run fig2/l2r'}")
     if n == "fig4":
       es = sizes.ENSEMBLE[args.size]
       print(f"  fig4: ensembles M = 1..{es.max_m} of {registry.FIGURES['fig4'].runs[0]} over "
@@ -120,6 +129,10 @@ def figure_data(name: str, args, planned, argv) -> dict[str, Any]:
     cfg, wd = by_key[spec.runs[0]]
     res = extras.ensemble(wd, cfg, work / name, sizes.ENSEMBLE[args.size])
     panels = extras.ensemble_panels(res)
+  elif spec.kind == "genppl":
+    (cfg, wd), (_, judge_wd) = by_key[spec.runs[0]], by_key[spec.runs[1]]
+    res = extras.genppl(wd, judge_wd, args.judge, cfg, work / name, sizes.GENPPL[args.size])
+    panels = extras.genppl_panels(res)
   elif spec.kind == "timing":
     panels = extras.timing_panels(extras.timing(work / name, sizes.TIMING[args.size]))
   else:

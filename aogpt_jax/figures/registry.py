@@ -45,6 +45,7 @@ class Figure:
   name: str
   title: str
   kind: str                     # curves (training metrics) | ensemble (Fig. 4) | timing (Fig. 5)
+                                # | genppl (Table 1)
   runs: tuple[str, ...]         # run keys it needs trained
   finding: str                  # the paper's finding it tests
   panels: tuple[Panel, ...] = ()
@@ -113,6 +114,13 @@ FIGURES: dict[str, Figure] = {f.name: f for f in (
         "Findings 7 / 8.1: the KV-cached AO-GPT sampler's time is nearly flat in the number "
         "of steps T; the encoder-only MDM's grows linearly in T; AR decoding is one line."),
     Figure(
+        "table1", "Table 1 analogue: generation quality against steps", "genppl",
+        ("fig3b/mixture_10", "fig2/l2r"),
+        "Generative perplexity of AO-GPT samples against the number of steps T at the three "
+        "annealing settings (top-p / temperature 1.0/1.0, 0.95/0.9, 0.95/0.7), judged by GPT-2 "
+        "Large when given (--judge) or else by the L2R run, always with the samples' unigram "
+        "entropy (low perplexity with low entropy means repetitive samples)."),
+    Figure(
         "fig7", "Figure 7: target-position injection", "curves",
         tuple(f"fig7/{v}" for v in _INJECTION),
         "adaLN in every block gives the lowest any-order loss of the four injections.",
@@ -141,7 +149,7 @@ def resolve_names(names: list[str]) -> list[str]:
     if n == "all":
       out += list(FIGURES)
       continue
-    key = n if n in FIGURES else f"fig{n}"
+    key = n if n in FIGURES else f"fig{n}" if f"fig{n}" in FIGURES else f"table{n}"
     if key not in FIGURES:
       raise ValueError(f"FIGURE: {n!r} is not a figure; expected all or one of "
                        f"{', '.join(FIGURES)}")

@@ -95,3 +95,17 @@ TIMING = {
     "small": TimingSize("small", {}, 1024, 32, (64, 128, 256, 512, 1024), 3, "bfloat16"),
     "medium": TimingSize("medium", {}, 1024, 32, (64, 128, 256, 512, 1024), 3, "bfloat16"),
 }
+
+
+@dataclasses.dataclass(frozen=True)
+class GenPPLSize:
+  """The Table 1 analogue: ``num_samples`` samples of ``length`` tokens at each number of steps
+  and each of the paper's three (top-p, temperature) settings."""
+  length: int
+  steps: tuple[int, ...]
+  num_samples: int
+
+
+GENPPL = {"micro": GenPPLSize(16, (2, 8), 2), "tiny": GenPPLSize(64, (8, 16, 32, 64), 16),
+          "small": GenPPLSize(1024, (64, 128, 256, 512, 1024), 64),
+          "medium": GenPPLSize(1024, (64, 128, 256, 512, 1024), 64)}
