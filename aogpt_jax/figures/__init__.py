@@ -12,7 +12,8 @@ Each figure is written as WORKDIR/FIGURE/FIGURE.png and .svg (matplotlib, ``pip 
   registry.py  the figures: their runs (configs/experiments/ + variant) and what they plot
   sizes.py     --size: micro (tests), tiny (CPU; the `TINY_BUDGET` table), small, medium
   runs.py      configs at a size, finished or not, estimated cost, training, metrics.jsonl
-  extras.py    Figure 4 (ensemble perplexity against M) and Figure 5 (sampling time against T)
+  extras.py    Figure 4 (ensemble perplexity against M), Figure 5 (sampling time against T) and
+               the Table 1 analogue (generative perplexity and entropy against T)
   draw.py      the matplotlib figure, PNG/SVG, and the Markdown/JSON of the plotted numbers
   cli.py       the command
 """
