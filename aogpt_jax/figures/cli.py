@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import logging
+import os
 import pathlib
 import platform
 import shlex
@@ -60,11 +61,12 @@ def _command(argv: list[str]) -> str:
 
 
 def _machine() -> str:
-  import os
   return f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPU cores"
 
 
-def plan(args, data: dict[str, str]) -> tuple[list[str], list[tuple[registry.Run, Any, pathlib.Path]]]:
+def plan(args, data: dict[str, str]
+         ) -> tuple[list[str], list[tuple[registry.Run, Any, pathlib.Path]]]:
+  """The figures asked for and (run, config, run folder) of every run they need."""
   names = registry.resolve_names(args.figures)
   work = pathlib.Path(args.workdir)
   planned = []
@@ -78,7 +80,7 @@ def _state(cfg, wd: pathlib.Path) -> str:
   if runs_lib.is_finished(wd, cfg):
     return "finished"
   steps = [r["step"] for r in runs_lib.read_metrics(wd)]
-  return f"partial (resumes near step {max(steps)})" if steps else "new"
+  return f"partial (logged to step {max(steps)})" if steps else "new"
 
 
 def dry_run(args, names, planned) -> None:
@@ -105,7 +107,8 @@ def dry_run(args, names, planned) -> None:
       print(f"  fig5: samplers timed at preset {ts.preset}, {ts.batch} x {ts.length} tokens, "
             f"T in {list(ts.steps)}, best of {ts.repeats}")
   when = f"{total / 60:.1f} min" if total < 3 * 3600 else f"{total / 3600:.1f} h"
-  print(f"training still to do: ~{when} (estimate; Figures 4 and 5 add minutes at tiny size)")
+  print(f"training still to do: ~{when} (estimate; Figures 4, 5 and table1 add minutes at "
+        f"tiny size)")
 
 
 def figure_data(name: str, args, planned, argv) -> dict[str, Any]:

@@ -3,7 +3,8 @@ configs/experiments/), the curves it draws from their metrics.jsonl, and the fin
 
 A run is named ``FIGURE/VARIANT`` and lives in WORKDIR/FIGURE/VARIANT; a figure may draw a run
 another figure owns (Figure 3a's L2R line is Figure 2's L2R run), which then trains once. Figures
-4 and 5 are computed (`aogpt_jax.figures.extras`) rather than read from training metrics.
+4 and 5 and the Table 1 analogue are computed (`aogpt_jax.figures.extras`) rather than read from
+training metrics.
 """
 
 from __future__ import annotations
