@@ -20,7 +20,8 @@ Code (slow, each in a subprocess on CPU):
     and their config resolved and checked (`config.resolve`, the sample settings for
     `--mode=sample`) without running the mode; `aogpt_jax.data.prepare` and `convert import`
     parse their arguments and resolve the data config with the work function replaced by a
-    no-op; `aogpt_jax.evaluation.lmeval` is checked against the harness's `run --help` (every
+    no-op; `aogpt_jax.figures` runs with `--dry-run` (every run's config resolved, nothing
+    trained); `aogpt_jax.evaluation.lmeval` is checked against the harness's `run --help` (every
     flag the command uses is listed). The paper-commands block is run in full by test_paper_commands.py.
 """
 
@@ -222,6 +223,11 @@ def _check(argv, root, env):
     _run([sys.executable, "-c", _VALIDATE_MAIN] + _local(argv, root)[3:], root, env, 300)
   elif mod in ("aogpt_jax.data.prepare", "aogpt_jax.checkpoints.convert"):
     _run([sys.executable, "-c", _VALIDATE_ARGPARSE, mod] + _local(argv, root)[3:], root, env, 300)
+  elif mod == "aogpt_jax.figures":
+    # --dry-run: every run's config resolved and listed, nothing trained
+    out = _run([sys.executable, "-m", mod] + _local(argv, root)[3:] + ["--dry-run"], root, env,
+               300).stdout
+    assert "training still to do" in out, out[-2000:]
   elif mod == "aogpt_jax.evaluation.lmeval":
     pytest.importorskip("lm_eval")
     # the harness's `run` subcommand (inserted when no command is given, as in the docs)
