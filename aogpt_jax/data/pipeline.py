@@ -18,6 +18,7 @@ the error names the exact command that prepares it.
 from __future__ import annotations
 
 import logging
+import multiprocessing
 import os
 import pathlib
 import threading
@@ -109,7 +110,8 @@ def die_with_parent(worker_index: int = 0, worker_count: int = 0, poll: float = 
   killed with kill -9 leaves no worker behind, re-parented to PID 1). A daemon thread watches
   the parent id; grain calls this first in every worker (``worker_init_fn``)."""
   del worker_index, worker_count
-  parent = os.getppid()
+  started_by = multiprocessing.parent_process()   # spawn/forkserver children know it
+  parent = started_by.pid if started_by is not None else os.getppid()
 
   def watch():
     while os.getppid() == parent:

@@ -50,7 +50,7 @@ def content_options(data_cfg) -> dict[str, Any]:
 def source_key(data_cfg) -> str:
   name = get(data_cfg, "source")
   opts = content_options(data_cfg)
-  defaults = {k: DEFAULTS[k] for k in opts}
+  defaults = {k: DEFAULTS.get(k) for k in opts}
   if opts == defaults and name != "text_files":
     return name
   digest = hashlib.sha256(json.dumps(opts, sort_keys=True).encode()).hexdigest()[:10]

@@ -7,9 +7,11 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Mapping
 
+import jax
 from ml_collections import config_dict
 
 from aogpt_jax import config_groups
+from aogpt_jax.errors import one_line
 from aogpt_jax.evaluation import ensembles as ens_lib
 from aogpt_jax.model import orders as orders_lib
 
@@ -52,8 +54,10 @@ class EvalSettings:
       raise ValueError(f"eval.num_orders must be >= 1, got {self.num_orders}")
     try:
       orders_lib.check_kwargs(self.order, dict(self.order_kwargs))
-    except ValueError as e:
-      raise ValueError(f"eval.order / eval.order_kwargs: {e}") from None
+      # the values too (a string where a number goes), on a tiny draw, before anything compiles
+      orders_lib.sample(self.order, jax.random.key(0), 1, 8, **dict(self.order_kwargs))
+    except (ValueError, TypeError) as e:
+      raise ValueError(f"eval.order / eval.order_kwargs: {one_line(e)}") from None
     if self.slots_per_call < 0:
       raise ValueError(f"eval.slots_per_call must be >= 0 (0: the backend's default), got "
                        f"{self.slots_per_call}")
