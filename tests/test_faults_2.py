@@ -322,8 +322,10 @@ def test_metrics_of_a_run_killed_before_its_first_save_are_dropped(cache_dir, tm
   work.mkdir()
   (work / "metrics.jsonl").write_text('{"step": 2, "train/loss": 9.0}\n')
   train_loop.train(tiny_config(cache_dir, **dict(RUN, total_steps=2)), str(work))
-  steps = [json.loads(x)["step"] for x in (work / "metrics.jsonl").read_text().splitlines()]
-  assert steps == [2]
+  lines = [json.loads(x) for x in (work / "metrics.jsonl").read_text().splitlines()]
+  assert lines and all(x["step"] == 2 for x in lines)
+  assert not [x for x in lines if x.get("train/loss") == 9.0], "the killed run's line stayed"
+  assert sum("train/loss" in x for x in lines) == 1
 
 
 @pytest.mark.slow
@@ -336,7 +338,7 @@ def test_failed_save_is_one_error_naming_step_and_folder(cache_dir, trained, tmp
   monkeypatch.setattr(checkpoint_lib.ocp.CheckpointManager, "save", full)
   with pytest.raises(checkpoint_lib.CheckpointSaveError,
                      match=rf"checkpoint: saving step 6 to {work}/checkpoints failed \(No space "
-                           rf"left on device\).* 4 is the newest"):
+                           rf"left on device\).*\(4 is the newest"):
     train_loop.train(tiny_config(cache_dir, **dict(RUN, total_steps=6, checkpoint_every=6)),
                      str(work))
 
