@@ -428,3 +428,30 @@ def test_interrupted_eval_keeps_the_finished_datasets(cache_dir, trained, tmp_pa
   saved = json.loads((work / "eval" / "partial.json").read_text())
   assert list(saved["datasets"]) == ["first"] and saved["complete"] is False
   assert saved["datasets"]["first"]["l2r"]["tokens"] > 0
+
+
+def test_flat_folder_asked_for_other_weights_warns_and_records_them(tmp_path, caplog):
+  from flax import nnx
+  from aogpt_jax.checkpoints import spec as checkpoint_spec
+  from aogpt_jax.model import aogpt as model_lib
+  m = model_lib.AOGPT(model_lib.preset("tiny", n_layer=1, n_embd=32, n_head=2, target_dim=8,
+                                       block_size=16, vocab_size=264, valid_vocab_size=257),
+                      rngs=nnx.Rngs(0))
+  folder = str(tmp_path / "flat")
+  convert.export_safetensors(m, folder, meta={"which": "params", "iter_num": 3})
+  caplog.set_level("WARNING")
+  _, _, prov = checkpoint_spec.load(folder, "ema")
+  assert prov["weights"] == "params"
+  assert "holds the params weights only, not ema as asked" in caplog.text
+
+
+@pytest.mark.slow
+def test_garbage_genppl_scorer_is_one_line_naming_the_key(cache_dir, trained, tmp_path):
+  work = _copy(trained, tmp_path)
+  scorer = tmp_path / "scorer"
+  scorer.mkdir()
+  (scorer / "config.json").write_text(json.dumps({"n_embd": 8}))
+  (scorer / "model.safetensors").write_bytes(b"\x00garbage" * 10)
+  with pytest.raises(ConfigError, match=r"^genppl.scorer: .*scorer"):
+    modes.genppl_mode(tiny_config(cache_dir, genppl__scorer=str(scorer)), str(work))
+  assert not (work / "samples").exists() or not list((work / "samples").iterdir())
