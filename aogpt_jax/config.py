@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from typing import Any
 
 import jax
@@ -281,8 +282,9 @@ def resolve(cfg) -> model_lib.ModelConfig:
 
   o = cfg.optimizer
   for key in ("lr", "b1", "b2", "eps", "weight_decay", "min_lr_ratio", "grad_clip"):
-    if not isinstance(o[key], (int, float)) or o[key] < 0:
-      _fail(f"optimizer.{key}", f"must be a number >= 0, got {o[key]!r}")
+    if (not isinstance(o[key], (int, float)) or isinstance(o[key], bool)
+        or not math.isfinite(o[key]) or o[key] < 0):
+      _fail(f"optimizer.{key}", f"must be a finite number >= 0, got {o[key]!r}")
   for key in ("b1", "b2", "min_lr_ratio"):
     if o[key] > 1:
       _fail(f"optimizer.{key}", f"must be <= 1, got {o[key]}")
@@ -303,7 +305,15 @@ def resolve(cfg) -> model_lib.ModelConfig:
   rules(cfg)
   if cfg.eval.split == "train":
     _fail("eval.split", "held-out evaluation must not use the training split")
+  check_data(cfg)
   return mc
+
+
+def check_data(cfg) -> None:
+  """The ``data`` values checked before anything is read (a one-line ConfigError)."""
+  f = cfg.data.get("validation_fraction", 0.0)
+  if not isinstance(f, (int, float)) or isinstance(f, bool) or not 0 <= f < 1:
+    _fail("data.validation_fraction", f"must be a number in [0, 1), got {f!r}")
 
 
 def order_kwargs(cfg) -> dict[str, Any]:

@@ -26,6 +26,7 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from aogpt_jax import config as config_lib
+from aogpt_jax.errors import _root, one_line  # noqa: F401 - shared by every CLI
 from aogpt_jax import modes
 from aogpt_jax.train import loop as train_loop
 from aogpt_jax.train import sharding as sharding_lib
@@ -59,25 +60,6 @@ class _QuietLibraries:
   def filter(self, record) -> bool:
     return record.levelno >= std_logging.WARNING or not any(
         f"/{lib}/" in record.pathname for lib in ("orbax", "grain"))
-
-
-def _root(e: BaseException) -> BaseException:
-  """What went wrong under the layers that re-raised it: the exception of the chain that says
-  "did you mean", else the innermost cause."""
-  seen, chain = set(), []
-  while e is not None and id(e) not in seen:
-    seen.add(id(e))
-    chain.append(e)
-    e = e.__cause__ or e.__context__
-  hinted = [x for x in chain if "did you mean" in str(x).lower()]
-  return hinted[0] if hinted else chain[-1]
-
-
-def one_line(e: BaseException) -> str:
-  """``e``'s message on one line (KeyError's "did you mean" included)."""
-  msg = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
-  msg = "; ".join(line.strip() for line in str(msg).splitlines() if line.strip())
-  return f"{type(e).__name__}: {msg}" if msg else type(e).__name__
 
 
 def _verbose(argv) -> bool:

@@ -28,6 +28,7 @@ from aogpt_jax.checkpoints import store as checkpoint_lib
 from aogpt_jax.config import ConfigError
 from aogpt_jax.model import objectives
 from aogpt_jax.sampling import write as sample_write
+from aogpt_jax.train import workdir as workdir_lib
 
 EVAL_SETTINGS = tuple(f.name for f in dataclasses.fields(evaluation.EvalSettings))
 
@@ -40,15 +41,30 @@ def _split_of(name: str, cfg) -> str:
   return name
 
 
+def read_run_config(workdir: str) -> dict | None:
+  """WORKDIR/config.json (None if absent); a truncated or foreign file is a one-line error
+  naming it."""
+  path = os.path.join(workdir, "config.json")
+  if not os.path.exists(path):
+    return None
+  try:
+    with open(path) as f:
+      run = json.load(f)
+  except (json.JSONDecodeError, UnicodeDecodeError) as err:
+    raise ConfigError(f"--workdir: {path} is not valid JSON ({err}); it is not a run's "
+                      f"config.json (truncated?)") from None
+  if not isinstance(run, dict) or not isinstance(run.get("model"), dict):
+    raise ConfigError(f"--workdir: {path} has no 'model' entry; it is not a run's config.json")
+  return run
+
+
 def _check_run(cfg, workdir: str, key: str) -> None:
   """The tokenizer and objective asked for must be the run's (from WORKDIR/config.json); ``key``
   is the mode's setting that picks the model kind (sample.method or eval.model_kind)."""
-  path = os.path.join(workdir, "config.json")
-  if not os.path.exists(path):
+  run = read_run_config(workdir)
+  if run is None:
     return                        # load_model reports the missing run
-  with open(path) as f:
-    run = json.load(f)
-  valid = run["model"]["valid_vocab_size"]
+  valid = run["model"].get("valid_vocab_size")
   tok = data.get_tokenizer(cfg.data.tokenizer)
   if tok.vocab_size != valid:
     raise ConfigError(f"data.tokenizer: {cfg.data.tokenizer!r} has {tok.vocab_size} ids but the "
@@ -59,6 +75,57 @@ def _check_run(cfg, workdir: str, key: str) -> None:
     raise ConfigError(f"{key}: the run in {workdir} trained {trained.description}; {key} must "
                       f"be one of {trained.follows(key)}, got {value!r} (use the run's config "
                       f"file)")
+
+
+# What fixes the content of the "heldout" dataset: it must be the run's unless eval.data says
+# otherwise.
+HELDOUT_KEYS = ("data.source", "data.path", "data.glob", "data.validation_glob",
+                "data.text_field", "data.txt_rows", "data.detokenizer",
+                "data.validation_fraction", "eval.split", "seq_len")
+
+
+def _check_heldout(cfg, workdir: str) -> None:
+  """eval.data="" (the default): the "heldout" dataset must be the run's held-out split (the
+  run's data source, split and sequence length); eval.data="config" scores this config's data
+  even where it differs from the run's."""
+  mode = str(cfg.eval.get("data", "") or "")
+  if mode not in ("", "config"):
+    raise ConfigError(f"eval.data: expected '' (the run's held-out data) or 'config' (this "
+                      f"config's data group, eval.split and seq_len), got {mode!r}")
+  run = read_run_config(workdir)
+  if mode or run is None:
+    return
+  ours, theirs = config_lib.flatten(json.loads(cfg.to_json())), config_lib.flatten(run)
+  for key in HELDOUT_KEYS:
+    if key in theirs and ours.get(key) != theirs[key]:
+      raise ConfigError(f"{key}: the run in {workdir} has {key}={theirs[key]!r} but this eval "
+                        f"asks {ours.get(key)!r}: its 'heldout' would not be the run's held-out "
+                        f"data; use the run's config file, or set eval.data=config to score "
+                        f"this config's data")
+
+
+def _data_meta(cfg) -> dict:
+  """The data settings an output was made with (recorded in its JSON)."""
+  return {"source": str(cfg.data.source), "tokenizer": str(cfg.data.tokenizer),
+          "seq_len": int(cfg.seq_len), "config": cfg.data.to_dict()}
+
+
+def _eval_data_meta(cfg, names) -> dict:
+  """What each dataset of an evaluation is (recorded in its JSON)."""
+  return {"data": {**_data_meta(cfg), "eval.data": str(cfg.eval.get("data", "")),
+                   "split": str(cfg.eval.split),
+                   "datasets": {n: _split_of(n, cfg) for n in names}}}
+
+
+def _check_output(cfg, workdir: str, checkpoint: str, key: str, folder: str) -> None:
+  """Before loading anything: the output name is a plain name, the run exists (nothing is
+  created in a workdir that holds no run), and WORKDIR/FOLDER is writable."""
+  group, name = key.split(".")
+  workdir_lib.check_name(cfg[group][name], key)
+  if not checkpoint and not os.path.isdir(os.path.join(workdir, "checkpoints")):
+    raise FileNotFoundError(f"--workdir: no run in {workdir} (no checkpoints/ folder); pass the "
+                            f"workdir of a trained run, or --checkpoint=SPEC")
+  checkpoint_lib.check_writable(os.path.join(workdir, folder), "--workdir")
 
 
 def eval_order_kwargs(cfg) -> dict:
@@ -97,14 +164,23 @@ def eval_mode(cfg, workdir: str, checkpoint: str = "") -> dict:
         "model_kind": config_lib.objective_value(cfg, "eval.model_kind")})
   except ValueError as err:
     raise ConfigError(str(err) if str(err).startswith("eval") else f"eval: {err}") from None
-  if not checkpoint:
-    _check_run(cfg, workdir, "eval.model_kind")
-  config_lib.follow_objective(cfg)
-  checkpoint_lib.check_writable(os.path.join(workdir, "eval"), "--workdir")
-  batch = int(e.batch_size) or int(cfg.batch_size)
+  for key, zero in (("batch_size", "batch_size"), ("max_blocks", "all blocks")):
+    if not isinstance(e[key], int) or isinstance(e[key], bool) or e[key] < 0:
+      raise ConfigError(f"eval.{key}: must be an integer >= 0 (0: {zero}), got {e[key]!r}")
+  if int(cfg.seq_len) < 2:
+    raise ConfigError(f"seq_len: must be >= 2, got {cfg.seq_len}")
+  if e.split == "train":
+    raise ConfigError("eval.split: held-out evaluation must not use the training split")
   names = [n.strip() for n in str(e.datasets).split(",") if n.strip()]
   if not names:
     raise ConfigError("eval.datasets: empty")
+  _check_output(cfg, workdir, checkpoint, "eval.name", "eval")
+  if not checkpoint:
+    _check_run(cfg, workdir, "eval.model_kind")
+    if "heldout" in names:
+      _check_heldout(cfg, workdir)
+  config_lib.follow_objective(cfg)
+  batch = int(e.batch_size) or int(cfg.batch_size)
 
   def batches(split):
     return lambda: data.eval_batches(
@@ -115,30 +191,39 @@ def eval_mode(cfg, workdir: str, checkpoint: str = "") -> dict:
   datasets = {n: batches(_split_of(n, cfg)) for n in names}
   for n in names:   # a missing dataset fails here, naming the command that prepares it
     data.prepared_path(cfg.data, _split_of(n, cfg), int(cfg.seq_len))
+  meta = _eval_data_meta(cfg, names)
   if checkpoint:
     m, prov = _from_spec(cfg, checkpoint, e.which)
-    results = evaluation.evaluate(m, datasets, settings, workdir=workdir, name=e.name, meta=prov)
+    results = evaluation.evaluate(m, datasets, settings, workdir=workdir, name=e.name,
+                                  meta={**prov, **meta})
   else:
-    results = evaluation.evaluate_workdir(workdir, datasets, settings, which=e.which, name=e.name)
+    results = evaluation.evaluate_workdir(workdir, datasets, settings, which=e.which, name=e.name,
+                                          meta=meta)
   if jax.process_index() == 0:
-    out = os.path.join(workdir, "eval", e.name)
-    print(f"eval results written to {out}.json and {out}.md")
+    js, md = results["files"]
+    print(f"eval results written to {js} and {md}")
   return results
 
 
 def sample_mode(cfg, workdir: str, checkpoint: str = "") -> str:
+  if cfg.sample.name:
+    workdir_lib.check_name(cfg.sample.name, "sample.name")
+  if not checkpoint and not os.path.isdir(os.path.join(workdir, "checkpoints")):
+    raise FileNotFoundError(f"--workdir: no run in {workdir} (no checkpoints/ folder); pass the "
+                            f"workdir of a trained run, or --checkpoint=SPEC")
   checkpoint_lib.check_writable(os.path.join(workdir, "samples"), "--workdir")
   if checkpoint:
     m, prov = _from_spec(cfg, checkpoint, cfg.sample.which)
     config_lib.follow_objective(cfg)
     path = sample_write.write_samples(m, cfg, workdir, data.get_tokenizer(cfg.data.tokenizer),
-                                 step=prov["step"], loaded=prov)
+                                 step=prov["step"], loaded=prov, data=_data_meta(cfg))
   else:
     _check_run(cfg, workdir, "sample.method")
     config_lib.follow_objective(cfg)
     m, run_cfg = checkpoint_lib.load_model(workdir, which=cfg.sample.which)
     path = sample_write.write_samples(m, cfg, workdir, data.get_tokenizer(cfg.data.tokenizer),
-                                 step=run_cfg.loaded.step, loaded=run_cfg.loaded.to_dict())
+                                 step=run_cfg.loaded.step, loaded=run_cfg.loaded.to_dict(),
+                                 data=_data_meta(cfg))
   print(f"samples written to {path}")
   return path
 
@@ -156,6 +241,7 @@ def genppl_mode(cfg, workdir: str, checkpoint: str = "") -> dict:
   g = cfg.genppl
   grid = genppl.grid_from_config(g, cfg.sample)
   tok = data.get_tokenizer(cfg.data.tokenizer)
+  _check_output(cfg, workdir, checkpoint, "genppl.name", "eval")
   if checkpoint:
     m, prov = _from_spec(cfg, checkpoint, cfg.sample.which)
   else:
@@ -165,8 +251,9 @@ def genppl_mode(cfg, workdir: str, checkpoint: str = "") -> dict:
   config_lib.follow_objective(cfg)
   try:                                                            # before any sampling
     scorer = genppl.GPT2Scorer.from_pretrained(str(g.scorer))
-  except (OSError, ValueError, KeyError) as err:
-    raise ConfigError(f"genppl.scorer: {str(err).splitlines()[0] if str(err) else repr(err)}"
+  except Exception as err:  # noqa: BLE001 - a garbage file raises whatever its reader raises
+    msg = str(err).splitlines()[0] if str(err) else repr(err)
+    raise ConfigError(f"genppl.scorer: {msg if str(g.scorer) in msg else f'{g.scorer}: {msg}'}"
                       ) from None
   if scorer.cfg.vocab_size != tok.vocab_size:
     raise ConfigError(f"genppl.scorer: {g.scorer} has vocab_size {scorer.cfg.vocab_size} but "
@@ -185,7 +272,8 @@ def genppl_mode(cfg, workdir: str, checkpoint: str = "") -> dict:
     c = cfg.sample.copy_and_resolve_references()
     c.update(dict(num_samples=num_samples, steps=steps, top_p=top_p, temperature=temperature,
                   seed=seed, name=""))
-    path = sample_write.write_samples(m, c, workdir, tok, step=prov.get("step"), loaded=prov)
+    path = sample_write.write_samples(m, c, workdir, tok, step=prov.get("step"), loaded=prov,
+                                      data=_data_meta(cfg))
     with open(path) as f:
       rows = [json.loads(line)["tokens"] for line in f]
     files.append(os.path.abspath(path))
@@ -203,15 +291,15 @@ def genppl_mode(cfg, workdir: str, checkpoint: str = "") -> dict:
          "backend": jax.default_backend(),
          "aggregations": {"corpus": "exp(total NLL / total scored tokens), pooled over samples",
                           "per_sample_mean": "mean over samples of exp(mean NLL of the sample)"},
-         "sample": cfg.sample.to_dict()}
-  os.makedirs(os.path.join(workdir, "eval"), exist_ok=True)
-  stem = os.path.join(workdir, "eval", str(g.name))
-  with open(stem + ".json", "w") as f:
-    json.dump(out, f, indent=1)
-  with open(stem + ".md", "w") as f:
-    f.write(f"Generative perplexity under {g.scorer} ({rows[0]['num_samples']} "
-            f"samples per row of {rows[0]['length']} tokens); unigram entropy in nats, "
-            f"per-sample mean.\n\n{table}\n")
+         "sample": cfg.sample.to_dict(), "data": _data_meta(cfg)}
+  folder = os.path.join(workdir, "eval")
+  os.makedirs(folder, exist_ok=True)
+  stem = os.path.join(folder, workdir_lib.fresh_stem(folder, str(g.name), (".json", ".md")))
+  workdir_lib.write_json_atomic(stem + ".json", json.dumps(out, indent=1))
+  workdir_lib.write_json_atomic(
+      stem + ".md", f"Generative perplexity under {g.scorer} ({rows[0]['num_samples']} "
+      f"samples per row of {rows[0]['length']} tokens); unigram entropy in nats, "
+      f"per-sample mean.\n\n{table}\n")
   print(table)
   print(f"generative perplexity written to {stem}.json and {stem}.md")
   return out

@@ -31,6 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from aogpt_jax import errors
 from aogpt_jax.model import aogpt as model_lib
 
 VARIANTS = ("aogpt", "sigma_gpt")
@@ -419,22 +420,28 @@ def main(argv=None) -> None:
   a = ap.parse_args(argv)
   if a.cmd == "export" and not (a.out or a.hub_dir):
     ap.error("export: pass --out DIR and/or --hub-dir DIR")
-  try:
-    _run(a)
-  except Exception as e:  # noqa: BLE001 - bad input: one line, the traceback only with --verbose
-    if a.verbose:
-      raise
-    msg = "; ".join(ln.strip() for ln in str(e).splitlines() if ln.strip()) or type(e).__name__
-    where = {"import": getattr(a, "ckpt", ""), "from-gpt": getattr(a, "spec", "")}.get(
-        a.cmd, getattr(a, "workdir", ""))
-    raise SystemExit(f"convert {a.cmd}: {'' if where in msg else where + ': '}{msg} "
-                     f"(--verbose for the traceback)") from None
+  where = {"import": getattr(a, "ckpt", ""), "from-gpt": getattr(a, "spec", "")}.get(
+      a.cmd, getattr(a, "workdir", ""))
+  errors.run_cli(lambda _: _run(a), argv, prog=f"convert {a.cmd}", errors=(Exception,),
+                 where=where)
+
+
+def _check_empty_target(folder: str, flag: str) -> None:
+  """An output folder must be new or empty: an export never replaces a run's config.json or an
+  earlier export."""
+  if os.path.isdir(folder) and os.listdir(folder):
+    raise FileExistsError(f"{flag}: {folder} is not empty (holds {sorted(os.listdir(folder))[:5]})"
+                          f"; nothing is overwritten: pass a new or empty folder")
+  if os.path.exists(folder) and not os.path.isdir(folder):
+    raise FileExistsError(f"{flag}: {folder} is a file, not a folder")
 
 
 def _run(a: argparse.Namespace) -> None:
   if a.cmd == "from-gpt":
     _from_gpt(a)
   elif a.cmd == "import":
+    for which in a.which.split(","):
+      _check_empty_target(os.path.join(a.out, which), "--out")
     ck = read_torch_checkpoint(a.ckpt, a.trust_pickle)
     over = {k: v for k, v in (("n_head", a.n_head), ("valid_vocab_size", a.valid_vocab_size)) if v}
     for which in a.which.split(","):
@@ -444,6 +451,11 @@ def _run(a: argparse.Namespace) -> None:
           "source": os.path.abspath(a.ckpt), "which": which, "iter_num": ck.get("iter_num")})
       print(f"wrote {out} ({cfg.n_layer} layers, d={cfg.n_embd}, target={cfg.target})")
   else:
+    if a.out and a.hub_dir and os.path.abspath(a.out) == os.path.abspath(a.hub_dir):
+      raise ValueError(f"--out and --hub-dir are the same folder {a.out}; pass one of them")
+    for out, flag in ((a.out, "--out"), (a.hub_dir, "--hub-dir")):
+      if out:
+        _check_empty_target(out, flag)
     from aogpt_jax.checkpoints import store  # pylint: disable=g-import-not-at-top  (Orbax: export only)
     m, run_cfg = store.load_model(a.workdir, which=a.which)   # (model, the run's config)
     loaded = run_cfg.loaded.to_dict()

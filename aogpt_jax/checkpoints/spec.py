@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 
 from aogpt_jax.checkpoints import convert
@@ -129,7 +130,10 @@ def load(spec: str, which: str = "ema", trust_pickle: bool = False):
                                 f"({type(err).__name__}: {str(err).splitlines()[0][:300]}); "
                                 f"re-run `python -m aogpt_jax.checkpoints.convert`") from err
     step = meta.get("iter_num")
-    weights = meta.get("which", which)
+    weights = meta.get("which", "unknown")
+    if weights != which:   # a flat folder holds one set of weights: say which was loaded
+      logging.warning("--checkpoint=%s: %s holds the %s weights only, not %s as asked; loading "
+                      "them (the outputs record weights=%s)", spec, path, weights, which, weights)
   elif os.path.isfile(path):
     m, cfg, step = _from_pt(path, which, trust_pickle)
     weights = which

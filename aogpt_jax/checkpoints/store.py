@@ -21,13 +21,16 @@ Other modes load a trained model with::
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import errno
 import gc
 import hashlib
 import json
 import logging
 import os
 import pathlib
+import shutil
 import sys
 import time
 from typing import Any, Callable
@@ -39,6 +42,7 @@ from flax import nnx
 from ml_collections import config_dict
 
 from aogpt_jax import config as config_lib
+from aogpt_jax.errors import one_line
 from aogpt_jax.model import aogpt as model_lib
 
 STATE_ITEMS = ("params", "opt_state", "ema")
@@ -68,6 +72,10 @@ logging.getLogger("absl").addFilter(_QuietReadOnly())
 
 class IncompatibleCheckpoint(config_lib.ConfigError):
   """The checkpoint was written by a run whose state or data stream differs from this one."""
+
+
+class CheckpointSaveError(OSError):
+  """A save failed (no space left, an unwritable folder); the message names step and folder."""
 
 
 class CorruptCheckpoint(OSError):
@@ -224,9 +232,29 @@ class Checkpointer:
     items["meta"] = ocp.args.JsonSave(meta)
     self.wait()
     self._saving = step
-    self.manager.save(step, args=ocp.args.Composite(**items), force=True)
+    with self._failure(step):
+      self.manager.save(step, args=ocp.args.Composite(**items), force=True)
     if not self.manager.is_saving_in_progress():
       self._finished()
+
+  @contextlib.contextmanager
+  def _failure(self, step: int | None):
+    """A failed save (a full disk, a folder gone read-only) is one `CheckpointSaveError` naming
+    the step and the folder, raised where it is found: at the save itself, or for an async
+    save at the next wait (the next save, a stop, or the end of the run)."""
+    try:
+      with _quiet_unraisable():
+        yield
+    except Exception as e:  # noqa: BLE001 - orbax wraps the OSError in several layers
+      self._saving = None
+      root = e
+      while root.__cause__ is not None or root.__context__ is not None:
+        root = root.__cause__ or root.__context__
+      why = getattr(root, "strerror", None) or getattr(e, "strerror", None) or one_line(root)
+      raise CheckpointSaveError(
+          f"checkpoint: saving step {step} to {self.directory} failed ({why}); the steps "
+          f"saved before it are intact ({self.last_saved if self.last_saved is not None else 'none'}"
+          f" is the newest); free space or fix the folder, then rerun to resume") from e
 
   def restore_latest(self, abstract_state: dict, data_iter, meta: dict):
     """``(step, state)`` from the newest readable compatible checkpoint (the data iterator is
@@ -266,7 +294,12 @@ class Checkpointer:
       dst_dir.mkdir(parents=True, exist_ok=True)
       dst = dst_dir / f"{step}-{time.strftime('%Y%m%d-%H%M%S')}"
       if src.exists():
-        os.replace(src, dst)
+        try:
+          os.replace(src, dst)
+        except OSError as e:
+          if e.errno != errno.EXDEV:
+            raise
+          shutil.move(str(src), str(dst))   # checkpoints/ on another file system (a symlink)
         logging.warning("moved unreadable checkpoint %s to %s", src, dst)
     if jax.process_count() > 1:
       from jax.experimental import multihost_utils
@@ -274,7 +307,8 @@ class Checkpointer:
     self.manager.reload()
 
   def wait(self) -> None:
-    self.manager.wait_until_finished()
+    with self._failure(self._saving):
+      self.manager.wait_until_finished()
     self._finished()
 
   def close(self) -> None:

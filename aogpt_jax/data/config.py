@@ -66,6 +66,10 @@ def resolve(data_cfg, **overrides) -> ml_collections.ConfigDict:
     if key not in DEFAULTS:
       raise KeyError(f"data.{key} is not a data config field; fields: {sorted(DEFAULTS)}")
     cfg[key] = value
+  fraction = cfg.validation_fraction
+  if (not isinstance(fraction, (int, float)) or isinstance(fraction, bool)
+      or not 0 <= fraction < 1):
+    raise ValueError(f"data.validation_fraction: must be a number in [0, 1), got {fraction!r}")
   return cfg
 
 

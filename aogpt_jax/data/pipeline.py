@@ -18,7 +18,11 @@ the error names the exact command that prepares it.
 from __future__ import annotations
 
 import logging
+import multiprocessing
+import os
 import pathlib
+import threading
+import time
 
 import grain
 import numpy as np
@@ -101,6 +105,22 @@ def _check_flags_parsed(worker_count: int) -> None:
                        f"absl.flags.FLAGS.mark_as_parsed() first, or set data.worker_count=0")
 
 
+def die_with_parent(worker_index: int = 0, worker_count: int = 0, poll: float = 0.5) -> None:
+  """In a data worker process: exit as soon as the process that started it is gone (a trainer
+  killed with kill -9 leaves no worker behind, re-parented to PID 1). A daemon thread watches
+  the parent id; grain calls this first in every worker (``worker_init_fn``)."""
+  del worker_index, worker_count
+  started_by = multiprocessing.parent_process()   # spawn/forkserver children know it
+  parent = started_by.pid if started_by is not None else os.getppid()
+
+  def watch():
+    while os.getppid() == parent:
+      time.sleep(poll)
+    os._exit(1)   # the trainer is gone: nothing to flush, nobody to read the batches
+
+  threading.Thread(target=watch, name="aogpt-die-with-parent", daemon=True).start()
+
+
 def train_iterator(data_cfg, *, seq_len: int, global_batch_size: int, seed: int,
                    process_index: int = 0, process_count: int = 1):
   """Infinite, checkpointable iterator of this process's ``{"tokens": int32[G/P, seq_len]}``."""
@@ -120,7 +140,8 @@ def train_iterator(data_cfg, *, seq_len: int, global_batch_size: int, seed: int,
   if workers > 0:
     _check_flags_parsed(workers)
     it = it.mp_prefetch(grain.MultiprocessingOptions(
-        num_workers=workers, per_worker_buffer_size=int(get(cfg, "worker_buffer_size"))))
+        num_workers=workers, per_worker_buffer_size=int(get(cfg, "worker_buffer_size"))),
+        worker_init_fn=die_with_parent)
     it = it.map(_plain)
   return iter(it)
 

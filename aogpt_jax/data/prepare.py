@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 from typing import Callable, Sequence
 
+from aogpt_jax import errors
 from aogpt_jax.data import records, sources
 from aogpt_jax.data.build import prepare_split
 from aogpt_jax.data.config import DEFAULTS, resolve
@@ -67,6 +68,11 @@ def verify(data_cfg, *, block_size: int, splits=None, log=print) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
+  """The command line; a bad input ends in one line (`aogpt_jax.errors.run_cli`)."""
+  errors.run_cli(_main, argv, prog="aogpt_jax.data.prepare")
+
+
+def _main(argv: Sequence[str]) -> None:
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                               formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument("--source", required=True, help=f"comma-separated; {sorted(sources.SOURCES)}")
@@ -76,11 +82,14 @@ def main(argv: Sequence[str] | None = None) -> None:
   p.add_argument("--overwrite", action="store_true")
   p.add_argument("--verify", action="store_true", help="check sha256 of prepared splits only")
   p.add_argument("--no_progress", action="store_true")
+  p.add_argument("--verbose", action="store_true", help="on an error, the full traceback")
   for key in ("tokenizer", "cache_dir", "path", "glob", "validation_glob", "text_field",
               "txt_rows", "detokenizer", "hf_cache_dir"):
     p.add_argument(f"--{key}", default=DEFAULTS[key])
   p.add_argument("--validation_fraction", type=float, default=DEFAULTS["validation_fraction"])
   a = p.parse_args(argv)
+  if a.block_size < 2:
+    raise ValueError(f"--block_size: must be >= 2, got {a.block_size}")
   cfg = resolve({}, **{k: getattr(a, k) for k in DEFAULTS if hasattr(a, k) and
                        k not in ("num_proc",)})
   if a.verify:

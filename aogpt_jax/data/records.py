@@ -6,7 +6,8 @@ when the vocabulary fits, else ``uint32``; written with ``group_size:1`` for ran
 ``metadata.json`` (token and block counts, sha256 over the blocks in order, tokenizer, block size,
 source and raw origin, the version that created it). ``source_key`` is the source name, plus a
 short hash of the options that change its content (glob, detokenizer, text field, ...) when they
-differ from the source's defaults.
+differ from the source's defaults; for ``text_files`` the hash also covers the path, size and
+modification time of every matched file, so an edited corpus is prepared again.
 
 This is the lightweight equivalent of a TFDS builder: the same array_record files that
 ``grain.sources.ArrayRecordDataSource`` reads, with no TensorFlow / tensorflow-datasets install.
@@ -40,13 +41,16 @@ def content_options(data_cfg) -> dict[str, Any]:
     opts["validation_fraction"] = float(get(data_cfg, "validation_fraction"))
   if src.name == "text_files":
     opts.update(glob=get(data_cfg, "glob"), validation_glob=get(data_cfg, "validation_glob"))
+    # the files' content identity (path, size, mtime): an edited corpus is a new dataset
+    opts.update(files=sources.files_identity(get(data_cfg, "glob")),
+                validation_files=sources.files_identity(get(data_cfg, "validation_glob")))
   return opts
 
 
 def source_key(data_cfg) -> str:
   name = get(data_cfg, "source")
   opts = content_options(data_cfg)
-  defaults = {k: DEFAULTS[k] for k in opts}
+  defaults = {k: DEFAULTS.get(k) for k in opts}
   if opts == defaults and name != "text_files":
     return name
   digest = hashlib.sha256(json.dumps(opts, sort_keys=True).encode()).hexdigest()[:10]

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import glob as globlib
+import hashlib
 import json
 import pathlib
 import re
@@ -331,6 +332,23 @@ def _download(url: str, dest: pathlib.Path) -> pathlib.Path:
 # ------------------------------------------------------------------------------------- dispatch
 
 
+def glob_files(pattern: str) -> list[pathlib.Path]:
+  """The files a comma-separated glob matches (``**`` recursive), sorted."""
+  return sorted({pathlib.Path(f) for g in str(pattern or "").split(",") if g.strip()
+                 for f in globlib.glob(str(pathlib.Path(g.strip()).expanduser()), recursive=True)
+                 if pathlib.Path(f).is_file()})
+
+
+def files_identity(pattern: str) -> str:
+  """A digest of the path, size and modification time of every file a glob matches: an edited,
+  added or removed file changes it (so a text_files corpus is prepared again)."""
+  h = hashlib.sha256()
+  for p in glob_files(pattern):
+    st = p.stat()
+    h.update(f"{p.absolute()}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+  return h.hexdigest()[:16]
+
+
 def _base_rows(src: Source, split: str, data_cfg) -> RawSplit:
   """Rows of a raw split (before held-out filtering)."""
   field = get(data_cfg, "text_field") or src.field
@@ -345,9 +363,7 @@ def _base_rows(src: Source, split: str, data_cfg) -> RawSplit:
     key = "validation_glob" if split == "validation" else "glob"
     if not pattern:
       raise ValueError(f"data.{key}: text_files needs a glob of .txt/.jsonl/.json/.parquet files")
-    files = sorted({pathlib.Path(f) for g in pattern.split(",") if g.strip()
-                    for f in globlib.glob(str(pathlib.Path(g.strip()).expanduser()),
-                                          recursive=True) if pathlib.Path(f).is_file()})
+    files = glob_files(pattern)
     if not files:
       raise FileNotFoundError(f"data.{key} {pattern!r} matches no file")
     return RawSplit(_rows_of_files(files, field, txt_rows), origin=f"text_files:{pattern}",

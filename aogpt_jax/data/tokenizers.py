@@ -152,7 +152,12 @@ class HFTokenizer:
     except ImportError as e:
       raise ImportError("data.tokenizer: a tokenizer.json needs the `tokenizers` package "
                         "(pip install -r requirements.txt)") from e
-    self.tok = tokenizers.Tokenizer.from_file(str(path))
+    try:
+      self.tok = tokenizers.Tokenizer.from_file(str(path))
+    except Exception as e:  # noqa: BLE001 - tokenizers raises a bare Exception on bad JSON
+      msg = (str(e).splitlines() or [type(e).__name__])[0][:200]
+      raise ValueError(f"data.tokenizer {spec!r}: {path} is not a readable tokenizer.json "
+                       f"({msg})") from None
     self.vocab_size = self.tok.get_vocab_size(with_added_tokens=True)
     digest = _sha256(path)[:10]
     self.name = f"hf-{path.parent.name or 'tok'}-{path.stem}-{digest}".replace(" ", "_")

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import time
 from typing import Any, Iterable, Mapping, Sequence
 
 import jax
@@ -50,6 +51,7 @@ from aogpt_jax.evaluation import perplexity as ppl_lib
 from aogpt_jax.model import aogpt as model_lib
 from aogpt_jax.model import jit as model_jit
 from aogpt_jax.model import orders as orders_lib
+from aogpt_jax.train import metrics as metrics_lib
 
 LAYOUTS = ("pairs", "buckets")
 
@@ -299,8 +301,13 @@ def ensemble_logp(model: model_lib.AOGPT, tokens, ids, sigma, base_logp, *, max_
                                           masked=group.masked))
              for group, count, (b_I, j_I, r_IxG) in packed_calls(
                  ranks, rows, n, max_m, layout, num_buckets, slots_per_call)]
-  for count, b_I, j_I, r_IxG, logp_IxG in pending:
+  # A long batch (large max_m) reports its progress every 30 s; short ones stay quiet.
+  progress = metrics_lib.ProgressLog("  ensemble calls of this batch", len(pending), every=30.0)
+  t0 = time.perf_counter()
+  for k, (count, b_I, j_I, r_IxG, logp_IxG) in enumerate(pending):
     logp_IxG = np.asarray(logp_IxG)[:count]
+    if time.perf_counter() - t0 > 30.0:
+      progress.update(k + 1)
     b_I, j_I, r_IxG = b_I[:count], j_I[:count], r_IxG[:count]
     for g in range(r_IxG.shape[1]):
       ok_I = r_IxG[:, g] >= 0

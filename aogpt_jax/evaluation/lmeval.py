@@ -7,7 +7,7 @@
 
 ``python -m aogpt_jax.evaluation.lmeval`` is lm_eval's own command line (same flags) with the
 model registered first: the harness has no plugin discovery, so a bare ``lm_eval --model aogpt``
-does not know the name.
+does not know the name. An error ends in one line (``--verbose``: the traceback).
 
 model_args: ``checkpoint=SPEC`` (resolved as ``--checkpoint``: a published .pt, a converted
 folder or ``hf:...``; `aogpt_jax.checkpoints.spec`), ``which=ema|params``, ``tokenizer=NAME``
@@ -263,9 +263,18 @@ class AOGPTLM(TemplateLM):
 if __name__ == "__main__":
   # Run as `python -m`: register the class of the module imported under its own name (not this
   # __main__ copy), then the harness's own command line.
+  # A bad task, model_arg, checkpoint or tokenizer ends in one line (`aogpt_jax.errors`),
+  # --verbose for the traceback.
   import sys
+  from aogpt_jax import errors
   importlib.import_module("aogpt_jax.evaluation.lmeval")
   from lm_eval.__main__ import cli_evaluate
-  sys.exit(cli_evaluate())
+
+  def _cli(argv):
+    sys.argv = sys.argv[:1] + argv
+    return cli_evaluate()
+
+  sys.exit(errors.run_cli(_cli, sys.argv[1:], prog="aogpt_jax.evaluation.lmeval",
+                          errors=(Exception,)))
 else:
   register_model("aogpt")(AOGPTLM)

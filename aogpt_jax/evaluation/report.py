@@ -1,5 +1,7 @@
 """Evaluation results as files and tables: WORKDIR/eval/<name>.json (every number and the
-settings that produced it) and <name>.md (the paper's Table 4 layout, perplexities)."""
+settings that produced it) and <name>.md (the paper's Table 4 layout, perplexities). Existing
+results are never overwritten (the new ones get <name>-2, <name>-3, ...); files are written
+atomically."""
 
 from __future__ import annotations
 
@@ -10,18 +12,29 @@ from typing import Any, Mapping
 import jax
 
 from aogpt_jax.evaluation import ensembles as ens_lib
+from aogpt_jax.train import workdir as workdir_lib
 
 
-def write_results(workdir: str, name: str, results: Mapping[str, Any]) -> tuple[str, str]:
-  """WORKDIR/eval/<name>.json (everything) and <name>.md (the table); process 0 only."""
+def result_stem(workdir: str, name: str) -> str:
+  """The stem the results of ``name`` get in WORKDIR/eval/: ``name``, or ``name-2``, ... when
+  earlier results hold it (results are never overwritten)."""
+  workdir_lib.check_name(name, "eval.name")
+  return workdir_lib.fresh_stem(os.path.join(workdir, "eval"), name, (".json", ".md"))
+
+
+def write_results(workdir: str, name: str, results: Mapping[str, Any],
+                  stem: str | None = None) -> tuple[str, str]:
+  """WORKDIR/eval/<stem>.json (everything) and <stem>.md (the table), each written atomically;
+  process 0 only. ``stem``: from `result_stem` (rewriting the same run's partial results as
+  datasets finish); None: a fresh one for ``name``."""
   out = os.path.join(workdir, "eval")
-  js, md = os.path.join(out, f"{name}.json"), os.path.join(out, f"{name}.md")
+  if stem is None:
+    stem = result_stem(workdir, name)
+  js, md = os.path.join(out, f"{stem}.json"), os.path.join(out, f"{stem}.md")
   if jax.process_index() == 0:
     os.makedirs(out, exist_ok=True)
-    with open(js, "w") as f:
-      json.dump(results, f, indent=2)
-    with open(md, "w") as f:
-      f.write(markdown_table(results) + "\n")
+    workdir_lib.write_json_atomic(js, json.dumps(results, indent=2))
+    workdir_lib.write_json_atomic(md, markdown_table(results) + "\n")
   return js, md
 
 

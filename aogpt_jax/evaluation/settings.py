@@ -7,13 +7,18 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Mapping
 
+import jax
 from ml_collections import config_dict
 
 from aogpt_jax import config_groups
+from aogpt_jax.errors import one_line
 from aogpt_jax.evaluation import ensembles as ens_lib
 from aogpt_jax.model import orders as orders_lib
 
 MODEL_KINDS = ("aogpt", "encoder")
+
+
+MAX_ENSEMBLE_M = 1024   # ensembles beyond this cost days per dataset
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,13 +54,16 @@ class EvalSettings:
       raise ValueError(f"eval.num_orders must be >= 1, got {self.num_orders}")
     try:
       orders_lib.check_kwargs(self.order, dict(self.order_kwargs))
-    except ValueError as e:
-      raise ValueError(f"eval.order / eval.order_kwargs: {e}") from None
+      # the values too (a string where a number goes), on a tiny draw, before anything compiles
+      orders_lib.sample(self.order, jax.random.key(0), 1, 8, **dict(self.order_kwargs))
+    except (ValueError, TypeError) as e:
+      raise ValueError(f"eval.order / eval.order_kwargs: {one_line(e)}") from None
     if self.slots_per_call < 0:
       raise ValueError(f"eval.slots_per_call must be >= 0 (0: the backend's default), got "
                        f"{self.slots_per_call}")
-    if self.ensemble_max_m < 0:
-      raise ValueError(f"eval.ensemble_max_m must be >= 0, got {self.ensemble_max_m}")
+    if not 0 <= self.ensemble_max_m <= MAX_ENSEMBLE_M:
+      raise ValueError(f"eval.ensemble_max_m must be in [0, {MAX_ENSEMBLE_M}] (each block costs "
+                       f"about (M - 1) * block_size / 2 forwards), got {self.ensemble_max_m}")
     if self.ensemble_layout not in ens_lib.LAYOUTS:
       raise ValueError(f"eval.ensemble_layout must be one of {ens_lib.LAYOUTS}, "
                        f"got {self.ensemble_layout!r}")
@@ -89,7 +97,11 @@ def eval_config() -> config_dict.ConfigDict:
       datasets="heldout",    # --mode=eval, comma-separated: heldout (= data.source's split) |
                              # wikitext2 | wikitext103 | ptb | lambada | lm1b | any source:split
       which="ema",           # --mode=eval weights: ema | params
-      name="zero_shot",      # --mode=eval output file stem under WORKDIR/eval/
+      name="zero_shot",      # --mode=eval output file stem under WORKDIR/eval/ (never
+                             # overwritten: a rerun writes zero_shot-2, ...)
+      data="",               # --mode=eval: "" = "heldout" must be the run's data source, split
+                             # and seq_len (else an error); "config" = this config's, even if
+                             # they differ from the run's
       max_blocks=0,          # --mode=eval: > 0 only the first blocks of each dataset (0 = all)
   ))
   for f in dataclasses.fields(EvalSettings):

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import logging
 import os
 import time
 from typing import Any, Callable, Iterable, Mapping
@@ -35,7 +36,7 @@ from aogpt_jax.checkpoints import store
 from aogpt_jax.evaluation import encoder_nll as enc_lib
 from aogpt_jax.evaluation import ensembles as ens_lib
 from aogpt_jax.evaluation import perplexity as ppl_lib
-from aogpt_jax.evaluation.report import write_results
+from aogpt_jax.evaluation import report
 from aogpt_jax.evaluation.settings import EvalSettings
 from aogpt_jax.model import aogpt as model_lib
 from aogpt_jax.model import encoder as encoder_model
@@ -109,13 +110,46 @@ def evaluate_dataset(m: model_lib.AOGPT, batches: Batches, s: EvalSettings,
   return out
 
 
+def cost_per_block(s: EvalSettings, n: int) -> float:
+  """About how many full forwards of one block the settings cost (the estimate logged before an
+  evaluation starts): 1 per L2R / any-order order (n for the encoder's exact rows), and for
+  the ensembles (max_m - 1) orderings of every prefix, about n / 2 forwards each."""
+  per_order = n if s.model_kind == "encoder" else 1
+  forwards = per_order * (int(s.l2r) + (s.num_orders if s.any_order else 0))
+  if s.ensemble_max_m > 1:
+    forwards += 1 + (s.ensemble_max_m - 1) * n / 2
+  if s.elbo:
+    forwards += s.elbo_samples
+  return float(forwards)
+
+
+def _log_cost(m: model_lib.AOGPT, datasets: Mapping[str, Any], s: EvalSettings) -> None:
+  sizes = {}
+  for name, b in datasets.items():
+    n = len(b) if hasattr(b, "__len__") else None
+    sizes[name] = min(n, s.max_batches) if n is not None and s.max_batches else n
+  per_block = cost_per_block(s, m.cfg.block_size)
+  known = [v for v in sizes.values() if v is not None]
+  logging.info("eval: %d dataset(s) %s; about %s full forwards per block of %d tokens%s",
+               len(datasets), ", ".join(f"{k} ({v if v is not None else '?'} batches)"
+                                        for k, v in sizes.items()),
+               f"{per_block:,.0f}", m.cfg.block_size,
+               "" if not s.ensemble_max_m else f" (ensembles up to M={s.ensemble_max_m})")
+  if known and len(known) == len(sizes):
+    logging.info("eval: about %s batch-forwards in all", f"{per_block * sum(known):,.0f}")
+
+
 def evaluate(m: model_lib.AOGPT, datasets: Mapping[str, Batches | Callable[[], Batches]],
              settings: EvalSettings | None = None, *, workdir: str | None = None,
              name: str = "zero_shot", meta: Mapping[str, Any] | None = None) -> dict:
   """Evaluates every dataset (an iterable of batches, or a zero-argument callable giving one);
-  with ``workdir`` writes WORKDIR/eval/<name>.json and .md (only on process 0)."""
+  with ``workdir`` writes WORKDIR/eval/<name>.json and .md (only on process 0; an existing
+  ``name`` is kept and the new results get ``name-2``, ...) after every finished dataset, so an
+  interrupted evaluation keeps what it finished (``"complete": false`` until the last one).
+  ``results["files"]`` names the files written."""
   s = settings or EvalSettings()
   check_model(m, s)
+  stem = report.result_stem(workdir, name) if workdir else None   # before any work
   results = {
       "name": name, "model_kind": s.model_kind, "settings": dataclasses.asdict(s),
       "unit": ("nll: mean negative log-likelihood per token in nats; ppl = exp(nll); tokens and "
@@ -124,20 +158,24 @@ def evaluate(m: model_lib.AOGPT, datasets: Mapping[str, Batches | Callable[[], B
       "meta": dict(meta or {}), "jax": jax.__version__, "backend": jax.default_backend(),
       "processes": jax.process_count(),
       "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-      "datasets": {},
+      "complete": False, "datasets": {},
   }
-  for ds_name, batches in datasets.items():
-    it = batches() if callable(batches) else batches
+  its = {k: (b() if callable(b) else b) for k, b in datasets.items()}
+  _log_cost(m, its, s)
+  for i, (ds_name, it) in enumerate(its.items()):
     results["datasets"][ds_name] = evaluate_dataset(m, it, s, ds_name)
-  if workdir:
-    write_results(workdir, name, results)
+    results["complete"] = i == len(its) - 1
+    if workdir:
+      results["files"] = list(report.write_results(workdir, name, results, stem=stem))
   return results
 
 
 def evaluate_workdir(workdir: str, datasets: Mapping[str, Batches | Callable[[], Batches]],
                      settings: EvalSettings | None = None, *, which: str = "ema",
-                     name: str = "zero_shot") -> dict:
-  """Loads the ``which`` (default EMA) weights of a training workdir and runs `evaluate`."""
+                     name: str = "zero_shot", meta: Mapping[str, Any] | None = None) -> dict:
+  """Loads the ``which`` (default EMA) weights of a training workdir and runs `evaluate`;
+  ``meta`` is added to the results' provenance."""
   m, run_cfg = store.load_model(workdir, which=which)
   return evaluate(m, datasets, settings, workdir=workdir, name=name,
-                  meta={"workdir": os.path.abspath(workdir), **run_cfg.loaded.to_dict()})
+                  meta={"workdir": os.path.abspath(workdir), **run_cfg.loaded.to_dict(),
+                        **dict(meta or {})})

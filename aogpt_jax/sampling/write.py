@@ -15,17 +15,22 @@ from aogpt_jax.model.aogpt import AOGPT
 from aogpt_jax.sampling.config import config_prompt, settings_from_config
 from aogpt_jax.sampling.sampler import PLANLESS_METHODS, plan, prepare, sample_batch
 from aogpt_jax.train import metrics as metrics_lib
+from aogpt_jax.train import workdir as workdir_lib
 
 
 def write_samples(model: AOGPT, config: ml_collections.ConfigDict, workdir: str, tokenizer, *,
-                  step: int | None = None, loaded: dict | None = None) -> str:
+                  step: int | None = None, loaded: dict | None = None,
+                  data: dict | None = None) -> str:
   """Samples ``config.sample`` (or ``config`` itself if it is the group) and writes
   WORKDIR/samples/NAME.jsonl (one JSON line per sample: index, tokens, text, order) and
   NAME.json (the settings, the plan, timings, and ``loaded``: which checkpoint, step and weights
-  made them). An existing NAME is never overwritten: the new files get NAME-2, NAME-3, ...
+  made them; ``data``: the data source, tokenizer and sequence length). A NAME with a '/' is
+  refused before sampling. An existing NAME is never overwritten: the new files get NAME-2, NAME-3, ...
   Everything is validated before compiling; one compiled sampler serves every batch. Returns
   the .jsonl path."""
   c = config.sample if "sample" in config else config
+  if c.name:
+    workdir_lib.check_name(c.name, "sample.name")
   cfg = model.cfg
   s = settings_from_config(c, cfg)
   s.validate(cfg)
@@ -57,10 +62,7 @@ def write_samples(model: AOGPT, config: ml_collections.ConfigDict, workdir: str,
            if s.method == "speculative" else f"_T{s.steps}_{s.schedule}_{s.count_mode}")
   rule = "" if s.top_p_rule == "published" or s.top_p == 1 else s.top_p_rule
   name = c.name or (f"{s.method}{steps}_p{s.top_p:g}{rule}_t{s.temperature:g}_seed{int(c.seed)}")
-  stem, k = name, 1
-  while any(os.path.exists(os.path.join(out_dir, stem + ext)) for ext in (".jsonl", ".json")):
-    k += 1
-    stem = f"{name}-{k}"
+  stem = workdir_lib.fresh_stem(out_dir, name, (".jsonl", ".json"))
   path = os.path.join(out_dir, stem + ".jsonl")
   with open(path, "x") as f:
     for off, o in zip(range(0, num, bs), outs):
@@ -70,7 +72,7 @@ def write_samples(model: AOGPT, config: ml_collections.ConfigDict, workdir: str,
                             "order": order.tolist()}) + "\n")
   meta = {"settings": {k: (v.tolist() if isinstance(v, np.ndarray) else v)
                        for k, v in dataclasses.asdict(s).items()},
-          "config": c.to_dict(), "checkpoint_step": step, "loaded": loaded,
+          "config": c.to_dict(), "checkpoint_step": step, "loaded": loaded, "data": data,
           "model": cfg.to_dict(),
           "num_samples": num, "seconds_incl_compile": round(seconds, 3),
           "tokens_per_s_incl_compile": round(num * s.length / seconds, 1),

@@ -127,8 +127,6 @@ def _train(cfg, workdir, model_cfg, mesh, meta, proc) -> dict[str, float]:
         process_index=proc, process_count=jax.process_count())
     ckpt = checkpoint_lib.Checkpointer(workdir, cfg.checkpoint)
     restored = ckpt.restore_latest(trainer.abstract_state, data_iter, meta)
-    if proc == 0:
-      workdir_lib.write_json_atomic(workdir / "config.json", json_dumps(meta["config"]))
     if restored is None:
       src = load_init(cfg, model_cfg) if cfg.train.init_from else None
       state, start = trainer.init(), 0
@@ -150,7 +148,10 @@ def _train(cfg, workdir, model_cfg, mesh, meta, proc) -> dict[str, float]:
         logging.warning("the run in %s already reached total_steps=%d: nothing to train "
                         "(raise total_steps to continue it)", workdir, start)
       logging.info("resumed from %s", ckpt.directory / str(start))
-    writer = metrics_lib.create_writer(workdir, resume_step=start if restored else None)
+    if proc == 0:   # only once every resume check passed: a refused resume changes nothing
+      workdir_lib.write_json_atomic(workdir / "config.json", json_dumps(meta["config"]))
+    # Lines and events after the restored step (0: nothing restored) are a killed run's: dropped.
+    writer = metrics_lib.create_writer(workdir, resume_step=start)
     if proc == 0:
       _log_overview(state["params"], cfg, model_cfg, mesh)
     try:

@@ -3,8 +3,8 @@
 * `create_writer(workdir, resume_step)`: on process 0 a `MetricWriter` that sends every
   ``write_scalars(step, {name: value})`` to TensorBoard event files (tensorboardX, in
   WORKDIR/tensorboard) and as one JSON line to WORKDIR/metrics.jsonl; on other processes a
-  writer that does nothing. On resume, lines and events after the restored step (written by the
-  run that was killed) are dropped so every step appears once.
+  writer that does nothing. Lines and events after the restored step (written by a run that was
+  killed; step 0 when nothing was restored) are dropped so every step appears once.
 * `Progress`: steps/s and ETA over the time spent training (evaluation and checkpointing are
   excluded).
 

@@ -46,9 +46,35 @@ def lock_workdir(workdir) -> "object":
 
 
 def write_json_atomic(path: pathlib.Path, text: str) -> None:
+  """Writes ``text`` to a temporary file next to ``path``, then renames it over ``path``: a
+  reader (or a kill) sees the old file or the new one, never half of one."""
+  path = pathlib.Path(path)
   tmp = path.with_name(path.name + ".tmp")
   tmp.write_text(text, encoding="utf-8")
   os.replace(tmp, path)
+
+
+def check_name(name: str, key: str) -> str:
+  """An output file stem given by a user (``eval.name``, ``genppl.name``, ``sample.name``): one
+  path component, so that nothing is written outside its folder; a one-line ConfigError
+  otherwise."""
+  name = str(name)
+  if (not name or "/" in name or "\\" in name or name in (".", "..") or name.startswith(".")
+      or "\0" in name):
+    raise config_lib.ConfigError(
+        f"{key}: {name!r} is not a plain file name (no '/', no leading '.'); outputs stay in "
+        f"their folder")
+  return name
+
+
+def fresh_stem(folder, name: str, exts: tuple[str, ...]) -> str:
+  """``name``, or ``name-2``, ``name-3``, ... : the first stem with none of ``exts`` in
+  ``folder`` (outputs are never overwritten)."""
+  stem, k = name, 1
+  while any(os.path.exists(os.path.join(folder, stem + ext)) for ext in exts):
+    k += 1
+    stem = f"{name}-{k}"
+  return stem
 
 
 class StopSignal:
