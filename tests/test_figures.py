@@ -85,6 +85,13 @@ def test_bad_input_is_one_line(tmp_path, capsys):
   with pytest.raises(SystemExit) as e:
     cli.run(["fig2", f"--workdir={tmp_path}", "--data.nonsense=1"])
   assert "--data.nonsense" in str(e.value)
+  with pytest.raises(SystemExit) as e:
+    cli.run(["fig2", f"--workdir={tmp_path}", "--dry-run", "--data.num_proc=two"])
+  assert "--data.num_proc=two: expected a int" in str(e.value)
+  cfg = runs_lib.run_config(registry.RUNS["fig2/l2r"], "tiny",
+                            {"glob": "a.txt", "auto_prepare": "false", "num_proc": "3"})
+  assert (cfg.data.source, cfg.data.glob, cfg.data.auto_prepare, cfg.data.num_proc) == \
+      ("text_files", "a.txt", False, 3)
 
 
 def test_missing_matplotlib_is_one_line(monkeypatch):
@@ -220,8 +227,8 @@ def test_micro_fig3b_fig4_table1_train_draw_and_resume(tmp_path, monkeypatch):
   # M = 1 is the plain any-order perplexity of the same order draw
   assert math.isclose(res["ensemble"]["nll"]["1"], res["any_order"]["nll"], rel_tol=1e-5)
 
-  # Table 1 analogue: the judged rows of table1.json, per annealing setting against T
-  t1 = json.loads((work / "table1" / "table1.json").read_text())
+  # Table 1 analogue: the judged rows of genppl.json, per annealing setting against T
+  t1 = json.loads((work / "table1" / "genppl.json").read_text())
   assert t1["judge"] == str(work / "fig2/l2r") and t1["settings"]["steps"] == [2, 8]
   settings = [(1.0, 1.0), (0.95, 0.9), (0.95, 0.7)]
 

@@ -8,6 +8,9 @@ file so that a second call only draws:
   AO-GPT KV-cached sampler, the encoder-only MDM and AR decoding (`sampling.timing.compare`, the
   logic of benchmarks/sample_speed.py; random weights, since speed does not depend on them).
   Cached as OUT/timing.json.
+* The Table 1 analogue (`genppl`): generative perplexity and unigram entropy of AO-GPT samples
+  against T at the paper's three annealing settings (`evaluation.genppl.run_grid`), judged by a
+  GPT-2 or by an L2R run (`L2RJudge`). Cached as OUT/genppl.json.
 """
 
 from __future__ import annotations
@@ -144,7 +147,7 @@ def genppl(model_wd, judge_wd, judge_gpt2: str, cfg, out: str | pathlib.Path,
   paper's three (top-p, temperature) settings and ``ts.steps``, scored by GPT-2 (``judge_gpt2``,
   a local folder) or else by the L2R run in ``judge_wd``; computed once."""
   out = pathlib.Path(out)
-  cached = out / "table1.json"
+  cached = out / "genppl.json"   # not table1.json: that is the drawn figure's data
   want = {**dataclasses.asdict(ts), "steps": list(ts.steps), "judge": judge_gpt2 or "l2r run"}
   if cached.exists():
     res = json.loads(cached.read_text(encoding="utf-8"))

@@ -48,9 +48,23 @@ def run_config(run: registry.Run, size: str, data: dict[str, Any] | None = None)
   for k, v in data.items():
     if k not in cfg.data:
       raise ValueError(f"--data.{k}: not a data config key; keys: {', '.join(sorted(cfg.data))}")
-    cfg.data[k] = type(cfg.data[k])(v) if cfg.data[k] is not None else v
+    cfg.data[k] = _typed(f"--data.{k}", v, cfg.data[k])
   config_lib.check_keys(cfg)
   return cfg
+
+
+def _typed(flag: str, value: str, like: Any) -> Any:
+  """``value`` (command-line text) as the type of the config's current value ``like``."""
+  if isinstance(like, bool):
+    if value.lower() not in ("true", "false", "1", "0"):
+      raise ValueError(f"{flag}={value}: expected true or false")
+    return value.lower() in ("true", "1")
+  if isinstance(like, (int, float)):
+    try:
+      return type(like)(value)
+    except ValueError:
+      raise ValueError(f"{flag}={value}: expected a {type(like).__name__}") from None
+  return value
 
 
 def read_metrics(workdir: str | pathlib.Path) -> list[dict[str, Any]]:
