@@ -146,10 +146,12 @@ def test_policies_score_as_documented():
 
 
 def test_threshold_commits_every_sure_candidate_at_least_one(model):
-  s = lambda t: sampler.SampleSettings(length=12, method="adaptive", policy="threshold",
-                                       threshold=t, greedy=True)
+  s = lambda t, **kw: sampler.SampleSettings(length=12, method="adaptive", policy="threshold",
+                                             threshold=t, greedy=True, **kw)
   never = _gen(model, s(1.0), 0, batch=2)         # nothing reaches 1: one per step
   assert (never.passes == 12).all()
+  capped = _gen(model, s(1.0, candidates=4), 0, batch=2)    # 4 queries, still every position
+  assert (capped.passes == 12).all() and _is_permutation(capped.order)
   always = _gen(model, s(1e-9), 0, batch=2)       # everything: one step
   assert (always.passes == 1).all() and _is_permutation(always.order)
 

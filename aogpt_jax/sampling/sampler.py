@@ -82,7 +82,8 @@ class SampleSettings:
   top_p: float = 1.0
   top_p_rule: str = "published"        # published (released code) | nucleus (Holtzman)
   greedy: bool = False                  # argmax instead of sampling (temperature/top_p unused)
-  method: str = "diffusion"             # diffusion | ar | uncached | encoder | speculative
+  method: str = "diffusion"             # diffusion | ar | uncached | encoder | speculative |
+                                        # adaptive
   draft: Any = "auto"                   # speculative: drafts per round, int >= 1 or "auto"
   draft_queries: str = "taper"          # speculative: taper | all (draft queries per slot)
   policy: str = "max_prob"              # adaptive: a registered policy (sampling.adaptive)
@@ -284,7 +285,8 @@ def adaptive_shape(p: Prepared, s: SampleSettings, *, block: int | None = None,
       raise ValueError(f"block: the adaptive sampler needs at least {q + catchup} slots per pass "
                        f"({q} queries + {catchup} catch-up), got {block}")
     catchup = block - q
-  max_steps = q if s.policy == "threshold" else int(p.counts.shape[1])
+  # threshold: at least one commit per step and row
+  max_steps = n - int(p.prompt_len.min()) if s.policy == "threshold" else int(p.counts.shape[1])
   return adaptive_lib.AdaptiveShape(
       queries=q, catchup=catchup, prefill=int(p.prompt_len.max(initial=0)),
       max_steps=max(1, min(max_steps, n)), candidates=int(s.candidates or 0),
