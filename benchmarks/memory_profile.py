@@ -11,8 +11,9 @@ and to the innermost ``aogpt_jax`` source line of its stack frame::
   python benchmarks/memory_profile.py --overrides='{"remat_policy": "none", "loss_chunk": 0}'
   python benchmarks/memory_profile.py --layers=2 --top=30 --dump=/tmp/grad_dump   # keep the dump
 
-Prints the memory analysis (arguments, outputs, temporaries) and the top buffers at the peak;
-``--json`` writes the same as JSON. Memory is XLA:CPU's estimate (GPU/TPU compilers fuse and
+Prints the memory analysis (arguments, outputs, temporaries) and the top buffers at the peak,
+and writes them (`benchmarks/common.py` schema) to ``--out`` (default
+benchmarks/results/memory_profile/<machine>.json). Memory is XLA:CPU's estimate (GPU/TPU compilers fuse and
 schedule differently). docs/scaling.md ("What holds the memory") reads its output.
 """
 
@@ -25,6 +26,9 @@ import re
 import sys
 import tempfile
 import time
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import common  # noqa: E402
 
 _PEAK = re.compile(r"^\s*Live ranges at (\d+) \(peak\):")
 _LIVE = re.compile(r"^\s+([^\s:]+?)(\{[0-9,]*\})?: (\d+) bytes")
@@ -182,7 +186,7 @@ def main():
   ap.add_argument("--overrides", default="{}", help="JSON of ModelConfig fields")
   ap.add_argument("--top", type=int, default=20)
   ap.add_argument("--dump", default="", help="keep XLA's dump in this folder (default: a temp)")
-  ap.add_argument("--json", default="", help="also write the result as JSON to this file")
+  ap.add_argument("--out", default="", help="default: results/memory_profile/<machine>.json")
   a = ap.parse_args()
   try:
     ov = json.loads(a.overrides)
@@ -190,10 +194,12 @@ def main():
     sys.exit(f"--overrides: expected a JSON object of ModelConfig fields, got {a.overrides!r} ({e})")
   ov = {"dtype": a.dtype, **({"n_layer": a.layers} if a.layers else {}), **ov}
   r = profile(a.size, a.batch, a.seq_len, ov, a.top, a.dump or None)
-  r["args"] = {"size": a.size, "batch": a.batch, "seq_len": a.seq_len, "overrides": ov}
   print(report(r))
-  if a.json:
-    pathlib.Path(a.json).write_text(json.dumps(r, indent=1))
+  common.write_result("memory_profile", a, {**r, "model_overrides": ov,
+                                            "note": "XLA:CPU memory analysis, abstract inputs"},
+                      out=a.out or None,
+                      device_info={"backend": "cpu", "kind": "XLA:CPU (compile only)",
+                                   "count": None, "jax": __import__("jax").__version__})
 
 
 if __name__ == "__main__":

@@ -179,6 +179,14 @@ ROWS: list[Row] = [
          f"{j.r('rows', {'program': 'train', 'size': s, 'mesh': {'data': 1, 'fsdp': 64, 'tensor': 1}}, 'peak_bytes') / 2**30:.1f}"
          for s in ("small", "medium")) + " GiB peak",
      "python benchmarks/scale_sim.py --name=scale_sim_pods"),
+    ("Memory per device, paper recipe (remat, chunked loss; blockwise attention as the flash "
+     "stand-in), AO-GPT Small / Medium train step, 16 x 1024 per rank, 64-way FSDP (XLA:CPU "
+     "estimate; a v5e core has 16 GB)", f"scale_sim_paper/{CPU}",
+     lambda j: " / ".join(
+         f"{j.r('rows', {'program': 'train', 'size': s, 'mesh': {'data': 1, 'fsdp': 64, 'tensor': 1}}, 'peak_bytes') / 2**30:.1f}"
+         for s in ("small", "medium")) + " GiB peak",
+     "python benchmarks/scale_sim.py --meshes=8:fsdp,64:fsdp,256:data+fsdp --programs=train "
+     "--name=scale_sim_paper"),
     ("Data: prepare GPT-2 tokens (1 process) / stream 512 x 1024 batches (worker_count 0)",
      f"data_throughput/{CPU}",
      lambda j: f"{j.r('prepare', {'tokenizer': 'gpt2', 'num_proc': 1}, 'tokens_per_s_per_core') / 1e6:.2f}M"
