@@ -26,7 +26,7 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from aogpt_jax import config as config_lib
-from aogpt_jax.errors import _root, one_line  # noqa: F401 - shared by every CLI
+from aogpt_jax.errors import _root, one_line  # shared by every CLI (aogpt_jax/errors.py)
 from aogpt_jax import modes
 from aogpt_jax.train import loop as train_loop
 from aogpt_jax.train import sharding as sharding_lib

@@ -430,6 +430,7 @@ def test_interrupted_eval_keeps_the_finished_datasets(cache_dir, trained, tmp_pa
   assert saved["datasets"]["first"]["l2r"]["tokens"] > 0
 
 
+@pytest.mark.slow
 def test_flat_folder_asked_for_other_weights_warns_and_records_them(tmp_path, caplog):
   from flax import nnx
   from aogpt_jax.checkpoints import spec as checkpoint_spec

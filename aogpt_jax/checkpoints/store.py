@@ -42,7 +42,7 @@ from flax import nnx
 from ml_collections import config_dict
 
 from aogpt_jax import config as config_lib
-from aogpt_jax.errors import one_line
+from aogpt_jax.errors import _root, one_line
 from aogpt_jax.model import aogpt as model_lib
 
 STATE_ITEMS = ("params", "opt_state", "ema")
@@ -247,9 +247,7 @@ class Checkpointer:
         yield
     except Exception as e:  # noqa: BLE001 - orbax wraps the OSError in several layers
       self._saving = None
-      root = e
-      while root.__cause__ is not None or root.__context__ is not None:
-        root = root.__cause__ or root.__context__
+      root = _root(e)
       why = getattr(root, "strerror", None) or getattr(e, "strerror", None) or one_line(root)
       raise CheckpointSaveError(
           f"checkpoint: saving step {step} to {self.directory} failed ({why}); the steps "
