@@ -103,7 +103,7 @@ def main(argv) -> None:
       "processes": jax.process_count(), "mesh": dict(mesh.shape),
       "model": {k: v for k, v in mc.to_dict().items()
                 if k in ("n_layer", "n_head", "n_embd", "target", "dtype", "attention",
-                         "attention_impl", "remat", "vocab_size")},
+                         "attention_impl", "remat", "remat_policy", "vocab_size")},
       "parameters": n_params,
       "batch_size": cfg.batch_size, "seq_len": cfg.seq_len, "microbatches": cfg.microbatches,
       "order": cfg.order.name, "compile_s": round(compile_s, 3),

@@ -37,9 +37,8 @@ def _batch(b=2, n=48):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("extra", [{}, {"dropout": 0.1}, {"loss_chunk": 32,
-                                                         "attention_impl": "blockwise",
-                                                         "attention_block": 16}])
+@pytest.mark.parametrize("extra", [{}, {"dropout": 0.1, "loss_chunk": 32,
+                                         "attention_impl": "blockwise", "attention_block": 16}])
 def test_every_policy_gives_the_same_loss_and_gradients(extra):
   tokens, order = _batch()
   key = jax.random.key(7) if extra.get("dropout") else None
@@ -73,3 +72,28 @@ def test_remat_shrinks_the_compiled_gradients_temporaries():
   # temporaries (jax.checkpoint alone: ~0.9x); saving every matmul output lies in between.
   assert block < 0.5 * plain, (block, plain)
   assert block < dots < plain, (block, dots, plain)
+
+
+@pytest.mark.slow
+def test_remat_with_the_encoders_full_mask_and_the_cached_sampler():
+  """Non-array block arguments (the encoder's FULL mask string) stay static under remat, and the
+  KV-cached forward (no gradient) gives the same logits."""
+  from aogpt_jax.model import encoder
+  tok = jax.random.randint(jax.random.key(2), (2, 32), 0, 50, dtype=jnp.int32)
+  out = []
+  for remat in (False, True):
+    mc = encoder.encoder_config(_cfg(remat=remat, target="none"))
+    gd, p = nnx.split(model.AOGPT(mc, rngs=nnx.Rngs(0)), nnx.Param)
+    out.append(jax.jit(jax.grad(lambda p, gd=gd: encoder.mdm_loss(
+        nnx.merge(gd, p), tok, jax.random.key(0))[0]))(p))
+  for a, b in zip(jax.tree.leaves(out[0]), jax.tree.leaves(out[1])):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+  logits = []
+  for remat in (False, True):
+    m = model.AOGPT(_cfg(remat=remat), rngs=nnx.Rngs(0))
+    cache = m.init_cache(2, 8)
+    slots = jnp.broadcast_to(jnp.arange(8, dtype=jnp.int32), (2, 8))
+    mask = jnp.tril(jnp.ones((8, 8), bool))[None].repeat(2, 0)
+    logits.append(m.forward_slots(jnp.where(slots == 0, -1, slots), slots, slots, mask=mask,
+                                  cache=cache, write_index=slots)[0])
+  np.testing.assert_allclose(logits[0], logits[1], rtol=1e-6)

@@ -248,9 +248,18 @@ def after(residuals: list, g) -> list:
 
 
 def remat_module(call, policy: str):
-  """``call(module, *args)`` with the module's state as an input of `late_remat` (so its
-  gradients flow), the graph static."""
+  """``call(module, *args)`` with the module's state and the array arguments as inputs of
+  `late_remat` (so their gradients flow); the graph and the other arguments (None, the FULL
+  mask string, flags) stay static."""
   def wrapped(module, *args):
     graphdef, state = nnx.split(module)
-    return late_remat(lambda st, *a: call(nnx.merge(graphdef, st), *a), policy)(state, *args)
+    leaves, tree = jax.tree.flatten(args)
+    is_array = [isinstance(x, jax.Array) or hasattr(x, "dtype") for x in leaves]
+    static = [None if a else x for x, a in zip(leaves, is_array)]
+
+    def pure(st, *arrays):
+      it = iter(arrays)
+      full = [next(it) if a else x for x, a in zip(static, is_array)]
+      return call(nnx.merge(graphdef, st), *jax.tree.unflatten(tree, full))
+    return late_remat(pure, policy)(state, *[x for x, a in zip(leaves, is_array) if a])
   return wrapped

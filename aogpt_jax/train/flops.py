@@ -132,5 +132,5 @@ def memory_warning(mem: dict[str, int], limit: int | None) -> str | None:
     return None
   return (f"the train step's memory estimate ({mem['peak_bytes'] / 2**30:.2f} GiB per device) "
           f"exceeds the device's {limit / 2**30:.2f} GiB: it may run out of memory; set "
-          f"model.remat=true, a larger microbatches, model.loss_chunk=1024 or shard over "
+          f"model.remat=true, more microbatches, model.loss_chunk=1024 or shard over "
           f"mesh.fsdp (docs/scaling.md)")
