@@ -27,6 +27,7 @@ from aogpt_jax import evaluation
 from aogpt_jax.checkpoints import store as checkpoint_lib
 from aogpt_jax.config import ConfigError
 from aogpt_jax.model import objectives
+from aogpt_jax.sampling import config as sample_config
 from aogpt_jax.sampling import write as sample_write
 
 EVAL_SETTINGS = tuple(f.name for f in dataclasses.fields(evaluation.EvalSettings))
@@ -100,7 +101,8 @@ def eval_mode(cfg, workdir: str, checkpoint: str = "") -> dict:
   if not checkpoint:
     _check_run(cfg, workdir, "eval.model_kind")
   config_lib.follow_objective(cfg)
-  checkpoint_lib.check_writable(os.path.join(workdir, "eval"), "--workdir")
+  checkpoint_lib.check_writable(os.path.join(workdir, "eval"), "--workdir",
+                               keep=False)
   batch = int(e.batch_size) or int(cfg.batch_size)
   names = [n.strip() for n in str(e.datasets).split(",") if n.strip()]
   if not names:
@@ -127,7 +129,8 @@ def eval_mode(cfg, workdir: str, checkpoint: str = "") -> dict:
 
 
 def sample_mode(cfg, workdir: str, checkpoint: str = "") -> str:
-  checkpoint_lib.check_writable(os.path.join(workdir, "samples"), "--workdir")
+  checkpoint_lib.check_writable(os.path.join(workdir, "samples"), "--workdir",
+                               keep=False)
   if checkpoint:
     m, prov = _from_spec(cfg, checkpoint, cfg.sample.which)
     config_lib.follow_objective(cfg)
@@ -138,7 +141,8 @@ def sample_mode(cfg, workdir: str, checkpoint: str = "") -> str:
     config_lib.follow_objective(cfg)
     m, run_cfg = checkpoint_lib.load_model(workdir, which=cfg.sample.which)
     path = sample_write.write_samples(m, cfg, workdir, data.get_tokenizer(cfg.data.tokenizer),
-                                 step=run_cfg.loaded.step, loaded=run_cfg.loaded.to_dict())
+                                 step=run_cfg.loaded.step, loaded=run_cfg.loaded.to_dict(),
+                                 trained_length=run_cfg.get("seq_len"))
   print(f"samples written to {path}")
   return path
 
@@ -156,12 +160,14 @@ def genppl_mode(cfg, workdir: str, checkpoint: str = "") -> dict:
   g = cfg.genppl
   grid = genppl.grid_from_config(g, cfg.sample)
   tok = data.get_tokenizer(cfg.data.tokenizer)
+  trained_length = None
   if checkpoint:
     m, prov = _from_spec(cfg, checkpoint, cfg.sample.which)
   else:
     _check_run(cfg, workdir, "sample.method")
     m, run_cfg = checkpoint_lib.load_model(workdir, which=cfg.sample.which)
     prov = run_cfg.loaded.to_dict()
+    trained_length = run_cfg.get("seq_len")
   config_lib.follow_objective(cfg)
   try:                                                            # before any sampling
     scorer = genppl.GPT2Scorer.from_pretrained(str(g.scorer))
@@ -172,7 +178,7 @@ def genppl_mode(cfg, workdir: str, checkpoint: str = "") -> dict:
     raise ConfigError(f"genppl.scorer: {g.scorer} has vocab_size {scorer.cfg.vocab_size} but "
                       f"data.tokenizer {cfg.data.tokenizer!r} has {tok.vocab_size} ids; the "
                       f"samples must be in the scorer's tokens (GPT-2 for GPT-2 Large)")
-  length = (int(cfg.sample.length) or m.cfg.block_size) + bool(g.prepend_eot)
+  length = sample_config.default_length(cfg.sample, m.cfg, trained_length) + bool(g.prepend_eot)
   if length > scorer.cfg.n_positions:
     raise ConfigError(f"genppl.scorer: {g.scorer} reads at most {scorer.cfg.n_positions} tokens "
                       f"but the samples have {length} (sample.length"
@@ -185,7 +191,8 @@ def genppl_mode(cfg, workdir: str, checkpoint: str = "") -> dict:
     c = cfg.sample.copy_and_resolve_references()
     c.update(dict(num_samples=num_samples, steps=steps, top_p=top_p, temperature=temperature,
                   seed=seed, name=""))
-    path = sample_write.write_samples(m, c, workdir, tok, step=prov.get("step"), loaded=prov)
+    path = sample_write.write_samples(m, c, workdir, tok, step=prov.get("step"), loaded=prov,
+                                      trained_length=trained_length)
     with open(path) as f:
       rows = [json.loads(line)["tokens"] for line in f]
     files.append(os.path.abspath(path))

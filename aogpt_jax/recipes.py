@@ -136,8 +136,17 @@ def from_arg(arg: str | None, base: Callable[[], config_dict.ConfigDict],
   names = [t for t in tokens if t != "tiny"]
   unknown = [t for t in names if t not in variants]
   if unknown or len(names) > 1:
-    raise ValueError(f"config argument {arg!r}: expected at most one of "
-                     f"{sorted(variants) or 'no variants'} and optionally 'tiny'")
+    import difflib  # pylint: disable=g-import-not-at-top
+    known = [*sorted(variants), "tiny"]
+    expected = (f"one of {', '.join(map(repr, sorted(variants)))}, optionally with 'tiny' "
+                f"(e.g. ':{sorted(variants)[0]},tiny')" if variants else "only 'tiny'")
+    if unknown:
+      close = difflib.get_close_matches(unknown[0], known, n=1, cutoff=0.5)
+      raise ValueError(f"config argument {arg!r}: unknown {unknown[0]!r}"
+                       + (f" (did you mean {close[0]!r}?)" if close else "")
+                       + f"; this config file takes {expected}")
+    raise ValueError(f"config argument {arg!r}: {len(names)} variants given; this config file "
+                     f"takes {expected}")
   cfg = base()
   if small:
     tiny(cfg)

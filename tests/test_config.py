@@ -98,11 +98,37 @@ def test_mesh_and_batch_errors(tmp_path):
     sharding_lib.check_batch_sizes(cfg, sharding_lib.make_mesh(cfg, devices))
 
 
-def test_unwritable_workdir_is_named(tmp_path):
+def test_a_workdir_that_is_a_file_is_named_as_a_file(tmp_path):
   blocker = tmp_path / "file"
   blocker.write_text("not a folder")
-  with pytest.raises(ConfigError, match=r"^--workdir: .*file/run is not writable"):
-    workdir_lib.prepare_workdir(str(blocker / "run"))
+  for path in (blocker, blocker / "run"):   # no "chmod" advice: permissions are not the problem
+    with pytest.raises(ConfigError, match=rf"^--workdir: {blocker} is a file, not a folder;"):
+      workdir_lib.prepare_workdir(str(path))
+
+
+def test_an_output_folder_check_leaves_no_empty_folder(tmp_path):
+  from aogpt_jax.checkpoints import store
+  store.check_writable(tmp_path / "run" / "eval", "--workdir", keep=False)
+  assert not (tmp_path / "run").exists()
+  (tmp_path / "old").mkdir()
+  store.check_writable(tmp_path / "old" / "samples", "--workdir", keep=False)
+  assert (tmp_path / "old").is_dir() and not (tmp_path / "old" / "samples").exists()
+  store.check_writable(tmp_path / "kept", "--workdir")      # keep=True (train's workdir)
+  assert (tmp_path / "kept").is_dir()
+
+
+@pytest.mark.parametrize("arg,variants,want", [
+    ("tinny", None, "config argument 'tinny': unknown 'tinny' (did you mean 'tiny'?); this "
+                    "config file takes only 'tiny'"),
+    ("0.9,tiny", {"0.99": {}, "none": {}}, "unknown '0.9' (did you mean '0.99'?); this config "
+                                            "file takes one of '0.99', 'none', optionally with "
+                                            "'tiny'"),
+    ("0.99,none", {"0.99": {}, "none": {}}, "2 variants given")])
+def test_config_file_argument_errors_name_the_argument(arg, variants, want):
+  from aogpt_jax import recipes
+  with pytest.raises(ValueError) as e:
+    recipes.from_arg(arg, recipes.quickstart, variants)
+  assert want in str(e.value) and "\n" not in str(e.value)
 
 
 CONFIG_FILES = ["configs/quickstart.py", "configs/aogpt_small.py", "configs/aogpt_medium.py",

@@ -110,6 +110,16 @@ def test_bad_mode_and_config_errors_exit_with_a_message(cache_dir, tmp_path):
   kw = dict(capture_output=True, text=True, env=cpu_env(), cwd=REPO, timeout=120)
   p = subprocess.run(args + ["--mode=dance"], **kw)
   assert p.returncode != 0 and "--mode=dance: unknown mode; known: eval, genppl, prepare, sample, train" in p.stderr
+  p = subprocess.run(args + ["--mode=smaple"], **kw)   # one line, no usage text
+  assert p.returncode == 1 and p.stderr.strip().splitlines() == [
+      "aogpt_jax: --mode=smaple: unknown mode; known: eval, genppl, prepare, sample, train; "
+      "did you mean --mode=sample?"], p.stderr[-2000:]
+  file = tmp_path / "a_file"
+  file.write_text("x")
+  p = subprocess.run(cli_args(cache_dir, file), **kw)   # no chmod advice for a file
+  assert p.returncode == 1 and p.stderr.strip().splitlines()[-1] == (
+      f"aogpt_jax: config error: --workdir: {file} is a file, not a folder; give a folder path "
+      f"(an existing folder or one to create)"), p.stderr[-2000:]
   p = subprocess.run(args + ["--config.model.n_head=3"], **kw)
   assert p.returncode == 1
   assert "config error: model.n_head: 3 heads do not divide n_embd=32" in p.stderr

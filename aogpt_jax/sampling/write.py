@@ -11,6 +11,7 @@ import jax
 import ml_collections
 import numpy as np
 
+from aogpt_jax.checkpoints import store as checkpoint_lib
 from aogpt_jax.model.aogpt import AOGPT
 from aogpt_jax.sampling.config import config_prompt, settings_from_config
 from aogpt_jax.sampling.sampler import PLANLESS_METHODS, plan, prepare, sample_batch
@@ -18,16 +19,18 @@ from aogpt_jax.train import metrics as metrics_lib
 
 
 def write_samples(model: AOGPT, config: ml_collections.ConfigDict, workdir: str, tokenizer, *,
-                  step: int | None = None, loaded: dict | None = None) -> str:
+                  step: int | None = None, loaded: dict | None = None,
+                  trained_length: int | None = None) -> str:
   """Samples ``config.sample`` (or ``config`` itself if it is the group) and writes
   WORKDIR/samples/NAME.jsonl (one JSON line per sample: index, tokens, text, order) and
   NAME.json (the settings, the plan, timings, and ``loaded``: which checkpoint, step and weights
   made them). An existing NAME is never overwritten: the new files get NAME-2, NAME-3, ...
   Everything is validated before compiling; one compiled sampler serves every batch. Returns
-  the .jsonl path."""
+  the .jsonl path. ``trained_length``: the run's ``seq_len``, the default ``sample.length``
+  (else ``model.block_size``)."""
   c = config.sample if "sample" in config else config
   cfg = model.cfg
-  s = settings_from_config(c, cfg)
+  s = settings_from_config(c, cfg, trained_length)
   s.validate(cfg)
   for f in ("num_samples", "batch_size"):
     if int(c[f]) < 1:
@@ -44,7 +47,8 @@ def write_samples(model: AOGPT, config: ml_collections.ConfigDict, workdir: str,
   plans = ([None] * len(batches) if s.method in PLANLESS_METHODS
            else plan(batches, method=s.method))
   out_dir = os.path.join(workdir, "samples")
-  os.makedirs(out_dir, exist_ok=True)      # an unwritable workdir fails before sampling
+  # An unwritable workdir fails before sampling; the folder itself appears with the files.
+  checkpoint_lib.check_writable(out_dir, "--workdir", keep=False)
   t0 = time.perf_counter()
   progress = metrics_lib.ProgressLog("sample batches", len(batches))
   outs = []
@@ -62,6 +66,7 @@ def write_samples(model: AOGPT, config: ml_collections.ConfigDict, workdir: str,
     k += 1
     stem = f"{name}-{k}"
   path = os.path.join(out_dir, stem + ".jsonl")
+  os.makedirs(out_dir, exist_ok=True)
   with open(path, "x") as f:
     for off, o in zip(range(0, num, bs), outs):
       for i, (toks, order) in enumerate(zip(o.tokens[:num - off], o.order[:num - off])):
