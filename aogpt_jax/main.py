@@ -53,11 +53,21 @@ MODES: dict[str, Callable[..., object]] = {
 
 
 class _QuietLibraries:
-  """Drops the INFO chatter of orbax and grain (one line per array per checkpoint)."""
+  """Drops the INFO chatter of orbax and grain (one line per array per checkpoint), JAX's
+  backend probes ("Unable to initialize backend 'tpu'") and, unless --verbose, the lines meant
+  for the run's log file only (the parameter table: `train.loop.FILE_ONLY`)."""
+
+  def __init__(self, verbose: bool = False):
+    self.verbose = verbose
 
   def filter(self, record) -> bool:
-    return record.levelno >= std_logging.WARNING or not any(
-        f"/{lib}/" in record.pathname for lib in ("orbax", "grain"))
+    if getattr(record, "file_only", False) and not self.verbose:
+      return False
+    if record.levelno >= std_logging.WARNING:
+      return True
+    if str(record.msg).startswith("Unable to initialize backend"):
+      return False
+    return not any(f"/{lib}/" in record.pathname for lib in ("orbax", "grain"))
 
 
 def _root(e: BaseException) -> BaseException:
@@ -182,7 +192,7 @@ def _flag_error(argv, e: BaseException) -> str | None:
 
 
 def main(argv) -> None:
-  logging.get_absl_handler().python_handler.addFilter(_QuietLibraries())
+  logging.get_absl_handler().python_handler.addFilter(_QuietLibraries(_VERBOSE.value))
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   if _MODE.value not in MODES:   # one line, without absl's usage text
@@ -222,6 +232,11 @@ def main(argv) -> None:
     if _VERBOSE.value:
       raise
     raise SystemExit(f"aogpt_jax: {one_line(e)}") from None
+  except KeyboardInterrupt as e:   # Ctrl-C (training saved its checkpoint first): status 130
+    if _VERBOSE.value:
+      raise
+    print(f"aogpt_jax: interrupted{': ' + str(e) if str(e) else ''}", file=sys.stderr)
+    raise SystemExit(130) from None
 
 
 if __name__ == "__main__":
