@@ -125,7 +125,23 @@ def eval_mode(cfg, workdir: str, checkpoint: str = "") -> dict:
   if jax.process_index() == 0:
     out = os.path.join(workdir, "eval", e.name)
     print(f"eval results written to {out}.json and {out}.md")
+    print(scored_line(results, cfg))
   return results
+
+
+def scored_line(results: dict, cfg) -> str:
+  """What --mode=eval scored, and why its held-out numbers differ from training's eval."""
+  parts = []
+  for name, d in results["datasets"].items():
+    s = next((d[k] for k in ("l2r", "any_order", "elbo") if d.get(k)), None)
+    if s is not None and "blocks" in s:
+      parts.append(f"{name} {int(s['blocks'])} blocks of {int(cfg.seq_len)} tokens")
+  line = f"scored: {', '.join(parts)} (eval.max_blocks={int(cfg.eval.max_blocks)}, 0 = all)"
+  if "heldout" in results["datasets"]:
+    line += (f"; training's own eval scores the first eval.train_max_blocks="
+             f"{int(cfg.eval.train_max_blocks)} held-out blocks, so its numbers differ "
+             f"(docs/evaluation.md)")
+  return line
 
 
 def sample_mode(cfg, workdir: str, checkpoint: str = "") -> str:

@@ -96,12 +96,18 @@ def heldout_eval(trainer: train_lib.Trainer, params, cfg) -> dict[str, float]:
       max_blocks=cfg.eval.train_max_blocks)
   sums: dict[str, float] = {}
   key = jax.random.PRNGKey(cfg.eval.seed)
+  blocks = 0
   for i, local in enumerate(batches):
     out = trainer.eval_step(params, sharding_lib.global_batch(local, trainer.mesh),
                             jax.random.fold_in(key, i))
+    blocks += int((local["weight"].sum(-1) > 0).sum())
     for k, v in jax.device_get(out).items():
       sums[k] = sums.get(k, 0.0) + float(v)
+  heldout_eval.blocks = blocks * jax.process_count()   # this process's share, times processes
   return objectives.get(cfg.objective).report(sums, train_lib.heldout_orders(cfg))
+
+
+heldout_eval.blocks = 0   # how many held-out blocks the last call scored (for its log line)
 
 
 LOG_FILE = "train.log"   # WORKDIR/train.log: every log line of every (resumed) run, appended
@@ -307,8 +313,9 @@ def _loop(cfg, trainer, state, start: int, data_iter, ckpt, writer, meta) -> dic
         writer.write_scalars(step, ev)
         last.update(ev)
         if is_main:
-          logging.info("step %d eval (%s weights): %s", step,
-                       "EMA" if eval_params == "ema" else "live", _eval_line(ev))
+          logging.info("step %d eval (%s weights, %d held-out blocks of %d tokens, nats/token): "
+                       "%s", step, "EMA" if eval_params == "ema" else "live", heldout_eval.blocks,
+                       cfg.seq_len, _eval_line(ev))
       if is_ckpt or stopping:
         with progress.paused():
           ckpt.save(step, state, data_iter, meta)
