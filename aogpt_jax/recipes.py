@@ -122,6 +122,7 @@ def quickstart() -> config_dict.ConfigDict:
       "total_steps": 600, "log_every": 20, "eval_every": 200, "checkpoint_every": 200,
       "optimizer.warmup_steps": 50, "optimizer.ema_decay": 0.99,
       "eval.train_max_blocks": 512, "eval.max_blocks": 1024,   # 16k / 32k held-out tokens
+      "sample.steps": 32,   # one position per step over the trained length
   })
 
 
