@@ -100,7 +100,7 @@ def heldout_eval(trainer: train_lib.Trainer, params, cfg) -> dict[str, float]:
   for i, local in enumerate(batches):
     out = trainer.eval_step(params, sharding_lib.global_batch(local, trainer.mesh),
                             jax.random.fold_in(key, i))
-    blocks += int((local["weight"].sum(-1) > 0).sum())
+    blocks += int((local["weight"] > 0).sum())   # one weight per block (0: padding)
     for k, v in jax.device_get(out).items():
       sums[k] = sums.get(k, 0.0) + float(v)
   heldout_eval.blocks = blocks * jax.process_count()   # this process's share, times processes
