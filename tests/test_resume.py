@@ -4,6 +4,7 @@ a non-finite loss stops the run naming the step and keeps the last good checkpoi
 
 import json
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -87,6 +88,8 @@ def test_sigkill_then_sigterm_then_finish_equals_uninterrupted(cache_dir, tmp_pa
           f"python -m aogpt_jax.main {' '.join(args[3:])} --mode=eval") in last, last
   log = (tmp_path / "finished.log").read_text()
   assert "Unable to initialize backend" not in log and "parameters: " in log
+  assert re.search(r"step 96 eval \((EMA|live) weights, 8 held-out blocks of 16 tokens, "
+                   r"nats/token\): L2R loss", log), log[-3000:]     # eval.train_max_blocks=8
   assert "| Name" not in log and "| Name" in (work / train_loop.LOG_FILE).read_text()
   # A rerun has nothing to train, and that is its last line.
   run(args, tmp_path / "rerun.log")
