@@ -82,3 +82,15 @@ def test_settings_errors():
   with pytest.raises(ValueError, match="nothing to compute"):
     evaluate.EvalSettings(l2r=False, any_order=False)
   assert evaluate.EvalSettings.from_dict({"num_orders": 3}).num_orders == 3
+
+
+def test_eval_mode_says_what_it_scored_and_why_training_differs():
+  from aogpt_jax import modes
+  from aogpt_jax.config import default_config
+  cfg = default_config()
+  cfg.seq_len, cfg.eval.max_blocks, cfg.eval.train_max_blocks = 32, 1024, 512
+  res = {"datasets": {"heldout": {"l2r": {"blocks": 1024.0}, "any_order": {"blocks": 1024.0}}}}
+  assert modes.scored_line(res, cfg) == (
+      "scored: heldout 1024 blocks of 32 tokens (eval.max_blocks=1024, 0 = all); training's own "
+      "eval scores the first eval.train_max_blocks=512 held-out blocks, so its numbers differ "
+      "(docs/evaluation.md)")
