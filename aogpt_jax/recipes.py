@@ -108,9 +108,10 @@ def tiny(cfg: config_dict.ConfigDict) -> config_dict.ConfigDict:
 
 def quickstart() -> config_dict.ConfigDict:
   """AO-GPT (adaLN target conditioning, ~1M parameters, byte tokens) on the Python standard
-  library, with the paper's order mixture (10% L2R rows): a few minutes on a 2-core CPU.
+  library, with the paper's order mixture (10% L2R rows): 600 steps on a CPU (its time on a
+  2-core box: ``python benchmarks/quickstart.py``, docs/performance.md).
 
-  Scaled so that a few minutes show any-order generation: sequences of 32 bytes (64 per step,
+  Scaled so that 600 steps show any-order generation: sequences of 32 bytes (64 per step,
   the same 2,048 tokens as `tiny`), because at 128 the any-order loss stays near the unigram
   entropy for more than a thousand steps while the model learns to find a token's neighbours by
   position; with 32 it falls well below it within a few hundred steps (docs/training.md). EMA
