@@ -240,8 +240,10 @@ def test_read_only_workdir_in_sample_mode_is_one_line(cache_dir, trained, tmp_pa
   work = _copy(trained, tmp_path)
   _simulate_read_only(monkeypatch, "samples")
   monkeypatch.setattr(checkpoint_lib, "load_model", lambda *a, **k: pytest.fail("loaded"))
+  assert not (work / "samples").exists()
   with pytest.raises(config_lib.ConfigError, match="--workdir: .*/samples is not writable"):
     modes.sample_mode(tiny_config(cache_dir), str(work))
+  assert not (work / "samples").exists()           # no empty folder left behind
 
 
 @pytest.mark.slow

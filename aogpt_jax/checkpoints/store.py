@@ -150,6 +150,11 @@ def check_writable(directory: str | os.PathLike, what: str = "checkpoints", *,
       for p in created:                 # deepest first
         p.rmdir()
   except OSError as e:
+    for p in created if not keep else ():   # leave nothing behind on failure either
+      try:
+        p.rmdir()
+      except OSError:
+        pass
     raise config_lib.ConfigError(
         f"{what}: {directory} is not writable ({e.strerror or type(e).__name__}); fix its "
         f"permissions (chmod u+w) or use another --workdir") from None
