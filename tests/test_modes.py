@@ -66,6 +66,10 @@ def test_sample_mode_writes_jsonl(trained):
   second = pathlib.Path(modes.sample_mode(cfg, str(workdir)))
   assert second != path and second.name.endswith("-2.jsonl") and path.read_text() == first
   assert json.loads(second.read_text().splitlines()[0])["tokens"][:2] == [120, 121]
+  # sample.length 0: the length the run trained on (seq_len 16), not block_size (32)
+  cfg.sample.length = 0
+  third = pathlib.Path(modes.sample_mode(cfg, str(workdir)))
+  assert {len(json.loads(x)["tokens"]) for x in third.read_text().splitlines()} == {16}
 
 
 def test_genppl_mode_from_the_workdir(trained, tmp_path):
