@@ -55,11 +55,21 @@ MODES: dict[str, Callable[..., object]] = {
 
 
 class _QuietLibraries:
-  """Drops the INFO chatter of orbax and grain (one line per array per checkpoint)."""
+  """Drops the INFO chatter of orbax and grain (one line per array per checkpoint), JAX's
+  backend probes ("Unable to initialize backend 'tpu'") and, unless --verbose, the lines meant
+  for the run's log file only (the parameter table: `train.loop.FILE_ONLY`)."""
+
+  def __init__(self, verbose: bool = False):
+    self.verbose = verbose
 
   def filter(self, record) -> bool:
-    return record.levelno >= std_logging.WARNING or not any(
-        f"/{lib}/" in record.pathname for lib in ("orbax", "grain"))
+    if getattr(record, "file_only", False) and not self.verbose:
+      return False
+    if record.levelno >= std_logging.WARNING:
+      return True
+    if str(record.msg).startswith("Unable to initialize backend"):
+      return False
+    return not any(f"/{lib}/" in record.pathname for lib in ("orbax", "grain"))
 
 
 def _verbose(argv) -> bool:
@@ -81,15 +91,99 @@ def parse_flags(argv):
   except Exception as e:  # noqa: BLE001 - any parse failure is bad input
     if _verbose(argv):
       raise
-    sys.exit(f"aogpt_jax: config error: {one_line(_root(e))}")
+    sys.exit(f"aogpt_jax: config error: {_flag_error(argv, e) or one_line(_root(e))}")
+
+
+def _config_arg(argv) -> str | None:
+  for i, a in enumerate(argv[1:], 1):
+    if a.startswith("--config="):
+      return a.split("=", 1)[1]
+    if a == "--config" and i + 1 < len(argv):
+      return argv[i + 1]
+  return None
+
+
+def _load_config_file(spec: str):
+  """The config of ``--config=FILE[:ARG]`` (only to name a bad override's key; None if it
+  cannot be loaded)."""
+  import importlib.util  # pylint: disable=g-import-not-at-top
+  path, _, arg = spec.partition(":")
+  try:
+    module_spec = importlib.util.spec_from_file_location("_aogpt_config", path)
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    return module.get_config(arg) if arg else module.get_config()
+  except Exception:  # noqa: BLE001 - the file's own error is reported by the caller
+    return None
+
+
+def _paths(node, prefix: str = "") -> list[str]:
+  out = []
+  for k in node.keys():
+    v = node[k]
+    out += _paths(v, f"{prefix}{k}.") if hasattr(v, "keys") else [prefix + k]
+  return out
+
+
+def _flag_error(argv, e: BaseException) -> str | None:
+  """One line for a bad ``--config.KEY=VALUE`` (a misspelt key, with the closest key; a value
+  of the wrong type, with the expected type), or for a bad ``--config=FILE:ARG``; None when
+  ``e`` is something else."""
+  import difflib  # pylint: disable=g-import-not-at-top
+  chain, x = [], e
+  while x is not None and x not in chain:
+    chain.append(x)
+    x = x.__cause__ or x.__context__
+  spec = _config_arg(argv) or ""
+  if any(isinstance(x, ValueError) and str(x).startswith("config argument") for x in chain):
+    inner = next(x for x in chain if str(x).startswith("config argument"))
+    return f"--config={spec}: {str(inner).split(': ', 1)[1]}"
+  bad = next((a for a in argv[1:] if a.startswith("--config.") and f"flag {a.split('=')[0]}"
+              in str(e)), None)   # absl names the flag whose value failed to parse
+  cfg = _load_config_file(spec)
+  if cfg is None:
+    return None
+  overrides = [a[len("--config."):] for a in argv[1:] if a.startswith("--config.")]
+  for item in overrides:
+    path, _, value = item.partition("=")
+    node, parts, kind = cfg, path.split("."), None
+    for i, part in enumerate(parts):
+      if hasattr(node, "keys") and part in node.keys():
+        kind = node.get_type(part) if hasattr(node, "get_type") else type(node[part])
+        node = node[part]
+        continue
+      if not hasattr(node, "keys"):
+        break                   # below a leaf: let ml_collections' own message stand
+      where = ".".join(parts[:i])
+      close = [f"{where + '.' if where else ''}{c}" for c in
+               difflib.get_close_matches(part, list(node.keys()), n=1, cutoff=0.6)]
+      if not close:   # a key of another group? (--config.stpes -> sample.steps)
+        leaves = {}
+        for p in _paths(cfg):
+          leaves.setdefault(p.rsplit(".", 1)[-1], []).append(p)
+        close = [p for c in difflib.get_close_matches(part, list(leaves), n=1, cutoff=0.6)
+                 for p in leaves[c]][:3]
+      key = ".".join(parts[:i + 1])
+      hint = (f"did you mean {' or '.join('--config.' + c for c in close)}?" if close else
+              f"the keys of {where or 'the config'} are: {', '.join(sorted(node.keys()))}")
+      return f"--config.{path}: no config key {key!r}; {hint}"
+    if bad is not None and bad.startswith(f"--config.{path}="):
+      kind = {bool: "true or false", int: "an integer", float: "a number (float)",
+              str: "a string"}.get(kind, getattr(kind, "__name__", str(kind)))
+      return f"--config.{path}: expected {kind}, got {value!r}"
+  return None
 
 
 def main(argv) -> None:
-  logging.get_absl_handler().python_handler.addFilter(_QuietLibraries())
+  logging.get_absl_handler().python_handler.addFilter(_QuietLibraries(_VERBOSE.value))
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  if _MODE.value not in MODES:
-    raise app.UsageError(f"--mode={_MODE.value}: unknown mode; known: {', '.join(sorted(MODES))}")
+  if _MODE.value not in MODES:   # one line, without absl's usage text
+    import difflib  # pylint: disable=g-import-not-at-top
+    close = difflib.get_close_matches(_MODE.value, list(MODES), n=1)
+    raise SystemExit(f"aogpt_jax: --mode={_MODE.value}: unknown mode; known: "
+                     f"{', '.join(sorted(MODES))}" + (f"; did you mean --mode={close[0]}?"
+                                                      if close else ""))
   try:
     cfg = _CONFIG.value
   except Exception as e:  # noqa: BLE001 - the config file failed to load
@@ -121,6 +215,11 @@ def main(argv) -> None:
     if _VERBOSE.value:
       raise
     raise SystemExit(f"aogpt_jax: {one_line(e)}") from None
+  except KeyboardInterrupt as e:   # Ctrl-C (training saved its checkpoint first): status 130
+    if _VERBOSE.value:
+      raise
+    print(f"aogpt_jax: interrupted{': ' + str(e) if str(e) else ''}", file=sys.stderr)
+    raise SystemExit(130) from None
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ from aogpt_jax import evaluation
 from aogpt_jax.checkpoints import store as checkpoint_lib
 from aogpt_jax.config import ConfigError
 from aogpt_jax.model import objectives
+from aogpt_jax.sampling import config as sample_config
 from aogpt_jax.sampling import write as sample_write
 from aogpt_jax.train import workdir as workdir_lib
 
@@ -125,7 +126,7 @@ def _check_output(cfg, workdir: str, checkpoint: str, key: str, folder: str) -> 
   if not checkpoint and not os.path.isdir(os.path.join(workdir, "checkpoints")):
     raise FileNotFoundError(f"--workdir: no run in {workdir} (no checkpoints/ folder); pass the "
                             f"workdir of a trained run, or --checkpoint=SPEC")
-  checkpoint_lib.check_writable(os.path.join(workdir, folder), "--workdir")
+  checkpoint_lib.check_writable(os.path.join(workdir, folder), "--workdir", keep=False)
 
 
 def eval_order_kwargs(cfg) -> dict:
@@ -202,7 +203,23 @@ def eval_mode(cfg, workdir: str, checkpoint: str = "") -> dict:
   if jax.process_index() == 0:
     js, md = results["files"]
     print(f"eval results written to {js} and {md}")
+    print(scored_line(results, cfg))
   return results
+
+
+def scored_line(results: dict, cfg) -> str:
+  """What --mode=eval scored, and why its held-out numbers differ from training's eval."""
+  parts = []
+  for name, d in results["datasets"].items():
+    s = next((d[k] for k in ("l2r", "any_order", "elbo") if d.get(k)), None)
+    if s is not None and "blocks" in s:
+      parts.append(f"{name} {int(s['blocks'])} blocks of {int(cfg.seq_len)} tokens")
+  line = f"scored: {', '.join(parts)} (eval.max_blocks={int(cfg.eval.max_blocks)}, 0 = all)"
+  if "heldout" in results["datasets"]:
+    line += (f"; training's own eval scores the first eval.train_max_blocks="
+             f"{int(cfg.eval.train_max_blocks)} held-out blocks, so its numbers differ "
+             f"(docs/evaluation.md)")
+  return line
 
 
 def sample_mode(cfg, workdir: str, checkpoint: str = "") -> str:
@@ -211,7 +228,8 @@ def sample_mode(cfg, workdir: str, checkpoint: str = "") -> str:
   if not checkpoint and not os.path.isdir(os.path.join(workdir, "checkpoints")):
     raise FileNotFoundError(f"--workdir: no run in {workdir} (no checkpoints/ folder); pass the "
                             f"workdir of a trained run, or --checkpoint=SPEC")
-  checkpoint_lib.check_writable(os.path.join(workdir, "samples"), "--workdir")
+  checkpoint_lib.check_writable(os.path.join(workdir, "samples"), "--workdir",
+                               keep=False)
   if checkpoint:
     m, prov = _from_spec(cfg, checkpoint, cfg.sample.which)
     config_lib.follow_objective(cfg)
@@ -223,7 +241,7 @@ def sample_mode(cfg, workdir: str, checkpoint: str = "") -> str:
     m, run_cfg = checkpoint_lib.load_model(workdir, which=cfg.sample.which)
     path = sample_write.write_samples(m, cfg, workdir, data.get_tokenizer(cfg.data.tokenizer),
                                  step=run_cfg.loaded.step, loaded=run_cfg.loaded.to_dict(),
-                                 data=_data_meta(cfg))
+                                 data=_data_meta(cfg), trained_length=run_cfg.get("seq_len"))
   print(f"samples written to {path}")
   return path
 
@@ -242,12 +260,14 @@ def genppl_mode(cfg, workdir: str, checkpoint: str = "") -> dict:
   grid = genppl.grid_from_config(g, cfg.sample)
   tok = data.get_tokenizer(cfg.data.tokenizer)
   _check_output(cfg, workdir, checkpoint, "genppl.name", "eval")
+  trained_length = None
   if checkpoint:
     m, prov = _from_spec(cfg, checkpoint, cfg.sample.which)
   else:
     _check_run(cfg, workdir, "sample.method")
     m, run_cfg = checkpoint_lib.load_model(workdir, which=cfg.sample.which)
     prov = run_cfg.loaded.to_dict()
+    trained_length = run_cfg.get("seq_len")
   config_lib.follow_objective(cfg)
   try:                                                            # before any sampling
     scorer = genppl.GPT2Scorer.from_pretrained(str(g.scorer))
@@ -259,7 +279,7 @@ def genppl_mode(cfg, workdir: str, checkpoint: str = "") -> dict:
     raise ConfigError(f"genppl.scorer: {g.scorer} has vocab_size {scorer.cfg.vocab_size} but "
                       f"data.tokenizer {cfg.data.tokenizer!r} has {tok.vocab_size} ids; the "
                       f"samples must be in the scorer's tokens (GPT-2 for GPT-2 Large)")
-  length = (int(cfg.sample.length) or m.cfg.block_size) + bool(g.prepend_eot)
+  length = sample_config.default_length(cfg.sample, m.cfg, trained_length) + bool(g.prepend_eot)
   if length > scorer.cfg.n_positions:
     raise ConfigError(f"genppl.scorer: {g.scorer} reads at most {scorer.cfg.n_positions} tokens "
                       f"but the samples have {length} (sample.length"
@@ -273,7 +293,8 @@ def genppl_mode(cfg, workdir: str, checkpoint: str = "") -> dict:
     c.update(dict(num_samples=num_samples, steps=steps, top_p=top_p, temperature=temperature,
                   seed=seed, name=""))
     path = sample_write.write_samples(m, c, workdir, tok, step=prov.get("step"), loaded=prov,
-                                      data=_data_meta(cfg))
+                                      data=_data_meta(cfg),
+                                      trained_length=trained_length)
     with open(path) as f:
       rows = [json.loads(line)["tokens"] for line in f]
     files.append(os.path.abspath(path))

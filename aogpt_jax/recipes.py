@@ -115,19 +115,22 @@ def tiny(cfg: config_dict.ConfigDict) -> config_dict.ConfigDict:
 
 def quickstart() -> config_dict.ConfigDict:
   """AO-GPT (adaLN target conditioning, ~1M parameters, byte tokens) on the Python standard
-  library: two to five minutes on a 2-core CPU.
+  library, with the paper's order mixture (10% L2R rows): 600 steps on a CPU (its time on a
+  2-core box: ``python benchmarks/quickstart.py``, docs/performance.md).
 
-  One deliberate change from the paper's recipe: half of the rows are left-to-right
-  (``p_l2r=0.5`` instead of 0.1). At this size the any-order loss stays near the unigram
-  entropy for more than a thousand steps (the model first has to learn to find a token's
-  neighbours by position), so a few-minute run would otherwise show little; the L2R rows make
-  the held-out L2R loss fall well below it. Set ``--config.order.kwargs.p_l2r=0.1`` for the
-  published mixture.
+  Scaled so that 600 steps show any-order generation: sequences of 32 bytes (64 per step,
+  the same 2,048 tokens as `tiny`), because at 128 the any-order loss stays near the unigram
+  entropy for more than a thousand steps while the model learns to find a token's neighbours by
+  position; with 32 it falls well below it within a few hundred steps (docs/training.md). EMA
+  0.99: its averaging window (~100 steps) fits a 600-step run. Sampling defaults to the trained
+  length (32).
   """
   return apply(tiny(paper("small")), {
-      "order.kwargs": {"p_l2r": 0.5},
+      "seq_len": 32, "batch_size": 64, "optimizer.lr": 3e-3,
       "total_steps": 600, "log_every": 20, "eval_every": 200, "checkpoint_every": 200,
-      "optimizer.warmup_steps": 50, "optimizer.ema_decay": 0.999,
+      "optimizer.warmup_steps": 50, "optimizer.ema_decay": 0.99,
+      "eval.train_max_blocks": 512, "eval.max_blocks": 1024,   # 16k / 32k held-out tokens
+      "sample.steps": 32,   # one position per step over the trained length
   })
 
 
@@ -190,8 +193,17 @@ def from_arg(arg: str | None, base: Callable[[], config_dict.ConfigDict],
   names = [t for t in tokens if t != "tiny"]
   unknown = [t for t in names if t not in variants]
   if unknown or len(names) > 1:
-    raise ValueError(f"config argument {arg!r}: expected at most one of "
-                     f"{sorted(variants) or 'no variants'} and optionally 'tiny'")
+    import difflib  # pylint: disable=g-import-not-at-top
+    known = [*sorted(variants), "tiny"]
+    expected = (f"one of {', '.join(map(repr, sorted(variants)))}, optionally with 'tiny' "
+                f"(e.g. ':{sorted(variants)[0]},tiny')" if variants else "only 'tiny'")
+    if unknown:
+      close = difflib.get_close_matches(unknown[0], known, n=1, cutoff=0.5)
+      raise ValueError(f"config argument {arg!r}: unknown {unknown[0]!r}"
+                       + (f" (did you mean {close[0]!r}?)" if close else "")
+                       + f"; this config file takes {expected}")
+    raise ValueError(f"config argument {arg!r}: {len(names)} variants given; this config file "
+                     f"takes {expected}")
   cfg = base()
   if small:
     tiny(cfg)

@@ -1,6 +1,6 @@
 """Runs the CPU quickstart end to end and compares its held-out loss with the unigram entropy.
 
-    python benchmarks/quickstart.py [--out=PATH] [-- --config.x=y]
+    python benchmarks/quickstart.py [--out=PATH] [--keep=DIR] [-- --config.x=y]
 
 Trains ``configs/quickstart.py`` from scratch in a fresh temporary workdir through the real
 command line (``python -m aogpt_jax.main``), measures the wall time of the whole command
@@ -19,6 +19,7 @@ to the training command.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import pathlib
@@ -58,10 +59,15 @@ def unigram(cfg) -> dict[str, float]:
 def main() -> None:
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("--out", default="", help="default: results/quickstart/<machine>.json")
+  ap.add_argument("--keep", default="", help="train in this new folder and keep it (to sample "
+                  "from the measured run); default: a temporary folder, removed")
   ap.add_argument("overrides", nargs="*", help="--config.x=y passed to the training command")
   args = ap.parse_args()
+  if args.keep and os.path.exists(args.keep):
+    sys.exit(f"--keep={args.keep}: exists; the measured run must start from scratch")
 
-  with tempfile.TemporaryDirectory(prefix="aogpt_quickstart_") as workdir:
+  with (contextlib.nullcontext(args.keep) if args.keep else
+        tempfile.TemporaryDirectory(prefix="aogpt_quickstart_")) as workdir:
     cmd = [sys.executable, "-m", "aogpt_jax.main", "--config=configs/quickstart.py",
            f"--workdir={workdir}", *args.overrides]
     load_before = os.getloadavg()
@@ -74,6 +80,7 @@ def main() -> None:
              (pathlib.Path(workdir) / "metrics.jsonl").read_text().splitlines()]
     # The run's own resolved config (overrides included) says what was scored.
     cfg = config_dict.ConfigDict(json.loads((pathlib.Path(workdir) / "config.json").read_text()))
+  args.keep = "<kept folder>" if args.keep else ""   # the JSON names no local path
   evals = [x for x in lines if "eval/loss_l2r" in x]
   train = [x for x in lines if "train/tokens_per_sec" in x]
   result = {

@@ -106,8 +106,11 @@ def _vs_sampling(top_p: str) -> Callable[[Result], str]:
 ROWS: list[Row] = [
     ("CPU quickstart: the whole command (start-up, data, compile, training, evals, checkpoints)",
      f"quickstart/{CPU}",
-     lambda j: f"{j.r('wall_s'):.0f} s wall, {j.r('final_step')} steps; held-out L2R loss "
-               f"{j.r('heldout_loss_l2r'):.3f} nats/byte",
+     lambda j: f"{j.r('wall_s'):.0f} s wall, {j.r('final_step')} steps (load average "
+               f"{j.r('machine', 'loadavg_before')[0]:.1f} on 2 cores at the start); held-out "
+               f"any-order / L2R loss {j.r('heldout_loss_any_order'):.3f} / "
+               f"{j.r('heldout_loss_l2r'):.3f} nats/byte vs unigram "
+               f"{j.r('heldout_unigram_cross_entropy'):.3f}",
      "python benchmarks/quickstart.py"),
     ("CPU train step vs the published PyTorch code (4 layers, d 256, n 256, batch 8, fp32)",
      f"vs_published_cpu/{CPU}",

@@ -1,6 +1,6 @@
 """CPU quickstart: AO-GPT (~1M parameters, byte tokens) on the Python standard library's source.
 
-No downloads; a few minutes on 2 CPU cores. Run:
+No downloads; 600 steps on a CPU (time: benchmarks/quickstart.py). Run:
   python -m aogpt_jax.main --config=configs/quickstart.py --workdir=/tmp/aogpt_quickstart
 """
 

@@ -72,7 +72,7 @@ def test_hf_offline_error_names_the_route(tmp_path, monkeypatch):
   monkeypatch.delenv("HF_HUB_CACHE", raising=False)
   with pytest.raises(checkpoint_spec.CheckpointSpecError,
                      match="repository someone/aogpt .* not in the Hugging Face cache .*"
-                           "huggingface-cli download someone/aogpt ckpt.pt"):
+                           "hf download someone/aogpt ckpt.pt"):
     checkpoint_spec.load("hf:someone/aogpt/ckpt.pt")
 
 

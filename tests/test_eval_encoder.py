@@ -156,7 +156,7 @@ def test_evaluate_encoder_rows_next_to_an_aogpt(m, tmp_path):
   ao = evaluate.evaluate(aogpt, {"ptb": data["ptb"]}, evaluate.EvalSettings(seed=3,
                                                                             ensemble_max_m=2))
   both = report.markdown_comparison({"AO-GPT": ao, "Encoder": res}).splitlines()
-  assert both[0] == "| Method | ptb | lm1b |"
+  assert both[0] == "| Method: perplexity (nats/token) | ptb | lm1b |"
   labels = [r.split(" |")[0] for r in both[2:]]
   assert labels[:4] == ["| AO-GPT: L2R", "| AO-GPT: Any-order (uniform, 1 order draw(s), seed 3)",
                         "| AO-GPT: Ensemble M=1", "| AO-GPT: Ensemble M=2"]

@@ -47,8 +47,11 @@ def test_evaluate_writes_json_and_table(tmp_path):
     np.testing.assert_allclose(d["ensemble"]["nll"]["1"], d["any_order"]["per_order_nll"][0],
                                rtol=1e-7)
   table = (tmp_path / "eval" / "zs.md").read_text().splitlines()
-  assert table[0] == "| Method | wikitext2 | ptb |"
-  assert table[2].startswith("| L2R | ")
+  blocks = {d: int(res["datasets"][d]["l2r"]["blocks"]) for d in ("wikitext2", "ptb")}
+  assert table[0] == (f"| Method: perplexity (nats/token) | wikitext2 ({blocks['wikitext2']} "
+                      f"blocks) | ptb ({blocks['ptb']} blocks) |")
+  l2r = res["datasets"]["wikitext2"]["l2r"]      # units: perplexity, then nats/token
+  assert table[2].startswith(f"| L2R | {l2r['ppl']:.2f} ({l2r['nll']:.3f}) | ")
   assert table[3].startswith("| Any-order (uniform, 2 order draw(s), seed 3, 95% CI) | ")
   assert [r.split(" |")[0] for r in table[4:]] == ["| Ensemble M=1", "| Ensemble M=2"]
   assert f"{res['datasets']['ptb']['ensemble']['ppl']['2']:.2f}" in table[5]
@@ -79,3 +82,15 @@ def test_settings_errors():
   with pytest.raises(ValueError, match="nothing to compute"):
     evaluate.EvalSettings(l2r=False, any_order=False)
   assert evaluate.EvalSettings.from_dict({"num_orders": 3}).num_orders == 3
+
+
+def test_eval_mode_says_what_it_scored_and_why_training_differs():
+  from aogpt_jax import modes
+  from aogpt_jax.config import default_config
+  cfg = default_config()
+  cfg.seq_len, cfg.eval.max_blocks, cfg.eval.train_max_blocks = 32, 1024, 512
+  res = {"datasets": {"heldout": {"l2r": {"blocks": 1024.0}, "any_order": {"blocks": 1024.0}}}}
+  assert modes.scored_line(res, cfg) == (
+      "scored: heldout 1024 blocks of 32 tokens (eval.max_blocks=1024, 0 = all); training's own "
+      "eval scores the first eval.train_max_blocks=512 held-out blocks, so its numbers differ "
+      "(docs/evaluation.md)")

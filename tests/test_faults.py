@@ -240,8 +240,10 @@ def test_read_only_workdir_in_sample_mode_is_one_line(cache_dir, trained, tmp_pa
   work = _copy(trained, tmp_path)
   _simulate_read_only(monkeypatch, "samples")
   monkeypatch.setattr(checkpoint_lib, "load_model", lambda *a, **k: pytest.fail("loaded"))
+  assert not (work / "samples").exists()
   with pytest.raises(config_lib.ConfigError, match="--workdir: .*/samples is not writable"):
     modes.sample_mode(tiny_config(cache_dir), str(work))
+  assert not (work / "samples").exists()           # no empty folder left behind
 
 
 @pytest.mark.slow
@@ -278,8 +280,18 @@ def test_cli_errors_are_one_line_and_verbose_shows_the_traceback(cache_dir, tmp_
   base = [sys.executable, "-m", "aogpt_jax.main", f"--workdir={tmp_path / 'w'}"]
   cases = {
       "--config=configs/nope.py": "config error: --config: no such file: configs/nope.py",
-      "--config.modle.n_layer=2": 'Did you mean "model" instead of "modle"?',
-      "--config=configs/quickstart.py:bogus": "config argument 'bogus'",
+      "--config.modle.n_layer=2": ("config error: --config.modle.n_layer: no config key "
+                                   "'modle'; did you mean --config.model?"),
+      "--config.sample.stpes=3": ("config error: --config.sample.stpes: no config key "
+                                  "'sample.stpes'; did you mean --config.sample.steps?"),
+      "--config.totl_steps=3": "did you mean --config.total_steps?",
+      "--config.optimizer.lr=abc": ("config error: --config.optimizer.lr: expected a number "
+                                    "(float), got 'abc'"),
+      "--config.seq_len=1.5": "config error: --config.seq_len: expected an integer, got '1.5'",
+      "--config=configs/quickstart.py:bogus": ("--config=configs/quickstart.py:bogus: unknown "
+                                               "'bogus'; this config file takes only 'tiny'"),
+      "--config=configs/quickstart.py:tinny": ("--config=configs/quickstart.py:tinny: unknown "
+                                               "'tinny' (did you mean 'tiny'?)"),
   }
   for arg, want in cases.items():
     args = base + ([arg] if arg.startswith("--config=") else
@@ -287,7 +299,7 @@ def test_cli_errors_are_one_line_and_verbose_shows_the_traceback(cache_dir, tmp_
     p = subprocess.run(args, **kw)
     lines = [x for x in p.stderr.splitlines() if x.strip()]
     assert p.returncode == 1 and lines and want in lines[-1], (arg, p.stderr[-2000:])
-    assert "Traceback" not in p.stderr, (arg, p.stderr[-2000:])
+    assert "Traceback" not in p.stderr and "Error: " not in lines[-1], (arg, p.stderr[-2000:])
   p = subprocess.run(base + ["--config=configs/quickstart.py", "--config.modle.n_layer=2",
                              "--verbose"], **kw)
   assert p.returncode != 0 and "Traceback" in p.stderr

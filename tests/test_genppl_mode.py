@@ -89,7 +89,7 @@ def test_scorer_path_errors_are_one_line_naming_the_key(tmp_path):
   with pytest.MonkeyPatch.context() as mp:
     for k, v in env.items():
       mp.setenv(k, v)
-    with pytest.raises(ConfigError, match="genppl.scorer: .*huggingface-cli download "
+    with pytest.raises(ConfigError, match="genppl.scorer: .*hf download "
                                           "openai-community/gpt2-large") as e:
       modes.genppl_mode(cfg, str(out), checkpoint=ckpt)
   assert "\n" not in str(e.value)

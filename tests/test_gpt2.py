@@ -86,7 +86,7 @@ def test_missing_weights_error_names_the_file(tmp_path):
   with pytest.raises(FileNotFoundError, match=r"model\.safetensors.*GPT-2 Large"):
     gpt2.load(str(tmp_path / "gpt2-large"))
   (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
-  with pytest.raises(FileNotFoundError, match="huggingface-cli download"):
+  with pytest.raises(FileNotFoundError, match="hf download"):
     gpt2.load(str(tmp_path))
 
 

@@ -44,7 +44,7 @@ def test_missing_is_one_line_with_the_download_command(tmp_path, cache):
     hub.resolve("hf:someone/aogpt/124M/ckpt.pt")
   msg = str(e.value)
   assert "\n" not in msg and msg.startswith("hf:someone/aogpt/124M/ckpt.pt: repository")
-  assert "huggingface-cli download someone/aogpt 124M/ckpt.pt" in msg and str(cache) in msg
+  assert "hf download someone/aogpt 124M/ckpt.pt" in msg and str(cache) in msg
   src = tmp_path / "f.txt"
   src.write_text("x")
   pu.hf_cache_repo(cache, "someone/aogpt", {"other.pt": src})

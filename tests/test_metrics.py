@@ -88,7 +88,13 @@ def test_progress_log_lines_have_an_eta_and_skip_the_first_item(monkeypatch, cap
   lines = [r.getMessage() for r in caplog.records]
   assert lines == [f"eval heldout batches: {i}/11 ({100 * i / 11:.0f}%), {t} elapsed, ETA {eta}"
                    for i, t, eta in ((2, "1m02s", "0m18s"), (5, "1m08s", "0m12s"),
-                                     (8, "1m14s", "0m06s"), (11, "1m20s", "0m00s"))]
+                                     (8, "1m14s", "0m06s"))] + [
+                       "eval heldout batches: 11/11 (100%), done in 1m20s"]
+  caplog.clear()
+  one = metrics_lib.ProgressLog("sample batches", 1)   # 1/1: no "ETA ?"
+  now[0] += 3.0
+  one.update(1)
+  assert [r.getMessage() for r in caplog.records] == ["sample batches: 1/1 (100%), done in 0m03s"]
 
 
 def test_memory_line_names_the_options_and_warns_over_the_device_limit():

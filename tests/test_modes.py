@@ -33,7 +33,7 @@ def test_eval_mode_writes_json_and_table_with_the_ema_weights(trained, capsys, c
   res = modes.eval_mode(cfg, str(workdir))
   # It says where it wrote, and shows progress with an ETA (16 blocks: 2 batches of 8).
   assert f"eval results written to {workdir}/eval/zero_shot.json and" in capsys.readouterr().out
-  assert "eval heldout batches: 2/2 (100%)" in caplog.text and "ETA" in caplog.text
+  assert "eval heldout batches: 2/2 (100%), done in" in caplog.text
   out = json.loads((workdir / "eval" / "zero_shot.json").read_text())
   table = (workdir / "eval" / "zero_shot.md").read_text()
   assert "heldout" in table and "Ensemble M=2" in table
@@ -66,6 +66,10 @@ def test_sample_mode_writes_jsonl(trained):
   second = pathlib.Path(modes.sample_mode(cfg, str(workdir)))
   assert second != path and second.name.endswith("-2.jsonl") and path.read_text() == first
   assert json.loads(second.read_text().splitlines()[0])["tokens"][:2] == [120, 121]
+  # sample.length 0: the length the run trained on (seq_len 16), not block_size (32)
+  cfg.sample.length = 0
+  third = pathlib.Path(modes.sample_mode(cfg, str(workdir)))
+  assert {len(json.loads(x)["tokens"]) for x in third.read_text().splitlines()} == {16}
 
 
 def test_genppl_mode_from_the_workdir(trained, tmp_path):

@@ -80,9 +80,25 @@ def test_sampling_notebook_falls_back_offline(tmp_path, offline, monkeypatch, ca
   monkeypatch.setenv("AOGPT_WORKDIR", str(tmp_path / "no_run_here"))
   ns = run_notebook("sampling.ipynb", cells=4)       # up to the model (the rest: as above)
   out = capsys.readouterr().out
-  assert "is not in the Hugging Face cache" in out and "huggingface-cli download" in out
+  assert "is not in the Hugging Face cache" in out and "hf download" in out
   assert ns["TRAINED"] is False and ns["LENGTH"] == 32                # random tiny model
   assert ns["cfg"].valid_vocab_size == 257
+  assert "NO TRAINED MODEL: using an UNTRAINED tiny model" in out       # loudly
+
+
+def test_both_notebooks_find_their_model_with_the_one_helper(tmp_path, offline, monkeypatch,
+                                                             capsys):
+  """The same search (checkpoint, then workdir, then a loud untrained fallback) in both."""
+  for name in ("sampling.ipynb", "ensembles.ipynb"):
+    text = (COLABS / name).read_text()
+    assert "checkpoint_spec.notebook_model()" in text and "aogpt_jax.load(" not in text, name
+  monkeypatch.setenv("AOGPT_CHECKPOINT", "")
+  monkeypatch.setenv("AOGPT_WORKDIR", str(tmp_path / "no_run_here"))
+  with pytest.warns(UserWarning, match="UNTRAINED tiny model"):
+    ns = run_notebook("ensembles.ipynb", cells=5)
+  out = capsys.readouterr().out
+  assert "NO TRAINED MODEL" in out and str(tmp_path / "no_run_here") in out
+  assert ns["TRAINED"] is False and ns["data_cfg"].tokenizer == "byte"
 
 
 @pytest.mark.torch

@@ -4,6 +4,7 @@ a non-finite loss stops the run naming the step and keeps the last good checkpoi
 
 import json
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -78,6 +79,22 @@ def test_sigkill_then_sigterm_then_finish_equals_uninterrupted(cache_dir, tmp_pa
 
   run(cli_args(cache_dir, work, **RUN), tmp_path / "finished.log")
   assert _steps(work)[-1] == TOTAL and {32, 64} <= set(_steps(work))   # keep_every
+  # It says it is done, in one last line: steps, time, losses, checkpoints, what to run next.
+  args = cli_args(cache_dir, work, **RUN)
+  last = (tmp_path / "finished.log").read_text().strip().splitlines()[-1]
+  assert f"training finished: steps {stopped}-{TOTAL} in " in last, last
+  assert "train loss " in last and f"checkpoints in {work / 'checkpoints'}; " in last, last
+  assert (f"sample: python -m aogpt_jax.main {' '.join(args[3:])} --mode=sample; evaluate: "
+          f"python -m aogpt_jax.main {' '.join(args[3:])} --mode=eval") in last, last
+  log = (tmp_path / "finished.log").read_text()
+  assert "Unable to initialize backend" not in log and "parameters: " in log
+  assert re.search(r"step 96 eval \((EMA|live) weights, 8 held-out blocks of 16 tokens, "
+                   r"nats/token\): L2R loss", log), log[-3000:]     # eval.train_max_blocks=8
+  assert "| Name" not in log and "| Name" in (work / train_loop.LOG_FILE).read_text()
+  # A rerun has nothing to train, and that is its last line.
+  run(args, tmp_path / "rerun.log")
+  last = (tmp_path / "rerun.log").read_text().strip().splitlines()[-1]
+  assert f"already reached total_steps={TOTAL}: nothing to train" in last and "--mode=eval" in last
   assert len(_steps(work)) <= 3 + 2          # the last 3 plus the multiples of 32
   got, want = saved_state(work, TOTAL), saved_state(ref, TOTAL)
   jax.tree.map(lambda a, b: np.testing.assert_array_equal(a, b, err_msg=f"seed {seed}"), got,
@@ -110,6 +127,16 @@ def test_bad_mode_and_config_errors_exit_with_a_message(cache_dir, tmp_path):
   kw = dict(capture_output=True, text=True, env=cpu_env(), cwd=REPO, timeout=120)
   p = subprocess.run(args + ["--mode=dance"], **kw)
   assert p.returncode != 0 and "--mode=dance: unknown mode; known: eval, genppl, prepare, sample, train" in p.stderr
+  p = subprocess.run(args + ["--mode=smaple"], **kw)   # one line, no usage text
+  assert p.returncode == 1 and p.stderr.strip().splitlines() == [
+      "aogpt_jax: --mode=smaple: unknown mode; known: eval, genppl, prepare, sample, train; "
+      "did you mean --mode=sample?"], p.stderr[-2000:]
+  file = tmp_path / "a_file"
+  file.write_text("x")
+  p = subprocess.run(cli_args(cache_dir, file), **kw)   # no chmod advice for a file
+  assert p.returncode == 1 and p.stderr.strip().splitlines()[-1] == (
+      f"aogpt_jax: config error: --workdir: {file} is a file, not a folder; give a folder path "
+      f"(an existing folder or one to create)"), p.stderr[-2000:]
   p = subprocess.run(args + ["--config.model.n_head=3"], **kw)
   assert p.returncode == 1
   assert "config error: model.n_head: 3 heads do not divide n_embd=32" in p.stderr
@@ -122,11 +149,14 @@ def test_ctrl_c_saves_like_sigterm_and_a_lower_total_steps_is_refused(cache_dir,
   p = start(cli_args(cache_dir, work, **RUN), tmp_path / "interrupted.log")
   assert _wait_for(lambda: bool(_steps(work)), p), "no checkpoint before the run ended"
   p.send_signal(signal.SIGINT)
-  assert p.wait(timeout=120) == 0, (tmp_path / "interrupted.log").read_text()[-3000:]
+  assert p.wait(timeout=120) == 130, (tmp_path / "interrupted.log").read_text()[-3000:]
   log = (tmp_path / "interrupted.log").read_text()
   assert "received SIGINT: saving a checkpoint and stopping" in log
   stopped = int(log.split("stopped at step ")[1].split()[0])
   assert stopped == _steps(work)[-1] and stopped < TOTAL
+  assert log.strip().splitlines()[-1] == (
+      f"aogpt_jax: interrupted: Ctrl-C: stopped after saving the checkpoint of step {stopped} "
+      f"in {work / 'checkpoints'}")
   # A total_steps below the newest checkpoint is an error, not a silent exit 0.
   kw = dict(capture_output=True, text=True, env=cpu_env(), cwd=REPO, timeout=120)
   lower = cli_args(cache_dir, work, **dict(RUN, total_steps=stopped - 1))

@@ -71,3 +71,25 @@ def test_config_errors_before_compiling(model, tmp_path, monkeypatch, change, ma
   monkeypatch.setattr(sampler, "sample_batch", no_run)
   with pytest.raises(ValueError, match=match):
     sample_write.write_samples(model, _cfg(**change), str(tmp_path), get_tokenizer("byte"))
+
+
+def test_default_length_is_the_trained_sequence_length(model):
+  """sample.length=0 samples the length the run trained on (its seq_len), not block_size: the
+  positions past it were never trained; without a run config, block_size."""
+  c = _cfg(length=0)
+  assert sample_config_lib.settings_from_config(c, model.cfg, 12).length == 12
+  assert sample_config_lib.settings_from_config(c, model.cfg).length == 24
+  assert sample_config_lib.settings_from_config(c, model.cfg, 99).length == 24   # at most
+  assert sample_config_lib.settings_from_config(_cfg(length=20), model.cfg, 12).length == 20
+
+
+def test_a_failed_sample_leaves_no_samples_folder(model, tmp_path, monkeypatch):
+  def boom(*a, **k):
+    raise RuntimeError("sampler failed")
+  monkeypatch.setattr(sample_write, "sample_batch", boom)
+  with pytest.raises(RuntimeError):
+    sample_write.write_samples(model, _cfg(), str(tmp_path / "run"), get_tokenizer("byte"))
+  assert not (tmp_path / "run").exists()
+  with pytest.raises(ValueError, match="sample.steps"):      # a bad setting: no folder either
+    sample_write.write_samples(model, _cfg(steps=0), str(tmp_path), get_tokenizer("byte"))
+  assert not (tmp_path / "samples").exists()

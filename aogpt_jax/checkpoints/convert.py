@@ -467,7 +467,7 @@ def _run(a: argparse.Namespace) -> None:
     if a.hub_dir:
       from aogpt_jax.checkpoints import model_card  # pylint: disable=g-import-not-at-top
       print(f"wrote {model_card.write(a.hub_dir, m.cfg, a.workdir, loaded)}; upload the folder "
-            f"with `huggingface-cli upload OWNER/REPO {a.hub_dir}`")
+            f"with `hf upload OWNER/REPO {a.hub_dir}`")
 
 
 def _from_gpt(a: argparse.Namespace) -> None:

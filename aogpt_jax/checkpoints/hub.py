@@ -2,10 +2,10 @@
 
 * ``hf:OWNER/REPO[/PATH]``: PATH (a file or a folder; empty = the whole repository) inside the
   repository's snapshot in the Hugging Face cache (``$HF_HUB_CACHE``, else ``$HF_HOME/hub``, else
-  ``~/.cache/huggingface/hub``), as ``huggingface-cli download OWNER/REPO`` leaves it.
+  ``~/.cache/huggingface/hub``), as ``hf download OWNER/REPO`` leaves it.
   ``hf:OWNER/REPO@REVISION/PATH`` picks a branch, tag or commit other than ``main``.
 * ``hf:./DIR`` / ``hf:/abs/DIR`` / ``hf:~/DIR`` (a path, not OWNER/REPO): a local folder laid out
-  like a Hub repository (e.g. ``huggingface-cli download ... --local-dir DIR``), used as is.
+  like a Hub repository (e.g. ``hf download ... --local-dir DIR``), used as is.
 
 Nothing is downloaded at run time: a spec that is not on this machine is one line (`HubError`)
 naming the spec and the command that fetches it on a machine with network.
@@ -45,7 +45,7 @@ def _is_local(body: str) -> bool:
 
 
 def download_hint(repo: str, path: str = "", rev: str = "main", files: tuple = ()) -> str:
-  """The ``huggingface-cli download`` command that puts PATH (or ``files``) into the cache."""
+  """The ``hf download`` command that puts PATH (or ``files``) into the cache."""
   if files:
     what = " " + " ".join(f"{path}/{f}" if path else f for f in files)
   elif path:
@@ -53,7 +53,7 @@ def download_hint(repo: str, path: str = "", rev: str = "main", files: tuple = (
   else:
     what = ""
   r = "" if rev == "main" else f" --revision {rev}"
-  return f"huggingface-cli download {repo}{what}{r}"
+  return f"hf download {repo}{what}{r}"
 
 
 def resolve(spec: str, files: tuple = ()) -> str:

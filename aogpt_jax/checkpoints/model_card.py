@@ -3,7 +3,7 @@
 DIR gets ``model.safetensors`` + ``config.json`` (`convert.export_safetensors`) and a model card
 ``README.md``: the architecture (every ModelConfig field), the training recipe from the run's
 ``config.json`` and the evaluation tables the run wrote (WORKDIR/eval/*.md). Upload DIR as is
-(``huggingface-cli upload OWNER/REPO DIR``); ``--checkpoint=hf:/path/to/DIR`` (or
+(``hf upload OWNER/REPO DIR``); ``--checkpoint=hf:/path/to/DIR`` (or
 ``hf:OWNER/REPO`` once it is in the local Hugging Face cache) reads it back.
 """
 

@@ -183,3 +183,67 @@ def load_any(spec: str, which: str = "ema"):
       cfg.data.tokenizer = DEFAULT_TOKENIZERS[mc.valid_vocab_size]
     cfg.loaded = prov
   return m, cfg
+
+
+QUICKSTART_WORKDIR = "/tmp/aogpt_quickstart"   # README's quickstart run
+
+
+def notebook_model(checkpoint: str | None = None, workdir: str | None = None):
+  """The model both notebooks in colabs/ use, found the same way: ``(model, config, trained)``.
+
+  1. ``checkpoint`` (default: $AOGPT_CHECKPOINT, else the published AO-GPT Small unless
+     $AOGPT_WORKDIR is set; "" skips it): any SPEC `load_any` takes; on Colab an
+     ``hf:Cauthyyy/...`` file is downloaded into the Hugging Face cache first;
+  2. else the EMA weights of the training run in ``workdir`` (default: $AOGPT_WORKDIR, else the
+     README quickstart's /tmp/aogpt_quickstart);
+  3. else an UNTRAINED tiny model (random weights: every code path runs, every number and text
+     is meaningless), announced in a banner and a warning.
+
+  ``config`` is the run's config (``config.loaded`` says what was loaded; ``data.tokenizer``,
+  ``seq_len``: the trained sequence length); ``trained`` is False only in case 3."""
+  import sys  # pylint: disable=g-import-not-at-top
+  import warnings  # pylint: disable=g-import-not-at-top
+  from flax import nnx  # pylint: disable=g-import-not-at-top
+  from aogpt_jax import config as config_lib  # pylint: disable=g-import-not-at-top
+  from aogpt_jax.model import aogpt as model_lib  # pylint: disable=g-import-not-at-top
+  if workdir is None:
+    workdir = os.environ.get("AOGPT_WORKDIR", "")
+  if checkpoint is None:
+    checkpoint = os.environ.get("AOGPT_CHECKPOINT",
+                                "" if workdir else PUBLISHED["aogpt_small"])
+  workdir = workdir or QUICKSTART_WORKDIR
+  why = []
+  if checkpoint:
+    if "google.colab" in sys.modules and checkpoint.startswith("hf:Cauthyyy/"):
+      from huggingface_hub import hf_hub_download  # pylint: disable=g-import-not-at-top
+      repo, rev, path = hub.parse(checkpoint)
+      hf_hub_download(repo, path, revision=rev)
+    try:
+      m, cfg = load_any(checkpoint)
+      print(f"trained model: {checkpoint} {cfg.loaded.to_dict()}; tokenizer: "
+            f"{cfg.data.tokenizer}")
+      return m, cfg, True
+    except (CheckpointSpecError, FileNotFoundError, ValueError) as e:
+      why.append(str(e).splitlines()[0])
+      print(f"{why[-1]}\n-> not loaded; trying the training run in {workdir}")
+  try:
+    m, cfg = load_any(workdir)
+    print(f"trained model: the EMA weights of the run in {workdir} (step {cfg.loaded.step}, "
+          f"trained on sequences of {cfg.seq_len})")
+    return m, cfg, True
+  except (CheckpointSpecError, FileNotFoundError, ValueError) as e:
+    why.append(str(e).splitlines()[0])
+  cfg = config_lib.default_config()
+  m = model_lib.AOGPT(model_lib.preset("tiny"), rngs=nnx.Rngs(0))
+  with cfg.unlocked():
+    cfg.model.preset, cfg.seq_len = "tiny", 128
+    cfg.data.source, cfg.data.tokenizer = "python_stdlib", "byte"
+    cfg.loaded = {"source": "untrained", "step": None, "weights": "random"}
+  rule = "!" * 78
+  msg = (f"NO TRAINED MODEL: using an UNTRAINED tiny model (random weights). Every code path "
+         f"runs, but every number and sample below is meaningless. Not found: "
+         f"{' | '.join(why)}. Train the README quickstart (its run goes to {QUICKSTART_WORKDIR}) "
+         f"or set AOGPT_WORKDIR / AOGPT_CHECKPOINT.")
+  print(f"{rule}\n{msg}\n{rule}")
+  warnings.warn(msg, stacklevel=2)
+  return m, cfg, False

@@ -135,16 +135,36 @@ def verify_manifest(step_dir: str | os.PathLike) -> bool:
   return True
 
 
-def check_writable(directory: str | os.PathLike, what: str = "checkpoints") -> None:
+def check_writable(directory: str | os.PathLike, what: str = "checkpoints", *,
+                   keep: bool = True) -> None:
   """A one-line `ConfigError` (before anything compiles) when DIRECTORY cannot be written;
-  orbax would otherwise retry for minutes and time out without naming the permission."""
+  orbax would otherwise retry for minutes and time out without naming the permission. A file
+  where a folder should be is named as such. ``keep=False``: the folders this check had to
+  create are removed again (an output folder appears only with its first file, so a run that
+  fails leaves no empty folder behind)."""
   directory = pathlib.Path(directory)
+  for parent in (directory, *directory.parents):
+    if parent.exists() and not parent.is_dir():
+      raise config_lib.ConfigError(
+          f"{what}: {parent} is a file, not a folder; give a folder path (an existing folder "
+          f"or one to create)")
+    if parent.exists():
+      break
+  created = [p for p in (directory, *directory.parents) if not p.exists()]
   try:
     directory.mkdir(parents=True, exist_ok=True)
     probe = directory / f".write_probe.{os.getpid()}.{jax.process_index()}"
     probe.write_text("ok")
     probe.unlink()
+    if not keep:
+      for p in created:                 # deepest first
+        p.rmdir()
   except OSError as e:
+    for p in created if not keep else ():   # leave nothing behind on failure either
+      try:
+        p.rmdir()
+      except OSError:
+        pass
     raise config_lib.ConfigError(
         f"{what}: {directory} is not writable ({e.strerror or type(e).__name__}); fix its "
         f"permissions (chmod u+w) or use another --workdir") from None

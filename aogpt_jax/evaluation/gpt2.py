@@ -3,7 +3,7 @@
 Any size works (gpt2, -medium, -large, -xl): a local folder with ``config.json`` and
 ``model.safetensors`` (or a sharded ``model.safetensors.index.json``), e.g. made with
 
-    huggingface-cli download openai-community/gpt2-large config.json model.safetensors \\
+    hf download openai-community/gpt2-large config.json model.safetensors \\
         --local-dir ~/models/gpt2-large
 
 Nothing is downloaded here (no network at run time). Key names may carry the ``transformer.``
@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json")
-DOWNLOAD_HINT = ("huggingface-cli download openai-community/gpt2-large config.json "
+DOWNLOAD_HINT = ("hf download openai-community/gpt2-large config.json "
                  "model.safetensors --local-dir {path}")
 
 

@@ -1,7 +1,8 @@
 """Evaluation results as files and tables: WORKDIR/eval/<name>.json (every number and the
-settings that produced it) and <name>.md (the paper's Table 4 layout, perplexities). Existing
-results are never overwritten (the new ones get <name>-2, <name>-3, ...); files are written
-atomically."""
+settings that produced it) and <name>.md (the paper's Table 4 layout: perplexity, with the mean
+NLL in nats/token, the unit training logs, in parentheses; each column says how many blocks it
+scored). Existing results are never overwritten (the new ones get <name>-2, <name>-3, ...);
+files are written atomically."""
 
 from __future__ import annotations
 
@@ -39,9 +40,12 @@ def write_results(workdir: str, name: str, results: Mapping[str, Any],
 
 
 def _fmt(summary: Mapping[str, Any] | None, key: str = "ppl") -> str:
+  """``perplexity (nats/token)`` and any 95% CI of the perplexity in brackets."""
   if not summary:
     return "-"
   text = f"{summary[key]:.2f}"
+  if key == "ppl" and "nll" in summary:
+    text += f" ({summary['nll']:.3f})"
   if "ppl_ci95" in summary and key == "ppl":
     lo, hi = summary["ppl_ci95"]
     text += f" [{lo:.2f}, {hi:.2f}]"
@@ -64,8 +68,9 @@ def table_rows(results: Mapping[str, Any]) -> list[tuple[str, dict[str, str]]]:
     rows.append((label, cells("any_order")))
   if s.get("ensemble_max_m"):
     for mm in ens_lib.m_values(s["ensemble_max_m"]):
-      rows.append((f"Ensemble M={mm}", {d: f"{ds[d]['ensemble']['ppl'][str(mm)]:.2f}"
-                                        if ds[d].get("ensemble") else "-" for d in ds}))
+      rows.append((f"Ensemble M={mm}", {
+          d: f"{ds[d]['ensemble']['ppl'][str(mm)]:.2f} ({ds[d]['ensemble']['nll'][str(mm)]:.3f})"
+          if ds[d].get("ensemble") else "-" for d in ds}))
   if encoder and s.get("elbo_samples"):
     k = s["elbo_samples"]
     label = f"ELBO bound ({k} t-samples, seed {s['seed']}"
@@ -74,8 +79,22 @@ def table_rows(results: Mapping[str, Any]) -> list[tuple[str, dict[str, str]]]:
   return rows
 
 
-def _table(columns: list[str], rows: list[tuple[str, Mapping[str, str]]]) -> str:
-  lines = ["| Method | " + " | ".join(columns) + " |", "|---" * (len(columns) + 1) + "|"]
+HEADER = "Method: perplexity (nats/token)"
+
+
+def _blocks(dataset: Mapping[str, Any]) -> str:
+  """``N blocks`` scored for a dataset's column header (eval.max_blocks caps N)."""
+  for key in ("l2r", "any_order", "elbo"):
+    if dataset.get(key) and "blocks" in dataset[key]:
+      return f" ({int(dataset[key]['blocks'])} blocks)"
+  return ""
+
+
+def _table(columns: list[str], rows: list[tuple[str, Mapping[str, str]]],
+           labels: Mapping[str, str] | None = None) -> str:
+  labels = labels or {}
+  lines = [f"| {HEADER} | " + " | ".join(labels.get(d, d) for d in columns) + " |",
+           "|---" * (len(columns) + 1) + "|"]
   lines += [f"| {label} | " + " | ".join(c.get(d, "-") for d in columns) + " |"
             for label, c in rows]
   return "\n".join(lines)
@@ -84,7 +103,8 @@ def _table(columns: list[str], rows: list[tuple[str, Mapping[str, str]]]) -> str
 def markdown_table(results: Mapping[str, Any]) -> str:
   """Table 4 layout: datasets as columns; L2R, any-order and ensemble-M rows (perplexity); for
   an encoder, exact L2R / any-order rows and the ELBO row."""
-  return _table(list(results["datasets"]), table_rows(results))
+  ds = results["datasets"]
+  return _table(list(ds), table_rows(results), {d: d + _blocks(ds[d]) for d in ds})
 
 
 def markdown_comparison(results_by_model: Mapping[str, Mapping[str, Any]]) -> str:
@@ -95,4 +115,4 @@ def markdown_comparison(results_by_model: Mapping[str, Mapping[str, Any]]) -> st
   for name, results in results_by_model.items():
     columns += [d for d in results["datasets"] if d not in columns]
     rows += [(f"{name}: {label}", c) for label, c in table_rows(results)]
-  return _table(columns, rows)
+  return _table(columns, rows)   # the models may have scored different blocks

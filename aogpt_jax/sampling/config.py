@@ -26,7 +26,8 @@ def sample_config() -> ml_collections.ConfigDict:
       threshold=0.9,               # adaptive, policy=threshold: commit max prob >= this
       num_samples=8,
       batch_size=8,
-      length=0,                    # 0: model.block_size
+      length=0,                    # 0: the length the run trained on (its seq_len), else
+                                   # model.block_size (a published checkpoint)
       steps=64,                    # 1..length (ignored by ar)
       schedule="linear",           # linear | cosine
       count_mode="deterministic",  # deterministic (released code) | stochastic (Lemma 4.1)
@@ -55,8 +56,17 @@ def _run_sample_group() -> ml_collections.ConfigDict:
 config_groups.register("sample", _run_sample_group)
 
 
-def settings_from_config(c: ml_collections.ConfigDict, cfg: ModelConfig) -> SampleSettings:
-  return SampleSettings(length=int(c.length) or cfg.block_size, steps=int(c.steps),
+def default_length(c: ml_collections.ConfigDict, cfg: ModelConfig,
+                   trained_length: int | None = None) -> int:
+  """``sample.length``, or when it is 0 the sequence length the model was trained on
+  (``trained_length``, the run's ``seq_len``; positions beyond it were never trained), else
+  ``model.block_size``."""
+  return int(c.length) or min(int(trained_length or cfg.block_size), cfg.block_size)
+
+
+def settings_from_config(c: ml_collections.ConfigDict, cfg: ModelConfig,
+                         trained_length: int | None = None) -> SampleSettings:
+  return SampleSettings(length=default_length(c, cfg, trained_length), steps=int(c.steps),
                         schedule=c.schedule, count_mode=c.count_mode, order=c.order,
                         temperature=float(c.temperature), top_p=float(c.top_p),
                         top_p_rule=str(c.get("top_p_rule", "published")),

@@ -11,6 +11,7 @@ import jax
 import ml_collections
 import numpy as np
 
+from aogpt_jax.checkpoints import store as checkpoint_lib
 from aogpt_jax.model.aogpt import AOGPT
 from aogpt_jax.sampling.config import config_prompt, settings_from_config
 from aogpt_jax.sampling.sampler import PLANLESS_METHODS, plan, prepare, sample_batch
@@ -20,19 +21,20 @@ from aogpt_jax.train import workdir as workdir_lib
 
 def write_samples(model: AOGPT, config: ml_collections.ConfigDict, workdir: str, tokenizer, *,
                   step: int | None = None, loaded: dict | None = None,
-                  data: dict | None = None) -> str:
+                  data: dict | None = None, trained_length: int | None = None) -> str:
   """Samples ``config.sample`` (or ``config`` itself if it is the group) and writes
   WORKDIR/samples/NAME.jsonl (one JSON line per sample: index, tokens, text, order) and
   NAME.json (the settings, the plan, timings, and ``loaded``: which checkpoint, step and weights
   made them; ``data``: the data source, tokenizer and sequence length). A NAME with a '/' is
   refused before sampling. An existing NAME is never overwritten: the new files get NAME-2, NAME-3, ...
   Everything is validated before compiling; one compiled sampler serves every batch. Returns
-  the .jsonl path."""
+  the .jsonl path. ``trained_length``: the run's ``seq_len``, the default ``sample.length``
+  (else ``model.block_size``)."""
   c = config.sample if "sample" in config else config
   if c.name:
     workdir_lib.check_name(c.name, "sample.name")
   cfg = model.cfg
-  s = settings_from_config(c, cfg)
+  s = settings_from_config(c, cfg, trained_length)
   s.validate(cfg)
   for f in ("num_samples", "batch_size"):
     if int(c[f]) < 1:
@@ -49,7 +51,8 @@ def write_samples(model: AOGPT, config: ml_collections.ConfigDict, workdir: str,
   plans = ([None] * len(batches) if s.method in PLANLESS_METHODS
            else plan(batches, method=s.method))
   out_dir = os.path.join(workdir, "samples")
-  os.makedirs(out_dir, exist_ok=True)      # an unwritable workdir fails before sampling
+  # An unwritable workdir fails before sampling; the folder itself appears with the files.
+  checkpoint_lib.check_writable(out_dir, "--workdir", keep=False)
   t0 = time.perf_counter()
   progress = metrics_lib.ProgressLog("sample batches", len(batches))
   outs = []
@@ -64,6 +67,7 @@ def write_samples(model: AOGPT, config: ml_collections.ConfigDict, workdir: str,
   name = c.name or (f"{s.method}{steps}_p{s.top_p:g}{rule}_t{s.temperature:g}_seed{int(c.seed)}")
   stem = workdir_lib.fresh_stem(out_dir, name, (".jsonl", ".json"))
   path = os.path.join(out_dir, stem + ".jsonl")
+  os.makedirs(out_dir, exist_ok=True)
   with open(path, "x") as f:
     for off, o in zip(range(0, num, bs), outs):
       for i, (toks, order) in enumerate(zip(o.tokens[:num - off], o.order[:num - off])):

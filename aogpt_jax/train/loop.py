@@ -19,6 +19,9 @@ from __future__ import annotations
 import json
 import logging
 import math
+import shlex
+import signal
+import sys
 import time
 
 import jax
@@ -93,16 +96,34 @@ def heldout_eval(trainer: train_lib.Trainer, params, cfg) -> dict[str, float]:
       max_blocks=cfg.eval.train_max_blocks)
   sums: dict[str, float] = {}
   key = jax.random.PRNGKey(cfg.eval.seed)
+  blocks = 0
   for i, local in enumerate(batches):
     out = trainer.eval_step(params, sharding_lib.global_batch(local, trainer.mesh),
                             jax.random.fold_in(key, i))
+    blocks += int((local["weight"] > 0).sum())   # one weight per block (0: padding)
     for k, v in jax.device_get(out).items():
       sums[k] = sums.get(k, 0.0) + float(v)
+  heldout_eval.blocks = blocks * jax.process_count()   # this process's share, times processes
   return objectives.get(cfg.objective).report(sums, train_lib.heldout_orders(cfg))
+
+
+heldout_eval.blocks = 0   # how many held-out blocks the last call scored (for its log line)
+
+
+LOG_FILE = "train.log"   # WORKDIR/train.log: every log line of every (resumed) run, appended
+FILE_ONLY = {"file_only": True}   # ``extra=`` of a record for the log file only (see main.py)
+
+
+class _OwnLines:
+  """The log file keeps this project's lines and the libraries' warnings."""
+
+  def filter(self, record) -> bool:
+    return record.levelno >= logging.WARNING or "aogpt_jax" in record.pathname
 
 
 def train(cfg, workdir: str) -> dict[str, float]:
   """Trains (or resumes) the run in ``workdir``; returns the last logged and eval scalars."""
+  t0 = time.perf_counter()
   model_cfg = config_lib.resolve(cfg)
   mesh = sharding_lib.make_mesh(cfg)
   sharding_lib.check_batch_sizes(cfg, mesh)
@@ -111,14 +132,34 @@ def train(cfg, workdir: str) -> dict[str, float]:
   meta = checkpoint_lib.run_meta(cfg, model_cfg)
   proc = jax.process_index()
   lock = workdir_lib.lock_workdir(workdir) if proc == 0 else None
+  log_file = None
+  if proc == 0:
+    log_file = logging.FileHandler(workdir / LOG_FILE, encoding="utf-8")
+    log_file.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+    log_file.addFilter(_OwnLines())
+    logging.getLogger().addHandler(log_file)
   try:
-    return _train(cfg, workdir, model_cfg, mesh, meta, proc)
+    return _train(cfg, workdir, model_cfg, mesh, meta, proc, t0)
   finally:
+    if log_file is not None:
+      logging.getLogger().removeHandler(log_file)
+      log_file.close()
     if lock is not None:
       lock.close()
 
 
-def _train(cfg, workdir, model_cfg, mesh, meta, proc) -> dict[str, float]:
+def next_commands(workdir) -> str:
+  """The commands that sample from and evaluate this run: this process's own command line
+  (config file and overrides) with ``--mode=sample`` / ``--mode=eval``."""
+  argv = sys.argv[1:] if sys.argv and sys.argv[0].endswith(("main.py", "aogpt_jax.main")) else []
+  keep = [a for a in argv if not a.startswith(("--mode", "--verbose", "--noverbose"))]
+  if not any(a.startswith("--config") for a in keep):
+    keep = ["--config=CONFIG", f"--workdir={workdir}"]
+  base = " ".join(["python -m aogpt_jax.main", *map(shlex.quote, keep)])
+  return f"sample: {base} --mode=sample; evaluate: {base} --mode=eval"
+
+
+def _train(cfg, workdir, model_cfg, mesh, meta, proc, t0) -> dict[str, float]:
 
   with jax.set_mesh(mesh):
     trainer = train_lib.build(cfg, model_cfg, mesh)
@@ -144,21 +185,47 @@ def _train(cfg, workdir, model_cfg, mesh, meta, proc) -> dict[str, float]:
             f"total_steps: {cfg.total_steps} is below the newest checkpoint's step {start} in "
             f"{ckpt.directory}; set total_steps > {start} to continue the run, or use a new "
             f"--workdir")
-      if start == cfg.total_steps:
+      if start == cfg.total_steps:   # the last line says so, with what to do next
+        ckpt.close()
         logging.warning("the run in %s already reached total_steps=%d: nothing to train "
-                        "(raise total_steps to continue it)", workdir, start)
+                        "(raise total_steps to continue it); checkpoints in %s; %s", workdir,
+                        start, ckpt.directory, next_commands(workdir))
+        return {}
       logging.info("resumed from %s", ckpt.directory / str(start))
     if proc == 0:   # only once every resume check passed: a refused resume changes nothing
       workdir_lib.write_json_atomic(workdir / "config.json", json_dumps(meta["config"]))
     # Lines and events after the restored step (0: nothing restored) are a killed run's: dropped.
     writer = metrics_lib.create_writer(workdir, resume_step=start)
     if proc == 0:
-      _log_overview(state["params"], cfg, model_cfg, mesh)
+      _log_overview(state["params"], cfg, model_cfg, mesh, workdir)
     try:
-      return _loop(cfg, trainer, state, start, data_iter, ckpt, writer, meta)
+      last = _loop(cfg, trainer, state, start, data_iter, ckpt, writer, meta)
     finally:
       writer.close()
       ckpt.close()
+    stopped = "stopped_by" in last
+    signum = last.pop("stopped_by", None)
+    if signum == signal.SIGINT:   # saved; the command line exits with 130 (main.py)
+      raise KeyboardInterrupt(f"Ctrl-C: stopped after saving the checkpoint of step "
+                              f"{ckpt.last_saved} in {ckpt.directory}")
+    if proc == 0 and not stopped:
+      logging.info("%s", summary_line(last, cfg.total_steps, start, time.perf_counter() - t0,
+                                      ckpt.directory, workdir))
+    return last
+
+
+def summary_line(last: dict[str, float], total: int, start: int, seconds: float, ckpt_dir,
+                 workdir) -> str:
+  """The end of a finished run in one line: steps, time, final losses, the checkpoint folder,
+  the commands to sample and evaluate."""
+  losses = [f"{name} {last[k]:.4f}" for k, name in (
+      ("train/loss", "train loss"), ("eval/loss_l2r", "held-out L2R"),
+      ("eval/loss_random", "held-out any-order"), ("eval/elbo", "held-out ELBO bound"))
+            if k in last]
+  trained = f"steps {start}-{total}" if start else f"{total} steps"
+  return (f"training finished: {trained} in {metrics_lib.format_duration(seconds)}; "
+          f"{', '.join(losses)} (nats/token); checkpoints in {ckpt_dir}; "
+          f"{next_commands(workdir)}")
 
 
 def load_init(cfg, model_cfg):
@@ -201,13 +268,16 @@ def json_dumps(d) -> str:
   return json.dumps(d, indent=2, sort_keys=True) + "\n"
 
 
-def _log_overview(params, cfg, model_cfg, mesh) -> None:
+def _log_overview(params, cfg, model_cfg, mesh, workdir) -> None:
   from clu import parameter_overview
   logging.info("model: %s", model_cfg)
   logging.info("mesh: %s over %d devices (%s)", dict(mesh.shape), mesh.size,
                jax.devices()[0].device_kind)
+  count = sum(int(x.size) for x in jax.tree.leaves(params))
   logging.info("parameters:\n%s", parameter_overview.get_parameter_overview(
-      params, include_stats="sharding"))
+      params, include_stats="sharding"), extra=FILE_ONLY)
+  logging.info("parameters: %s (the table: %s; --verbose prints it)", f"{count:,}",
+               workdir / LOG_FILE)
   logging.info("tokens per step: %d (batch %d x seq_len %d, %d microbatch(es))",
                cfg.batch_size * cfg.seq_len, cfg.batch_size, cfg.seq_len, cfg.microbatches)
 
@@ -290,15 +360,18 @@ def _loop(cfg, trainer, state, start: int, data_iter, ckpt, writer, meta) -> dic
         writer.write_scalars(step, ev)
         last.update(ev)
         if is_main:
-          logging.info("step %d eval (%s weights): %s", step,
-                       "EMA" if eval_params == "ema" else "live", _eval_line(ev))
+          logging.info("step %d eval (%s weights, %d held-out blocks of %d tokens, nats/token): "
+                       "%s", step, "EMA" if eval_params == "ema" else "live", heldout_eval.blocks,
+                       cfg.seq_len, _eval_line(ev))
       if is_ckpt or stopping:
         with progress.paused():
           ckpt.save(step, state, data_iter, meta)
         writer.flush()
       if stopping:
         ckpt.wait()
-        logging.warning("stopped at step %d on request; the checkpoint is saved", step)
+        logging.warning("stopped at step %d on request; the checkpoint is saved (run the same "
+                        "command to resume)", step)
+        last["stopped_by"] = stop.signum
         break
   finally:
     stop.restore()

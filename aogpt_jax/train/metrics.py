@@ -140,7 +140,10 @@ class ProgressLog:
     if now - self._last < self.every and done != self.total:
       return
     self._last = now
-    if self.total:
+    if self.total and done >= self.total:   # finished: no ETA to guess
+      logging.info("%s: %d/%d (100%%), done in %s", self.what, done, self.total,
+                   format_duration(now - self._t0))
+    elif self.total:
       rate = (done - 1) / max(now - self._t1, 1e-9) if done > 1 else 0.0
       eta = (self.total - done) / rate if rate > 0 else float("inf")
       logging.info("%s: %d/%d (%.0f%%), %s elapsed, ETA %s", self.what, done, self.total,

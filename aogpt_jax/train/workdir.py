@@ -86,6 +86,7 @@ class StopSignal:
 
   def __init__(self):
     self.requested = False
+    self.signum = None      # the signal that asked to stop (None: a multi-host preemption)
     self.multihost = jax.process_count() > 1
     self._previous = {}
     if not self.multihost:
@@ -98,6 +99,7 @@ class StopSignal:
     logging.warning("received %s: saving a checkpoint and stopping (Ctrl-C again: stop without "
                     "saving)", signal.Signals(signum).name)
     self.requested = True
+    self.signum = int(signum)
 
   def should_stop(self, step: int) -> bool:
     if self.multihost and not self.requested:

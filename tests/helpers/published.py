@@ -54,7 +54,7 @@ def gpt2_folder(path, vocab: int = 257, n_positions: int = 32, n_embd: int = 16,
 def hf_cache_repo(cache, repo: str, files: dict, rev: str = "main",
                   commit: str = "0123456789abcdef0123456789abcdef01234567") -> str:
   """Puts ``files`` ({path in repo: source file}) into a Hugging Face hub cache at ``cache`` as
-  ``huggingface-cli download`` leaves them (blobs, snapshot symlinks, refs/REV); returns the
+  ``hf download`` leaves them (blobs, snapshot symlinks, refs/REV); returns the
   snapshot folder."""
   import shutil  # pylint: disable=g-import-not-at-top
   root = os.path.join(cache, "models--" + repo.replace("/", "--"))
