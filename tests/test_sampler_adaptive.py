@@ -44,17 +44,18 @@ def _is_permutation(order):
 
 # Each case: settings, and an infill prompt or not. Together they cover every policy, all
 # candidates and a random subset, counts from the schedule (both count modes) and threshold.
-CASES = [
+slow = pytest.mark.slow
+CASES = [     # the first in the fast subset (seconds each)
     (dict(policy="max_prob", steps=4), False),
-    (dict(policy="confidence", steps=5, temperature=0.8, top_p=0.9), True),
-    (dict(policy="margin", steps=3, candidates=5), True),
-    (dict(policy="entropy", steps=6, count_mode="stochastic", greedy=True), False),
-    (dict(policy="random", steps=12), True),
-    (dict(policy="threshold", threshold=0.3, candidates=6), False),
+    pytest.param(dict(policy="confidence", steps=5, temperature=0.8, top_p=0.9), True, marks=slow),
+    pytest.param(dict(policy="margin", steps=3, candidates=5), True, marks=slow),
+    pytest.param(dict(policy="entropy", steps=6, count_mode="stochastic", greedy=True), False,
+                 marks=slow),
+    pytest.param(dict(policy="random", steps=12), True, marks=slow),
+    pytest.param(dict(policy="threshold", threshold=0.3, candidates=6), False, marks=slow),
 ]
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("kw,infill", CASES)
 def test_cached_equals_the_uncached_reference(model, kw, infill):
   """Tokens, chosen order and every step's query logits equal the reference's (full forward
@@ -79,7 +80,6 @@ def test_cached_equals_the_uncached_reference(model, kw, infill):
     np.testing.assert_array_equal(out.passes, np.minimum(kw["steps"], todo))
 
 
-@pytest.mark.slow
 def test_reference_queries_are_plain_causal_forwards(model):
   """The reference's first-step query logits are the gather-path forward of the order that puts
   each candidate first (an independent computation)."""
@@ -190,7 +190,6 @@ def test_mode_sample_writes_the_chosen_order(tmp_path):
   assert meta["settings"]["policy"] == "entropy" and meta["settings"]["candidates"] == 8
 
 
-@pytest.mark.slow
 def test_random_policy_is_the_random_order_diffusion_sampler(exact_model, seqs):
   """policy="random" over all candidates, T = 2 (reveals 2 then 2): the distribution of the
   diffusion sampler with a uniformly random order at the same counts, by enumeration; one token

@@ -114,7 +114,7 @@ def _mdm_report(sums, orders: HeldoutOrders):
 REGISTRY: dict[str, Objective] = {
     "ao": Objective("ao", "an AO-GPT (objective=ao)", _ao_loss, _ao_heldout, _ao_report,
                     model_config=lambda mc: mc,
-                    sample_methods=("diffusion", "ar", "uncached", "speculative"),
+                    sample_methods=("diffusion", "ar", "uncached", "speculative", "adaptive"),
                     model_kinds=("aogpt",), ensembles=True),
     "mdm": Objective("mdm", "an encoder (objective=mdm)", _mdm_loss, _mdm_heldout, _mdm_report,
                      model_config=encoder_model.encoder_config, sample_methods=("encoder",),

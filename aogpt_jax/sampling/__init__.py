@@ -13,6 +13,8 @@
   diffusion.py    the KV-cached scan sampler (parallel-generation mask) and its uncached twin
   ar.py           plain left-to-right decoding with a KV cache
   speculative.py  exact any-order speculative decoding (Figure 10 draft queries)
+  adaptive.py     adaptive order: the model's own scores choose the positions written next
+                  (policy registry; Figure 10 candidate queries in one cached pass per step)
   encoder.py      the encoder-only MDM baseline's sampler (full bidirectional forward per step)
   schedules.py    noise schedules, reveal counts (deterministic / Lemma 4.1), the static step plan
   tokens.py       temperature, top-p, the inverse-CDF token draw, per-sample key streams
@@ -31,7 +33,7 @@ _EXPORTS = {
     "sample_batch": "sampler", "compile_sampler": "sampler",
     "write_samples": "write",
 }
-_MODULES = ("sampler", "config", "write", "diffusion", "ar", "speculative", "encoder",
+_MODULES = ("sampler", "config", "write", "diffusion", "ar", "speculative", "adaptive", "encoder",
             "schedules", "tokens", "prompts", "state", "timing")
 
 __getattr__, __dir__, __all__ = lazy_exports(__name__, _EXPORTS, _MODULES)
