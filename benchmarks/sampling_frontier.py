@@ -99,10 +99,12 @@ def table(rows: list[dict]) -> str:
   return "\n".join(lines)
 
 
-def train(workdir: str, steps: int, extra: list[str]) -> float:
-  """Trains configs/quickstart.py for ``steps`` steps into ``workdir`` (``extra`` overrides)."""
+def train(workdir: str, steps: int, length: int, extra: list[str]) -> float:
+  """Trains configs/quickstart.py for ``steps`` steps into ``workdir`` on sequences of ``length``
+  tokens (the quickstart's 2,048 tokens per step; ``extra`` overrides)."""
   cmd = [sys.executable, "-m", "aogpt_jax.main", "--config=configs/quickstart.py",
-         f"--workdir={workdir}", f"--config.total_steps={steps}",
+         f"--workdir={workdir}", f"--config.total_steps={steps}", f"--config.seq_len={length}",
+         f"--config.batch_size={max(1, 2048 // length)}",
          f"--config.eval_every={steps}", f"--config.checkpoint_every={steps}", *extra]
   t0 = time.perf_counter()
   with open(os.path.join(workdir, "train.log"), "w") as log:
@@ -233,11 +235,11 @@ def main(argv=None) -> None:
     if not args.workdir:
       args.workdir = os.path.join(tmp, "sampler")
       os.makedirs(args.workdir)
-      info["train_sampler_s"] = round(train(args.workdir, args.train_steps, []), 1)
+      info["train_sampler_s"] = round(train(args.workdir, args.train_steps, args.length, []), 1)
     if not args.judge_workdir:
       args.judge_workdir = os.path.join(tmp, "judge")
       os.makedirs(args.judge_workdir)
-      info["train_judge_s"] = round(train(args.judge_workdir, args.judge_steps, [
+      info["train_judge_s"] = round(train(args.judge_workdir, args.judge_steps, args.length, [
           "--config.order.kwargs.p_l2r=1.0", f"--config.model.n_layer={args.judge_layers}",
           f"--config.model.n_embd={args.judge_width}"]), 1)
     model, _ = aogpt_jax.load(args.workdir)
