@@ -158,48 +158,65 @@ def eot_id(hf: Mapping[str, Any]) -> int:
   return int(e) if isinstance(e, int) and 0 <= e < vocab else vocab - 1
 
 
-def gpt2_flat(hf, tensors: Mapping[str, np.ndarray], cfg: model_lib.ModelConfig,
-              where: str) -> dict[str, np.ndarray]:
-  """GPT-2 tensors -> our flat parameter names (HF's Conv1D weights are [in, out] as ours).
-  Every tensor is used once; missing, misshapen or unknown tensors are named."""
-  used: set[str] = set()
-  d, v = cfg.n_embd, cfg.valid_vocab_size
-  inner = cfg.mlp_ratio * d
-
-  def get(name, shape):
-    if name not in tensors:
-      raise ConversionError(f"{where}: missing tensor {name!r}")
-    t = tensors[name]
-    if tuple(t.shape) != tuple(shape):
-      raise ConversionError(f"{where}: tensor {name!r} has shape {tuple(t.shape)}, config.json "
-                            f"implies {tuple(shape)}")
-    used.add(name)
-    return np.asarray(t, np.float32)
-
-  wte = get("wte.weight", (v, d))
-  flat = {"wte.embedding": np.concatenate([wte, np.zeros((cfg.vocab_size - v, d), np.float32)]),
-          "wpe.embedding": get("wpe.weight", (cfg.block_size + 1, d)),
-          "wnone": wte[eot_id(hf)].copy(),
-          "ln_f.scale": get("ln_f.weight", (d,)), "ln_f.bias": get("ln_f.bias", (d,))}
-  for i in range(cfg.n_layer):
+def gpt2_tensors(hf: Mapping[str, Any], tensors: Mapping[str, np.ndarray],
+                 where: str) -> dict[str, np.ndarray]:
+  """GPT-2's parameters as float32 arrays under their Hugging Face names (without the
+  ``transformer.`` prefix), each checked against ``config.json``: missing, misshapen or unknown
+  tensors are named, a head that is not tied to ``wte`` is refused, causal-mask buffers are
+  dropped. (HF's Conv1D weights are [in, out].) Shared by the conversion and the gen-PPL
+  scorer's JAX GPT-2 (evaluation/gpt2.py)."""
+  d, v = int(hf.get("n_embd", 768)), int(hf.get("vocab_size", 50257))
+  inner = int(hf.get("n_inner") or 4 * d)
+  shapes = {"wte.weight": (v, d), "wpe.weight": (int(hf.get("n_positions", 1024)), d),
+            "ln_f.weight": (d,), "ln_f.bias": (d,)}
+  for i in range(int(hf.get("n_layer", 12))):
     p = f"h.{i}."
     for ln in ("ln_1", "ln_2"):
-      flat[p + ln + ".scale"] = get(p + ln + ".weight", (d,))
-      flat[p + ln + ".bias"] = get(p + ln + ".bias", (d,))
+      shapes[p + ln + ".weight"] = shapes[p + ln + ".bias"] = (d,)
     for name, i_, o in (("attn.c_attn", d, 3 * d), ("attn.c_proj", d, d),
                         ("mlp.c_fc", d, inner), ("mlp.c_proj", inner, d)):
-      flat[p + name + ".kernel"] = get(p + name + ".weight", (i_, o))
-      flat[p + name + ".bias"] = get(p + name + ".bias", (o,))
+      shapes[p + name + ".weight"], shapes[p + name + ".bias"] = (i_, o), (o,)
+  out = {}
+  for name, shape in shapes.items():
+    if name not in tensors:
+      raise ConversionError(f"{where}: missing tensor {name!r}")
+    if tuple(tensors[name].shape) != shape:
+      raise ConversionError(f"{where}: tensor {name!r} has shape {tuple(tensors[name].shape)}, "
+                            f"config.json implies {shape}")
+    out[name] = np.asarray(tensors[name], np.float32)
+  used = set(shapes)
   if "lm_head.weight" in tensors:
     if not np.array_equal(tensors["lm_head.weight"], tensors["wte.weight"]):
       raise ConversionError(f"{where}: tensor 'lm_head.weight' differs from 'wte.weight'; only "
-                            f"GPT-2's tied head converts")
+                            f"GPT-2's tied head is read")
     used.add("lm_head.weight")
   buffers = {k for k in tensors if k.endswith(".attn.masked_bias")
              or (k.endswith(".attn.bias") and np.ndim(tensors[k]) == 4)}
   left = sorted(set(tensors) - used - buffers)
   if left:
     raise ConversionError(f"{where}: unexpected tensor(s) {left[:5]} (not a GPT2LMHeadModel?)")
+  return out
+
+
+def gpt2_flat(hf, tensors: Mapping[str, np.ndarray], cfg: model_lib.ModelConfig,
+              where: str) -> dict[str, np.ndarray]:
+  """GPT-2 tensors -> our flat parameter names (`gpt2_tensors` checks them; ``cfg`` is
+  `gpt2_model_config` of the same ``hf``)."""
+  t = gpt2_tensors(hf, tensors, where)
+  d, v = cfg.n_embd, cfg.valid_vocab_size
+  flat = {"wte.embedding": np.concatenate([t["wte.weight"],
+                                           np.zeros((cfg.vocab_size - v, d), np.float32)]),
+          "wpe.embedding": t["wpe.weight"],
+          "wnone": t["wte.weight"][eot_id(hf)].copy(),
+          "ln_f.scale": t["ln_f.weight"], "ln_f.bias": t["ln_f.bias"]}
+  for i in range(cfg.n_layer):
+    p = f"h.{i}."
+    for ln in ("ln_1", "ln_2"):
+      flat[p + ln + ".scale"] = t[p + ln + ".weight"]
+      flat[p + ln + ".bias"] = t[p + ln + ".bias"]
+    for name in ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj"):
+      flat[p + name + ".kernel"] = t[p + name + ".weight"]
+      flat[p + name + ".bias"] = t[p + name + ".bias"]
   return flat
 
 

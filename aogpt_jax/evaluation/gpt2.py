@@ -24,6 +24,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from aogpt_jax.checkpoints import from_gpt
+
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json")
 DOWNLOAD_HINT = ("hf download openai-community/gpt2-large config.json "
                  "model.safetensors --local-dir {path}")
@@ -94,19 +96,6 @@ def logits(params: dict, tokens: jax.Array, *, cfg: GPT2Config) -> jax.Array:
   return jnp.dot(x, params["wte"].T.astype(x.dtype)).astype(jnp.float32)
 
 
-def _read_tensors(path: str) -> dict[str, np.ndarray]:
-  from safetensors.numpy import load_file  # pylint: disable=g-import-not-at-top
-  single = os.path.join(path, "model.safetensors")
-  if os.path.exists(single):
-    return load_file(single)
-  with open(os.path.join(path, "model.safetensors.index.json")) as f:
-    shards = sorted(set(json.load(f)["weight_map"].values()))
-  out: dict[str, np.ndarray] = {}
-  for s in shards:
-    out.update(load_file(os.path.join(path, s)))
-  return out
-
-
 def load(path: str, dtype: str = "float32") -> tuple[dict, GPT2Config]:
   """Loads (params, config) from a local Hugging Face GPT-2 folder; clear errors if absent."""
   path = os.path.expanduser(path)
@@ -121,46 +110,16 @@ def load(path: str, dtype: str = "float32") -> tuple[dict, GPT2Config]:
         f"genppl.GPT2Scorer.from_pretrained(PATH).")
   with open(cfg_file) as f:
     cfg = GPT2Config.from_hf(json.load(f))
-  raw = _read_tensors(path)
-  raw = {(k[len("transformer."):] if k.startswith("transformer.") else k): v
-         for k, v in raw.items()}
-  used: set[str] = set()
+  hf, raw, where = from_gpt.read_gpt2(path)
   dt = jnp.dtype(dtype)
-
-  def get(name, shape):
-    if name not in raw:
-      raise ValueError(f"GPT-2 weights in {path}: missing tensor {name!r}")
-    t = raw[name]
-    if tuple(t.shape) != tuple(shape):
-      raise ValueError(f"GPT-2 weights in {path}: {name} has shape {t.shape}, config.json "
-                       f"implies {tuple(shape)}")
-    used.add(name)
-    return jnp.asarray(t.astype(np.float32), dt)
-
-  d, v = cfg.n_embd, cfg.vocab_size
-  inner = 4 * d
-  ln = lambda p: {"weight": get(p + ".weight", (d,)), "bias": get(p + ".bias", (d,))}
-  dense = lambda p, i, o: {"weight": get(p + ".weight", (i, o)), "bias": get(p + ".bias", (o,))}
-  params = {"wte": get("wte.weight", (v, d)), "wpe": get("wpe.weight", (cfg.n_positions, d)),
-            "ln_f": ln("ln_f"), "h": []}
+  t = {k: jnp.asarray(v, dt) for k, v in from_gpt.gpt2_tensors(hf, raw, where).items()}
+  wb = lambda p: {"weight": t[p + ".weight"], "bias": t[p + ".bias"]}   # weight and bias
+  params = {"wte": t["wte.weight"], "wpe": t["wpe.weight"], "ln_f": wb("ln_f"), "h": []}
   for i in range(cfg.n_layer):
     p = f"h.{i}."
     params["h"].append({
-        "ln_1": ln(p + "ln_1"), "ln_2": ln(p + "ln_2"),
-        "attn": {"c_attn": dense(p + "attn.c_attn", d, 3 * d),
-                 "c_proj": dense(p + "attn.c_proj", d, d)},
-        "mlp": {"c_fc": dense(p + "mlp.c_fc", d, inner), "c_proj": dense(p + "mlp.c_proj", inner, d)},
+        "ln_1": wb(p + "ln_1"), "ln_2": wb(p + "ln_2"),
+        "attn": {"c_attn": wb(p + "attn.c_attn"), "c_proj": wb(p + "attn.c_proj")},
+        "mlp": {"c_fc": wb(p + "mlp.c_fc"), "c_proj": wb(p + "mlp.c_proj")},
     })
-  if "lm_head.weight" in raw:
-    if not np.array_equal(raw["lm_head.weight"], raw["wte.weight"]):
-      raise ValueError(f"GPT-2 weights in {path}: lm_head.weight differs from wte.weight; only "
-                       f"the tied GPT-2 head is supported")
-    used.add("lm_head.weight")
-  # Causal-mask buffers of old files (not parameters).
-  ignorable = {k for k in raw if k.endswith(".attn.masked_bias")
-               or (k.endswith(".attn.bias") and raw[k].ndim == 4)}
-  left = sorted(set(raw) - used - ignorable)
-  if left:
-    raise ValueError(f"GPT-2 weights in {path}: unexpected tensors {left[:5]}"
-                     f"{' ...' if len(left) > 5 else ''}")
   return params, cfg
