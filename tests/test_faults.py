@@ -12,7 +12,6 @@ import json
 import logging
 import os
 import pathlib
-import shutil
 import signal
 import subprocess
 import sys
@@ -33,6 +32,7 @@ from aogpt_jax.train import workdir as workdir_lib
 
 from helpers.trainer import REPO, checkpoint_steps, cli_args, cpu_env, start, tiny_config, wait_for
 from helpers.trainer import run as run_cli, saved_state
+from helpers.trainer import copy_workdir as _copy
 
 LONG = dict(total_steps=100000, checkpoint_every=4, log_every=4, eval_every=0)
 
@@ -96,12 +96,6 @@ def trained(cache_dir, tmp_path_factory):
   work = tmp_path_factory.mktemp("trained")
   train_loop.train(tiny_config(cache_dir, **RUN), str(work))
   assert _steps(work) == [2, 4]
-  return work
-
-
-def _copy(trained, tmp_path) -> pathlib.Path:
-  work = tmp_path / "work"
-  shutil.copytree(trained, work)
   return work
 
 

@@ -11,7 +11,6 @@ import errno
 import json
 import os
 import pathlib
-import shutil
 import signal
 import subprocess
 import sys
@@ -34,6 +33,7 @@ from aogpt_jax.train import loop as train_loop
 from aogpt_jax.train import workdir as workdir_lib
 
 from helpers.trainer import REPO, checkpoint_steps, cpu_env, tiny_config
+from helpers.trainer import copy_workdir as _copy
 
 ConfigError = config_lib.ConfigError
 
@@ -292,12 +292,6 @@ def trained(cache_dir, tmp_path_factory):
   work = tmp_path_factory.mktemp("trained")
   train_loop.train(tiny_config(cache_dir, **RUN), str(work))
   assert checkpoint_steps(work) == [2, 4]
-  return work
-
-
-def _copy(trained, tmp_path) -> pathlib.Path:
-  work = tmp_path / "work"
-  shutil.copytree(trained, work)
   return work
 
 

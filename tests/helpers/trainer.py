@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
 import time
@@ -102,3 +103,11 @@ def saved_state(workdir, step) -> dict:
     return {k: jax.device_get(r[k]) for k in items}
   finally:
     mngr.close()
+
+
+def copy_workdir(src, tmp_path) -> pathlib.Path:
+  """A copy of the run folder ``src`` as ``tmp_path/work`` (tests that change a run keep the
+  shared one intact)."""
+  work = pathlib.Path(tmp_path) / "work"
+  shutil.copytree(src, work)
+  return work
