@@ -1,6 +1,7 @@
 """Shared test set-up: CPU only, 8 fake devices for the sharding tests, fp32 matmuls; tests/ on
 sys.path so that ``from helpers import ...`` works from any working directory and import mode."""
 
+import gc
 import os
 import pathlib
 import sys
@@ -16,3 +17,17 @@ os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
 import jax  # noqa: E402
 
 jax.config.update("jax_default_matmul_precision", "highest")
+
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _release_compiled_programs():
+  """Drops every test module's compiled programs after it. One pytest process compiles thousands
+  of XLA:CPU programs; their code mappings would otherwise pile up towards the kernel's
+  per-process limit (vm.max_map_count, 65530 by default), where XLA:CPU crashes (SIGSEGV) in a
+  later compilation."""
+  yield
+  jax.clear_caches()
+  gc.collect()
