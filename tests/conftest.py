@@ -25,9 +25,9 @@ import pytest  # noqa: E402
 @pytest.fixture(autouse=True, scope="module")
 def _release_compiled_programs():
   """Drops every test module's compiled programs after it. One pytest process compiles thousands
-  of XLA:CPU programs; their code mappings would otherwise pile up towards the kernel's
-  per-process limit (vm.max_map_count, 65530 by default), where XLA:CPU crashes (SIGSEGV) in a
-  later compilation."""
+  of XLA:CPU programs; with all of them kept, the full suite once crashed (SIGSEGV) inside a late
+  XLA:CPU compilation that passes on its own. The cause is not pinned down (the process's memory
+  map count stayed far below vm.max_map_count); releasing the programs avoided it."""
   yield
   jax.clear_caches()
   gc.collect()
