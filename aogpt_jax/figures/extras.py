@@ -22,6 +22,7 @@ import platform
 from typing import Any
 
 from aogpt_jax.figures import sizes
+from aogpt_jax.train import workdir as workdir_lib
 
 
 def ensemble(run_workdir: str | pathlib.Path, cfg, out: str | pathlib.Path,
@@ -91,9 +92,7 @@ def timing(out: str | pathlib.Path, ts: sizes.TimingSize) -> dict[str, Any]:
          platform.machine(),
          "produced_by": "aogpt_jax.figures (sampling.timing.compare, random weights)"}
   out.mkdir(parents=True, exist_ok=True)
-  tmp = cached.with_suffix(".json.tmp")
-  tmp.write_text(json.dumps(res, indent=2) + "\n", encoding="utf-8")
-  tmp.replace(cached)
+  workdir_lib.write_json_atomic(cached, json.dumps(res, indent=2) + "\n")
   return res
 
 
@@ -177,9 +176,7 @@ def genppl(model_wd, judge_wd, judge_gpt2: str, cfg, out: str | pathlib.Path,
          "judge": judge_gpt2 or str(judge_wd),
          "produced_by": "aogpt_jax.figures (evaluation.genppl.run_grid)"}
   out.mkdir(parents=True, exist_ok=True)
-  tmp = cached.with_suffix(".json.tmp")
-  tmp.write_text(json.dumps(res, indent=2) + "\n", encoding="utf-8")
-  tmp.replace(cached)
+  workdir_lib.write_json_atomic(cached, json.dumps(res, indent=2) + "\n")
   return res
 
 
