@@ -46,6 +46,15 @@ def _gelu(x):
   return 0.5 * x * (1 + erf(x / np.sqrt(2)))
 
 
+def _rope(x, pos, base=10_000.0):
+  """Rotary embedding [S, H, hd] at positions [S]: dims i and i + hd/2 turned as a pair by
+  pos * base^(-i / (hd/2))."""
+  half = x.shape[-1] // 2
+  ang = np.asarray(pos, np.float64)[:, None, None] * base ** (-np.arange(half) / half)
+  a, b = x[..., :half], x[..., half:]
+  return np.concatenate([a * np.cos(ang) - b * np.sin(ang), a * np.sin(ang) + b * np.cos(ang)], -1)
+
+
 def reference_logits(m, tokens, order):
   """docs/method.md ("Slot layout") written out in float64 numpy, one sequence at a time, in the
   ORIGINAL layout [START, x_0..x_{n-1}] with the mask built from ranks: independent of the model
@@ -90,6 +99,10 @@ def reference_logits(m, tokens, order):
       if cfg.qk_norm:
         q = _norm(q, blk["attn"]["q_norm"], "rmsnorm")
         k = _norm(k, blk["attn"]["k_norm"], "rmsnorm")
+      if cfg.rope:   # keys at their own row (START 0, x_p at p + 1), queries at their target's
+        q = _rope(q, [a if g is None or cfg.target == "none" else g + 1
+                      for a, g in enumerate(tgt)])
+        k = _rope(k, np.arange(n + 1))
       s = np.einsum("ahd,chd->hac", q, k) / np.sqrt(hd)
       s = np.where(allowed[None], s, -np.inf)
       a = np.exp(s - s.max(-1, keepdims=True))
@@ -123,9 +136,9 @@ def _close(a, b, atol):
 # ----------------------------------------------------------------------------- paths
 
 
-@pytest.mark.parametrize("target", model.TARGETS)
-def test_gather_and_mask_paths_agree(target):
-  cfg = tiny(target=target)
+@pytest.mark.parametrize("target,rope", [(t, False) for t in model.TARGETS] + [("adaln", True)])
+def test_gather_and_mask_paths_agree(target, rope):
+  cfg = tiny(target=target, rope=rope)
   tokens, order = batch(1)
   g = model.AOGPT(cfg, rngs=nnx.Rngs(0))(tokens, order)
   mk = model.AOGPT(cfg.replace(attention="mask"), rngs=nnx.Rngs(0))(tokens, order)
@@ -135,7 +148,8 @@ def test_gather_and_mask_paths_agree(target):
 
 @pytest.mark.parametrize("kw", [dict(target="adaln"), dict(target="sigma_gpt"),
                                 dict(target="repeat"), dict(target="per_block"),
-                                dict(target="none"),
+                                dict(target="none"), dict(target="adaln", rope=True),
+                                dict(target="sigma_gpt", rope=True), dict(target="none", rope=True),
                                 dict(target="adaln", norm="layernorm", qk_norm=False,
                                      tie_embeddings=True, bias=False)])
 def test_matches_independent_float64_reference(kw):

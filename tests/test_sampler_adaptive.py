@@ -230,3 +230,11 @@ def test_frontier_benchmark_tiny_run(tmp_path):
   assert set(rec["results"]["goals"]["time_ratio"]) == {
       f"{p} T=4" for p in ("max_prob", "confidence", "margin", "entropy", "random")}
   assert (tmp_path / "frontier.png").stat().st_size > 10000
+
+
+@pytest.mark.slow
+def test_rope_cached_equals_the_uncached_reference():
+  """``model.rope`` (keys turned in the cache, queries by target): still the reference's tokens,
+  order and logits, with an infill prompt and a subset of candidates."""
+  test_cached_equals_the_uncached_reference(
+      tiny_model(rope=True, seed=2), dict(policy="margin", steps=3, candidates=5), True)

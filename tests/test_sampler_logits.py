@@ -150,3 +150,18 @@ def test_scan_step_moves_no_cache_sized_array(model, method):
            and sorted(int(d) for d in mt.group(1).split(",")) == cache_dims
            and "/while/body/" in line]
   assert not moved, moved
+
+
+@pytest.fixture(scope="module")
+def rope_model():
+  return tiny_model(rope=True, seed=1)
+
+
+@pytest.mark.slow
+def test_rope_cached_logits_equal_uncached_forwards(rope_model):
+  """``model.rope``: a cached key is turned by its own position once, when it is written, and
+  each query by its target: the sampler's logits equal the uncached forwards, for several
+  queries per step (Figure 10), a prompt and split steps, and for one query per step."""
+  test_step_logits_equal_uncached_forward(rope_model, "stochastic", 4, True, 2)
+  test_parallel_queries_equal_swapped_order_forward(rope_model)
+  test_ancestral_logits_equal_gather_forward(rope_model)

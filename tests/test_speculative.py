@@ -108,15 +108,17 @@ def _explicit_mask_logits(m, tokens, order):
   return m.head(h, tgt)
 
 
-@pytest.mark.parametrize("draft,queries", [
-    (4, "taper"), pytest.param("auto", "taper", marks=pytest.mark.slow),
-    pytest.param(3, "all", marks=pytest.mark.slow)])
-def test_verify_and_draft_logits_equal_uncached_forward(draft, queries):
+@pytest.mark.parametrize("draft,queries,rope", [
+    (4, "taper", False), pytest.param("auto", "taper", False, marks=pytest.mark.slow),
+    pytest.param(3, "all", False, marks=pytest.mark.slow),
+    pytest.param(4, "taper", True, marks=pytest.mark.slow)])
+def test_verify_and_draft_logits_equal_uncached_forward(draft, queries, rope):
   """Every round's causal-slot logits equal the explicit-mask causal forward over the known
   tokens plus the pending drafts, and the draft queries of causal slot c+i equal the
   explicit-mask parallel forward with context ranks < c+i; a prompt at positions 2 and 5
-  (infilling). All rounds of all rows are checked in one batched uncached call each."""
-  m = tiny_model()
+  (infilling). All rounds of all rows are checked in one batched uncached call each; also with
+  ``model.rope``."""
+  m = tiny_model(rope=rope)
   n, batch = 10, 3
   s = sampler.SampleSettings(length=n, method="speculative", draft=draft, temperature=0.9,
                              draft_queries=queries)

@@ -67,6 +67,9 @@ class ModelConfig:
   target_dim: int = 128              # width of the adaLN target embedding
   norm: str = "rmsnorm"              # rmsnorm | layernorm
   qk_norm: bool = True               # RMSNorm per head on queries and keys
+  rope: bool = False                 # also rotary embeddings: keys turned by their token's
+                                     # position, queries by their TARGET position, so a score
+                                     # sees the offset target - key (not in the published model)
   bias: bool = True                  # biases in the linear layers (and LayerNorm)
   mlp_ratio: int = 4
   tie_embeddings: bool = False       # False: separate output head
@@ -263,7 +266,8 @@ class AOGPT(nnx.Module):
       layer_cache = None if cache is None else cache[i]
       x, c = run(block, constrain(x, (BATCH, None, None)), slot_tgt, cond_table, mask,
                  layer_cache, write_index, fold_key(dropout_key, i),
-                 query if i == cfg.n_layer - 1 else None, None if tables is None else tables[i])
+                 query if i == cfg.n_layer - 1 else None, None if tables is None else tables[i],
+                 slot_pos)
       new_cache.append(c)
     return x, (tuple(new_cache) if cache is not None else None)
 

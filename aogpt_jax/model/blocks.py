@@ -53,11 +53,13 @@ class Attention(nnx.Module):
       self.k_norm = Norm(cfg.head_dim, kind="rmsnorm", axes=("head_dim",), dtype=dtype)
     self.n_head, self.head_dim, self.qk_norm = cfg.n_head, cfg.head_dim, cfg.qk_norm
     self.impl, self.block, self.dtype = cfg.attention_impl, cfg.attention_block, dtype
+    self.rope = cfg.rope
 
-  def __call__(self, x, *, mask, cache, write_index, query=None, mask_causal=False):
+  def __call__(self, x, *, mask, cache, write_index, query=None, mask_causal=False,
+               positions=None):
     """``query`` int32 [B, G] (no cache): keys and values of every slot, the rest (queries,
     attention, projection: output [B, G, d]) at these slots only. ``mask_causal``: see
-    `attention.attention`."""
+    `attention.attention`. ``positions`` (``model.rope``): (query, key) position rows [B, S]."""
     b, s, d = x.shape
     if query is None:
       qkv = dense_heads(self.c_attn, x, 3, self.n_head, self.head_dim)
@@ -71,6 +73,10 @@ class Attention(nnx.Module):
       k, v, mask = kv[:, :, 0], kv[:, :, 1], query_mask(mask, query, s)
     if self.qk_norm:
       q, k = self.q_norm(q), self.k_norm(k)
+    if positions is not None:
+      q_pos, k_pos = positions
+      q = rotate(q, q_pos if query is None else slot_rows(q_pos, query))
+      k = rotate(k, k_pos)
     q, k, v = (constrain(t, (BATCH, None, HEADS, None)) for t in (q, k, v))
     new_cache = None
     if cache is not None:
@@ -133,13 +139,16 @@ class Block(nnx.Module):
     self.gate_offset = float(cfg.gate_offset)
 
   def __call__(self, x, slot_tgt, cond_table, *, mask, cache, write_index, dropout_key,
-               query=None, mask_causal=False, tables=None):
+               query=None, mask_causal=False, tables=None, slot_pos=None):
     """``query`` int32 [B, G]: only these slots' outputs [B, G, d] (keys and values of all).
+    ``slot_pos``: the slots' position rows, for ``model.rope`` (`rope_positions`).
     ``tables``: this block's six `modulation_tables`, computed by the caller (``cond_table`` is
     then unused)."""
     rows = (lambda a: a) if query is None else (lambda a: slot_rows(a, query))
     kw = dict(mask=mask, cache=cache, write_index=write_index, query=query,
-              mask_causal=mask_causal)
+              mask_causal=mask_causal,
+              positions=(rope_positions(slot_pos, None if self.target == 'none' else slot_tgt)
+                         if self.attn.rope else None))
     if self.target == "per_block":
       x = x + table_lookup(self.wtpe.embedding[...], slot_tgt).astype(x.dtype)
     if self.target == "adaln":
@@ -182,10 +191,35 @@ def condition(table: jax.Array, slot_tgt: jax.Array) -> jax.Array:
   return take_rows(table, jnp.where(slot_tgt < 0, table.shape[0] - 1, slot_tgt))
 
 
+ROPE_BASE = 10_000.0
+
+
+def rope_positions(slot_pos: jax.Array, slot_tgt: jax.Array | None) -> tuple[jax.Array, jax.Array]:
+  """(query, key) rotary positions in the position-row numbering (START 0, position p at p + 1):
+  a slot's key sits at its token's row and its query at its target's row, so each score depends
+  on target - key position alone. A slot without a target (NO_TARGET; every slot when
+  ``slot_tgt`` is None: ``target='none'``, the encoder) queries from its own row."""
+  if slot_tgt is None:
+    return slot_pos, slot_pos
+  return jnp.where(slot_tgt < 0, slot_pos, slot_tgt + 1), slot_pos
+
+
+def rotate(x: jax.Array, pos: jax.Array) -> jax.Array:
+  """Rotary embedding of x [B, S, N, H] at positions pos int32 [B, S] (halves rotated as pairs,
+  base `ROPE_BASE`), computed in fp32 and returned in x's dtype."""
+  half = x.shape[-1] // 2
+  freq = ROPE_BASE ** (-jnp.arange(half, dtype=jnp.float32) / half)
+  angle = pos.astype(jnp.float32)[:, :, None, None] * freq            # [B, S, 1, H/2]
+  cos, sin = jnp.cos(angle), jnp.sin(angle)
+  a, b = x[..., :half].astype(jnp.float32), x[..., half:].astype(jnp.float32)
+  return jnp.concatenate([a * cos - b * sin, a * sin + b * cos], -1).astype(x.dtype)
+
+
 def run_block(block, x, slot_tgt, cond_table, mask, cache, write_index, dropout_key, query=None,
-              tables=None, *, mask_causal=False):
+              tables=None, slot_pos=None, *, mask_causal=False):
   return block(x, slot_tgt, cond_table, mask=mask, cache=cache, write_index=write_index,
-               dropout_key=dropout_key, query=query, mask_causal=mask_causal, tables=tables)
+               dropout_key=dropout_key, query=query, mask_causal=mask_causal, tables=tables,
+               slot_pos=slot_pos)
 
 
 # ----------------------------------------------------------------------------- remat
