@@ -247,7 +247,7 @@ def test_micro_fig3b_fig4_table1_train_draw_and_resume(tmp_path, monkeypatch):
     assert 0 < r["unigram_entropy"]["per_sample_mean"] <= math.log(16)
 
   # A second call only draws (nothing is trained or evaluated again), the same numbers.
-  first = _metrics(work / "fig3b/uniform/metrics.jsonl")
+  first = _metrics(work / "fig3b/mixture_10/metrics.jsonl")
   monkeypatch.setattr(runs_lib, "train", lambda *a: pytest.fail("a finished run was trained"))
   again = cli.run(args)
   _check_curves("fig3b", work, again["fig3b"], _data(tmp_path))
@@ -257,12 +257,12 @@ def test_micro_fig3b_fig4_table1_train_draw_and_resume(tmp_path, monkeypatch):
   monkeypatch.undo()
 
   # An interrupted run (killed after its step-2 checkpoint) resumes to the same numbers.
-  wd = work / "fig3b/uniform"
+  wd = work / "fig3b/mixture_10"
   import shutil
   shutil.rmtree(wd / "checkpoints" / "4")
   (wd / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in first
                                             if r["step"] <= 3))
-  assert not runs_lib.is_finished(wd, runs_lib.run_config(registry.RUNS["fig3b/uniform"],
+  assert not runs_lib.is_finished(wd, runs_lib.run_config(registry.RUNS["fig3b/mixture_10"],
                                                           "micro"))
   resumed = cli.run(["fig3b", *args[2:]])
   after = _metrics(wd / "metrics.jsonl")
