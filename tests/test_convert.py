@@ -123,8 +123,9 @@ def test_conflicting_overrides_and_variants_are_named(tmp_path):
 def test_published_export_refuses_what_the_published_code_cannot_load(tmp_path):
   from flax import nnx
   from aogpt_jax.model import aogpt as model_lib
-  for bad in (dict(target_dim=64), dict(mlp_ratio=2)):
-    cfg = model_lib.preset("tiny", vocab_size=V, valid_vocab_size=V, block_size=N, **bad)
+  for bad in (dict(target_dim=64), dict(mlp_ratio=2), dict(rope=True)):
+    cfg = model_lib.preset("tiny", vocab_size=V, valid_vocab_size=V, block_size=N,
+                           **{"target_dim": 128, **bad})
     m = model_lib.AOGPT(cfg, rngs=nnx.Rngs(0))
     name = next(iter(bad))
     with pytest.raises(ValueError, match=f"'{name}'.*cannot be written in the published aogpt"):

@@ -235,12 +235,13 @@ def state_dict_to_flat(sd: Mapping[str, np.ndarray], variant: str, cfg: model_li
 
 def check_published(cfg: model_lib.ModelConfig, variant: str) -> None:
   """Raises unless ``cfg`` is an architecture the published ``variant`` code can express."""
-  # The published code hard-codes the 4x MLP and (AO-GPT) the 128-wide target embedding.
+  # The published code hard-codes the 4x MLP and (AO-GPT) the 128-wide target embedding, and
+  # has learned positions only.
   want = (dict(target="adaln", target_dim=128, norm="rmsnorm", qk_norm=True, tie_embeddings=False,
-               head_bias=True, mlp_ratio=4, gelu="exact", gate_offset=0.0)
+               head_bias=True, mlp_ratio=4, gelu="exact", gate_offset=0.0, rope=False)
           if variant == "aogpt" else
           dict(target="sigma_gpt", norm="layernorm", qk_norm=False, tie_embeddings=True,
-               head_bias=False, mlp_ratio=4, gelu="exact"))
+               head_bias=False, mlp_ratio=4, gelu="exact", rope=False))
   bad = {k: getattr(cfg, k) for k, v in want.items() if getattr(cfg, k) != v}
   if bad:
     raise ValueError(f"model config {bad} cannot be written in the published {variant} layout "

@@ -48,7 +48,7 @@ IDENTITY_FIELDS = dict(zero_init_modulation=True, gate_offset=1.0, zero_init_tar
 # dtype, attention kernel, remat, dropout, initialisation): a model loaded into a run must agree.
 FUNCTION_FIELDS = ("vocab_size", "valid_vocab_size", "block_size", "n_layer", "n_head", "n_embd",
                    "target", "target_dim", "norm", "qk_norm", "bias", "mlp_ratio",
-                   "tie_embeddings", "head_bias", "gelu", "gate_offset")
+                   "tie_embeddings", "head_bias", "gelu", "gate_offset", "rope")
 
 
 class ConversionError(ValueError):
