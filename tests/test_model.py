@@ -279,10 +279,11 @@ def test_modulation_parts_equal_the_direct_projection():
   _close(jnp.concatenate(parts, axis=-1), direct, 1e-6)
 
 
-@pytest.mark.parametrize("case", ["permutations", "repeats", "scalar"])
+@pytest.mark.parametrize("case", ["permutations", "repeats", "scalar", "short_rows"])
 def test_take_rows_gradient_equals_the_scatter_add(case):
   # layers.take_rows' backward (inverse-map gather when each row's indices are distinct, the
-  # scatter-add otherwise) against the plain gather's autodiff gradient.
+  # scatter-add otherwise, and always for rows much shorter than the table: short_rows) against
+  # the plain gather's autodiff gradient.
   from aogpt_jax.model.layers import take_rows
   k1, k2, k3 = jax.random.split(jax.random.key(case == "repeats"), 3)
   table = jax.random.normal(k1, (17, 5))
@@ -291,6 +292,10 @@ def test_take_rows_gradient_equals_the_scatter_add(case):
                      for k in jax.random.split(k2, 6)]).reshape(2, 3, 12)
   elif case == "repeats":
     ids = jax.random.randint(k2, (2, 3, 12), 0, 17)
+  elif case == "short_rows":     # 4 distinct of 17 rows: more than INVERSE_MAX_ROWS_PER_SLOT
+    from aogpt_jax.model.layers import INVERSE_MAX_ROWS_PER_SLOT
+    assert 17 > INVERSE_MAX_ROWS_PER_SLOT * 4
+    ids = jnp.stack([jax.random.permutation(k, 17)[:4] for k in jax.random.split(k2, 6)])
   else:
     ids = jnp.int32(4)
   cot = jax.random.normal(k3, ids.shape + (5,))
