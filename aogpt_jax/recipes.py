@@ -115,20 +115,20 @@ def tiny(cfg: config_dict.ConfigDict) -> config_dict.ConfigDict:
 
 def quickstart() -> config_dict.ConfigDict:
   """AO-GPT (adaLN target conditioning, ~1M parameters, byte tokens) on the Python standard
-  library, with the paper's order mixture (10% L2R rows): 600 steps on a CPU (its time on a
-  2-core box: ``python benchmarks/quickstart.py``, docs/performance.md).
+  library, with the paper's order mixture (10% L2R rows): 1,800 steps on a CPU, about four
+  minutes on 2 cores (``python benchmarks/quickstart.py``, docs/performance.md).
 
-  Scaled so that 600 steps show any-order generation: sequences of 32 bytes (64 per step,
-  the same 2,048 tokens as `tiny`), because at 128 the any-order loss stays near the unigram
-  entropy for more than a thousand steps while the model learns to find a token's neighbours by
-  position; with 32 it falls well below it within a few hundred steps (docs/training.md).
-  Rotary positions (``model.rope``: queries at their target's position) on top of the learned
-  ones make it fall about three times sooner again. EMA 0.99: its averaging window (~100 steps)
-  fits a 600-step run. Sampling defaults to the trained length (32).
+  Scaled so that a few CPU minutes show any-order generation: sequences of 32 bytes (64 per
+  step, the same 2,048 tokens as `tiny`), because at 128 the any-order loss stays near the
+  unigram entropy for more than a thousand steps while the model learns to find a token's
+  neighbours by position; with 32 it falls well below it within a few hundred steps
+  (docs/training.md). Rotary positions (``model.rope``: queries at their target's position) on
+  top of the learned ones make it fall about three times sooner again. EMA 0.99: its averaging
+  window (~100 steps) follows a short run. Sampling defaults to the trained length (32).
   """
   return apply(tiny(paper("small")), {
       "seq_len": 32, "batch_size": 64, "optimizer.lr": 3e-3, "model.rope": True,
-      "total_steps": 600, "log_every": 20, "eval_every": 200, "checkpoint_every": 200,
+      "total_steps": 1800, "log_every": 100, "eval_every": 600, "checkpoint_every": 600,
       "optimizer.warmup_steps": 50, "optimizer.ema_decay": 0.99,
       "eval.train_max_blocks": 512, "eval.max_blocks": 1024,   # 16k / 32k held-out tokens
       "sample.steps": 32,   # one position per step over the trained length
