@@ -45,7 +45,8 @@ PAGE_IDS = [str(p.relative_to(REPO)) for p in PAGES]
 # eval / sample find the shapes they trained with). target_dim 128: the published layout's, so
 # `convert export --layout published` can write the quickstart workdir; rope off for the same
 # reason (the published code has learned positions only).
-SIZE = ["--config.model.rope=False", "--config.model.n_layer=1", "--config.model.n_embd=32", "--config.model.n_head=2",
+SIZE = ["--config.model.rope=False",
+        "--config.model.n_layer=1", "--config.model.n_embd=32", "--config.model.n_head=2",
         "--config.model.target_dim=128", "--config.model.block_size=64",
         "--config.model.dtype=float32", "--config.seq_len=64", "--config.batch_size=4",
         "--config.microbatches=1", "--config.total_steps=2", "--config.log_every=1",
