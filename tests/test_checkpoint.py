@@ -114,6 +114,21 @@ def test_half_written_checkpoint_is_ignored(run, tmp_path):
   assert step == 4
 
 
+def test_a_model_field_newer_than_the_checkpoint_is_named_with_its_default():
+  """A checkpoint from before a model field existed was made with the field's default: the same
+  run resumes, another value is refused naming that default and the flag that restores it."""
+  saved = {"config": {"model": {"n_layer": 1}, "seq_len": 16}}
+  same = {"config": {"model": {"n_layer": 1, "rope": False}, "seq_len": 16}}
+  checkpoint_lib.check_compatible(saved, same, "W/checkpoints/4")
+  other = {"config": {"model": {"n_layer": 1, "rope": True}, "seq_len": 16}}
+  with pytest.raises(checkpoint_lib.IncompatibleCheckpoint,
+                     match=r"^model\.rope: the checkpoint W/checkpoints/4 was written with "
+                           r"model\.rope=False \(the default: the field is newer than the "
+                           r"checkpoint\) but this run has model\.rope=True; resume with "
+                           r"--config\.model\.rope=False or use a new --workdir$"):
+    checkpoint_lib.check_compatible(saved, other, "W/checkpoints/4")
+
+
 def test_incompatible_config_names_the_field(run, tmp_path):
   workdir = _copy_run(run, tmp_path)
   cfg = tiny_config(run["cfg"].data.cache_dir, model__n_layer=2)
@@ -122,7 +137,8 @@ def test_incompatible_config_names_the_field(run, tmp_path):
   try:
     with pytest.raises(checkpoint_lib.IncompatibleCheckpoint,
                        match=r"^model\.n_layer: the checkpoint .*checkpoints/4 was written with "
-                             r"model\.n_layer=1 but this run has model\.n_layer=2"):
+                             r"model\.n_layer=1 but this run has model\.n_layer=2; resume with "
+                             r"--config\.model\.n_layer=1 or use a new --workdir$"):
       ckpt.restore_latest(run["trainer"].abstract_state, _iterator(cfg), meta)
   finally:
     ckpt.close()

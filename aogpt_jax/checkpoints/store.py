@@ -195,9 +195,14 @@ def check_compatible(saved: dict, current: dict, where: str) -> None:
                   (key.startswith("model.") and key.split(".", 1)[1] not in _FREE_MODEL_FIELDS
                    and key != "model.preset"))
     if structural:
+      was = f"{a!r}"
+      if a == "<absent>" and key.startswith("model.") and key[6:] in _MODEL_DEFAULTS:
+        a = _MODEL_DEFAULTS[key[6:]]     # a field newer than the checkpoint: its default then
+        was = f"{a!r} (the default: the field is newer than the checkpoint)"
+      restore = f"--config.{key}={a}" if a != "<absent>" else "the old value"
       raise IncompatibleCheckpoint(
-          f"{key}: the checkpoint {where} was written with {key}={a!r} but this run has "
-          f"{key}={b!r}; restore the old value or use a new --workdir")
+          f"{key}: the checkpoint {where} was written with {key}={was} but this run has "
+          f"{key}={b!r}; resume with {restore} or use a new --workdir")
     harmless.append(f"{key}: {a!r} -> {b!r}")
   if saved.get("has_ema") != current.get("has_ema"):
     raise IncompatibleCheckpoint(
