@@ -168,10 +168,7 @@ def take_rows(table: jax.Array, ids: jax.Array) -> jax.Array:
   return jnp.take(table, ids, axis=0)
 
 
-# The inverse-map backward touches batch x table rows (not batch x slots): past this many table
-# rows per slot (short sequences on a long table, e.g. the CPU quickstart's 32 slots of a
-# 257-row table) it costs more than the scatter-add it replaces.
-INVERSE_MAX_ROWS_PER_SLOT = 2
+INVERSE_MAX_ROWS_PER_SLOT = 2   # past this many table rows per slot: the scatter-add (take_rows)
 
 
 def _take_rows_fwd(table, ids):
