@@ -17,6 +17,7 @@ Top-level keys::
     optimizer.*   AdamW, warmup + cosine schedule, clipping, EMA
     mesh.*        (data, fsdp, tensor) sizes, -1 = all remaining devices; rules: logical -> mesh
     data.*        source, tokenizer, cache_dir
+    task.*        a puzzle task (aogpt_jax.tasks) instead of text: name, options, held-out set
     eval.*        evaluation: held-out eval during training and --mode=eval
                   (aogpt_jax/evaluation/settings.py, eval_config)
     sample.*      --mode=sample (aogpt_jax/sampling/sampler.py, sample_config)
@@ -31,6 +32,7 @@ The ``eval`` and ``sample`` groups are registered by the modules that own them
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 from typing import Any
@@ -104,9 +106,21 @@ def default_config() -> config_dict.ConfigDict:
 
   c.data = data_config.default_config()   # fields: aogpt_jax/data/config.py
 
+  # task.name: train on a puzzle task (aogpt_jax/tasks: sudoku, star_graph, ...) instead of
+  # data.source. Each row is one puzzle and its solution; the given cells (the prompt) come first
+  # in every order and only the rest is scored (prompt-conditioned training); the vocabulary is
+  # the task's and seq_len must be its row length. --mode=solve solves its held-out puzzles.
+  c.task = config_dict.ConfigDict(dict(
+      name="",                       # "" = text from data.*
+      options=config_dict.ConfigDict({}),   # the task's options (tasks.make(name, **options))
+      heldout_seed=0,                # the held-out puzzles: task.heldout(heldout_seed, count)
+      heldout_count=256,             # held-out puzzles scored by the eval during training
+  ))
+
   for name, group in config_groups.groups().items():   # eval.*, sample.*: their owners' defaults
     c[name] = group
   c.genppl = genppl_group()                 # --mode=genppl (samples from the sample group)
+  c.solve = solve_group()                   # --mode=solve (a task's puzzles, the sample group)
 
   c.checkpoint = config_dict.ConfigDict(dict(
       keep=3,                # keep the last N checkpoints ...
@@ -137,11 +151,27 @@ def genppl_group() -> config_dict.ConfigDict:
   ))
 
 
+def solve_group() -> config_dict.ConfigDict:
+  """``solve.*`` (``--mode=solve``, aogpt_jax/evaluation/solve.py): solve a task's puzzles with
+  the ``sample`` group's sampler and check them with the task's verifier."""
+  return config_dict.ConfigDict(dict(
+      puzzles="heldout",    # "heldout" (task.heldout(task.heldout_seed, solve.count)) or a FILE
+                            # the task reads (Sudoku: one puzzle,solution per row, 81 chars)
+      count=256,            # puzzles (heldout: how many; FILE: the first this many, 0 = all)
+      batch_size=64,        # puzzles per sampler batch (the results do not depend on it)
+      seed=0,               # sampling key: puzzle i uses fold_in(key(seed), i)
+      name="solve",         # output stem under WORKDIR/solve/ (never overwritten: NAME-2, ...)
+  ))
+
+
 # ----------------------------------------------------------------------------- checks
 
 
 def _fail(key: str, msg: str):
   raise ConfigError(f"{key}: {msg}")
+
+
+FREE_FORM = ("order.kwargs", "task.options")   # checked by their owners, not the schema
 
 
 def check_keys(cfg, schema=None, prefix: str = "") -> None:
@@ -150,7 +180,7 @@ def check_keys(cfg, schema=None, prefix: str = "") -> None:
   schema = default_config() if schema is None else schema
   for key in cfg.keys():
     name = prefix + key
-    if name == "order.kwargs":
+    if name in FREE_FORM:
       continue
     if key not in schema:
       known = ", ".join(sorted(prefix + k for k in schema.keys()))
@@ -231,18 +261,22 @@ def model_config(cfg) -> model_lib.ModelConfig:
   ``data.tokenizer`` unless set explicitly."""
   from aogpt_jax import data  # the data package is only needed to size the vocabulary
 
-  try:
-    tok = data.get_tokenizer(cfg.data.tokenizer)
-  except ValueError as e:
-    raise ConfigError(str(e)) from None
+  task = task_of(cfg)
+  if task is not None:
+    ids, what = task.vocab_size, f"task {task.name!r}"
+  else:
+    try:
+      ids = data.get_tokenizer(cfg.data.tokenizer).vocab_size
+    except ValueError as e:
+      raise ConfigError(str(e)) from None
+    what = f"tokenizer {cfg.data.tokenizer!r}"
   overrides = {k: v for k, v in cfg.model.items() if k != "preset" and v is not None}
-  derived = {"valid_vocab_size": tok.vocab_size,
-             "vocab_size": data.padded_vocab_size(tok.vocab_size)}
+  derived = {"valid_vocab_size": ids, "vocab_size": data.padded_vocab_size(ids)}
   for k in _DERIVED_MODEL_FIELDS:
     overrides.setdefault(k, derived[k])
-  if overrides["valid_vocab_size"] < tok.vocab_size:
+  if overrides["valid_vocab_size"] < ids:
     _fail("model.valid_vocab_size", f"{overrides['valid_vocab_size']} is smaller than the "
-          f"{tok.vocab_size} ids of tokenizer {cfg.data.tokenizer!r}")
+          f"{ids} ids of {what}")
   try:
     return model_lib.preset(cfg.model.preset, **overrides)
   except (ValueError, TypeError) as e:
@@ -269,6 +303,17 @@ def resolve(cfg) -> model_lib.ModelConfig:
     _fail("seq_len", f"must be >= 2 (one token has no context to learn from), got {cfg.seq_len}")
   if cfg.seq_len > mc.block_size:
     _fail("seq_len", f"{cfg.seq_len} is longer than model.block_size={mc.block_size}")
+  task = task_of(cfg)
+  if task is not None:
+    if cfg.seq_len != task.length:
+      _fail("seq_len", f"{cfg.seq_len}: task {task.name!r} rows are {task.length} tokens; set "
+            f"seq_len={task.length}")
+    _positive(cfg, "task.heldout_count")
+    if not isinstance(cfg.task.heldout_seed, int) or isinstance(cfg.task.heldout_seed, bool):
+      _fail("task.heldout_seed", f"must be an integer, got {cfg.task.heldout_seed!r}")
+    if mc.loss_chunk:
+      _fail("model.loss_chunk", f"{mc.loss_chunk}: the chunked loss scores every token; a task "
+            f"trains on the tokens after its prompt (set model.loss_chunk=0)")
 
   if cfg.order.name not in orders_lib.names():
     _fail("order.name", f"unknown order distribution {cfg.order.name!r}; known: "
@@ -316,16 +361,44 @@ def check_data(cfg) -> None:
     _fail("data.validation_fraction", f"must be a number in [0, 1), got {f!r}")
 
 
+def task_options(cfg) -> dict[str, Any]:
+  group = cfg.get("task", None)
+  opts = None if group is None else group.get("options", None)
+  return {} if opts is None else dict(opts.to_dict() if hasattr(opts, "to_dict") else opts)
+
+
+def task_of(cfg):
+  """The `aogpt_jax.tasks` task a run trains on (``task.name``), or None for text data; a bad
+  name or option is a ConfigError naming ``task.name`` / ``task.options``."""
+  group = cfg.get("task", None)
+  name = "" if group is None else str(group.get("name", "") or "")
+  if not name:
+    return None
+  return _make_task(name, json.dumps(task_options(cfg), sort_keys=True))
+
+
+@functools.lru_cache(maxsize=16)
+def _make_task(name: str, options_json: str):
+  from aogpt_jax import tasks  # pylint: disable=g-import-not-at-top
+  if name not in tasks.names():
+    _fail("task.name", f"unknown task {name!r}; known: {', '.join(tasks.names())}")
+  try:
+    return tasks.make(name, **json.loads(options_json))
+  except (ValueError, TypeError) as e:
+    _fail("task.options", str(e))
+
+
 def order_kwargs(cfg) -> dict[str, Any]:
   kw = cfg.order.get("kwargs", None)
   return {} if kw is None else dict(kw.to_dict() if hasattr(kw, "to_dict") else kw)
 
 
 def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
-  """``{"a": {"b": 1}}`` -> ``{"a.b": 1}``; ``order.kwargs`` stays one value."""
+  """``{"a": {"b": 1}}`` -> ``{"a.b": 1}``; ``order.kwargs`` and ``task.options`` stay one
+  value each."""
   out = {}
   for k, v in d.items():
-    if isinstance(v, dict) and prefix + k != "order.kwargs":
+    if isinstance(v, dict) and prefix + k not in FREE_FORM:
       out.update(flatten(v, f"{prefix}{k}."))
     else:
       out[prefix + k] = v

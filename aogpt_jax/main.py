@@ -51,6 +51,7 @@ MODES: dict[str, Callable[..., object]] = {
     "sample": modes.sample_mode,
     "prepare": modes.prepare_mode,
     "genppl": modes.genppl_mode,
+    "solve": modes.solve_mode,
 }
 
 

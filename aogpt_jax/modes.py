@@ -11,6 +11,9 @@ Each takes ``(config, workdir)``, like `train.loop.train`, and reads its own con
 * ``--mode=genppl``: samples over the ``genppl`` grid with the ``sample`` settings, scores the
   samples with the GPT-2 ``genppl.scorer`` and writes WORKDIR/eval/<genppl.name>.json and .md.
 * ``--mode=prepare``: prepares ``data.source`` for sequences of ``seq_len`` (WORKDIR unused).
+* ``--mode=solve``: solves the ``task``'s puzzles (``solve.puzzles``: its held-out split or a
+  file) with the ``sample`` settings, checks them with the task's verifier and writes
+  WORKDIR/solve/<solve.name>.jsonl, .json and .md (evaluation/solve.py).
 """
 
 from __future__ import annotations
@@ -67,7 +70,7 @@ def _check_run(cfg, workdir: str, key: str) -> None:
     return                        # load_model reports the missing run
   valid = run["model"].get("valid_vocab_size")
   tok = data.get_tokenizer(cfg.data.tokenizer)
-  if tok.vocab_size != valid:
+  if config_lib.task_of(cfg) is None and tok.vocab_size != valid:
     raise ConfigError(f"data.tokenizer: {cfg.data.tokenizer!r} has {tok.vocab_size} ids but the "
                       f"run in {workdir} has {valid}; use the run's tokenizer")
   trained = objectives.get(run.get("objective", "ao"))
@@ -324,3 +327,93 @@ def genppl_mode(cfg, workdir: str, checkpoint: str = "") -> dict:
   print(table)
   print(f"generative perplexity written to {stem}.json and {stem}.md")
   return out
+
+
+def load_puzzles(task, cfg) -> tuple[dict, dict]:
+  """``solve.puzzles``: the task's held-out puzzles, or a file the task reads; (puzzles, where
+  they came from)."""
+  src, count = str(cfg.solve.puzzles or ""), cfg.solve.count
+  if not isinstance(count, int) or isinstance(count, bool) or count < 0:
+    raise ConfigError(f"solve.count: must be an integer >= 0 (0 = every puzzle of a file), got "
+                      f"{count!r}")
+  if src == "heldout":
+    if count < 1:
+      raise ConfigError("solve.count: the held-out split needs a count >= 1, got 0")
+    seed = int(cfg.task.heldout_seed)
+    return task.heldout(seed, count), {"puzzles": "heldout", "heldout_seed": seed, "count": count}
+  if not src:
+    raise ConfigError("solve.puzzles: expected 'heldout' or a puzzle file, got ''")
+  if not os.path.exists(src):
+    raise ConfigError(f"solve.puzzles: no such file {src!r} (or 'heldout' for the task's "
+                      f"held-out puzzles)")
+  if not hasattr(task, "load"):
+    raise ConfigError(f"solve.puzzles: task {task.name!r} reads no puzzle files; use 'heldout'")
+  try:
+    puzzles = task.load(src, limit=count or None)
+  except (ValueError, OSError) as err:
+    raise ConfigError(f"solve.puzzles: {err}") from None
+  return puzzles, {"puzzles": os.path.abspath(src), "count": int(len(puzzles["tokens"]))}
+
+
+def solve_mode(cfg, workdir: str, checkpoint: str = "") -> dict:
+  """Solves ``solve.puzzles`` of the run's task with the ``sample`` settings (module docstring)."""
+  from aogpt_jax.evaluation import solve as solve_lib  # pylint: disable=g-import-not-at-top
+  task = config_lib.task_of(cfg)
+  if task is None:
+    raise ConfigError("task.name: --mode=solve needs a task (a config such as configs/sudoku.py "
+                      "sets it)")
+  workdir_lib.check_name(cfg.solve.name, "solve.name")
+  bs = cfg.solve.batch_size
+  if not isinstance(bs, int) or isinstance(bs, bool) or bs < 1:
+    raise ConfigError(f"solve.batch_size: must be an integer >= 1, got {bs!r}")
+  if not isinstance(cfg.solve.seed, int) or isinstance(cfg.solve.seed, bool):
+    raise ConfigError(f"solve.seed: must be an integer, got {cfg.solve.seed!r}")
+  puzzles, source = load_puzzles(task, cfg)
+  if not checkpoint and not os.path.isdir(os.path.join(workdir, "checkpoints")):
+    raise FileNotFoundError(f"--workdir: no run in {workdir} (no checkpoints/ folder); pass the "
+                            f"workdir of a trained run, or --checkpoint=SPEC")
+  checkpoint_lib.check_writable(os.path.join(workdir, "solve"), "--workdir", keep=False)
+  if checkpoint:
+    from aogpt_jax.checkpoints import spec as checkpoint_spec  # pylint: disable=g-import-not-at-top
+    m, _, prov = checkpoint_spec.load(checkpoint, cfg.sample.which)
+  else:
+    _check_task(cfg, workdir)
+    _check_run(cfg, workdir, "sample.method")
+    m, run_cfg = checkpoint_lib.load_model(workdir, which=cfg.sample.which)
+    prov = run_cfg.loaded.to_dict()
+  config_lib.follow_objective(cfg)
+  if m.cfg.valid_vocab_size != task.vocab_size:
+    raise ConfigError(f"task: the model has {m.cfg.valid_vocab_size} token ids but task "
+                      f"{task.name!r} has {task.vocab_size}")
+  try:
+    settings = sample_config.settings_from_config(cfg.sample, m.cfg, task.length)
+    solve_lib.check_puzzles(task, puzzles, settings)
+    settings.validate(m.cfg)
+  except ValueError as err:
+    raise ConfigError(str(err)) from None
+  result = solve_lib.solve(m, task, puzzles, settings, key=jax.random.key(int(cfg.solve.seed)),
+                           batch_size=bs)
+  provenance = {"model": prov, **source, "seed": int(cfg.solve.seed),
+                "task": {"name": task.name, "options": task.options()},
+                "jax": jax.__version__, "backend": jax.default_backend()}
+  path = solve_lib.write(result, workdir, str(cfg.solve.name), provenance)
+  if jax.process_index() == 0:
+    print(result.rows[0]["rendered"])
+    print(solve_lib.summary_line(result.summary))
+    print(f"solutions written to {path} (summary: {path[:-1]} and {path[:-5]}md)")
+  return result.summary
+
+
+def _check_task(cfg, workdir: str) -> None:
+  """The task asked for must be the run's (its config.json), or the puzzles would be scored by a
+  model trained on other rows."""
+  run = read_run_config(workdir)
+  if run is None:
+    return
+  theirs = run.get("task") or {}
+  ours = {"name": str(cfg.task.name), "options": config_lib.task_options(cfg)}
+  for key in ("name", "options"):
+    if theirs.get(key, "" if key == "name" else {}) != ours[key]:
+      raise ConfigError(f"task.{key}: the run in {workdir} trained with task.{key}="
+                        f"{theirs.get(key)!r}, this config asks {ours[key]!r}; use the run's "
+                        f"config file")

@@ -13,6 +13,9 @@
 * `quickstart()`: the CPU quickstart.
 * `a2o_gpt2_small()` / `a2o_tiny()`: adapting a left-to-right model (GPT-2 Small; the tiny
   ``configs/gpt2_small.py:tiny`` run) to every order (`adapt`).
+* `task(name, options, ...)`: training on a puzzle task (configs/sudoku.py, configs/star_graph.py):
+  AO-GPT on the given cells (`TASK_VARIANTS`: ``l2r``, the left-to-right baseline of the same
+  size, and ``mdm``, the encoder-only MDM), at one accelerator's size or, with ``tiny``, a CPU's.
 * `from_arg(arg, base, variants)`: parses a config file's ``:variant,tiny`` argument.
 """
 
@@ -180,6 +183,53 @@ def a2o_tiny() -> config_dict.ConfigDict:
   warm-up steps."""
   return adapt(tiny(paper("small")), "l2r:" + L2R_TINY_WORKDIR, steps=300, curriculum_steps=100,
                lr=1e-3, warmup_steps=10)
+
+
+def task(name: str, options: dict[str, Any], *, tiny_options: dict[str, Any],
+         model: dict[str, Any], tiny_model: dict[str, Any], steps: int, tiny_steps: int,
+         arg: str | None) -> config_dict.ConfigDict:
+  """A run on the puzzle task ``name`` (aogpt_jax/tasks): AO-GPT with the paper's order mixture
+  (10% left to right) over the cells after the givens, which come first in every order and are
+  not scored. ``arg``: a config file's ``:VARIANT,tiny`` (`TASK_VARIANTS`); ``tiny`` takes
+  ``tiny_options`` / ``tiny_model`` / ``tiny_steps``, the CPU size, else ``options`` / ``model`` /
+  ``steps``, the size for one accelerator. Solving (``--mode=solve``) defaults to greedy
+  adaptive decoding (``max_prob``), one cell per step."""
+  from aogpt_jax import tasks  # pylint: disable=g-import-not-at-top
+  tokens = [t.strip() for t in (arg or "").split(",") if t.strip()]
+  small = "tiny" in tokens
+  names = [t for t in tokens if t != "tiny"]
+  if len(names) > 1 or (names and names[0] not in TASK_VARIANTS):
+    raise ValueError(f"config argument {arg!r}: expected at most one of "
+                     f"{', '.join(map(repr, sorted(TASK_VARIANTS)))}, optionally with 'tiny'")
+  opts = dict(options, **(tiny_options if small else {}))
+  t = tasks.make(name, **opts)
+  c = config_lib.default_config()
+  apply(c, {"model.preset": "tiny", "model.block_size": t.length, "seq_len": t.length})
+  apply(c, {f"model.{k}": v for k, v in (tiny_model if small else model).items()})
+  apply(c, {
+      "task.name": name, "task.options": t.options(), "task.heldout_count": 256,
+      "order.name": AO_GPT_ORDER[0], "order.kwargs": dict(AO_GPT_ORDER[1]),
+      "batch_size": 64 if small else 256, "total_steps": tiny_steps if small else steps,
+      "log_every": 100, "eval_every": 1000, "checkpoint_every": 1000,
+      "optimizer.lr": 1e-3, "optimizer.warmup_steps": 100, "optimizer.weight_decay": 0.05,
+      "optimizer.ema_decay": 0.99 if small else 0.999,
+      "eval.batch_size": 128, "checkpoint.keep": 2,
+      "sample.method": "adaptive", "sample.policy": "max_prob", "sample.greedy": True,
+      "sample.steps": t.length,
+  })
+  if names:
+    apply(c, TASK_VARIANTS[names[0]])
+  return c
+
+
+# The baselines of a task run (`task`): the same size, data and budget.
+TASK_VARIANTS: dict[str, dict[str, Any]] = {
+    # GPT-style: the cells after the givens left to right; solved in that order.
+    "l2r": {"order.name": "l2r", "order.kwargs": {}, "sample.method": "diffusion",
+            "sample.order": "l2r"},
+    # The encoder-only masked diffusion model (LLaDA / Dream / Kim et al.'s architecture).
+    "mdm": {"objective": "mdm", "model.target": "none"},
+}
 
 
 def from_arg(arg: str | None, base: Callable[[], config_dict.ConfigDict],

@@ -53,7 +53,11 @@ _MODEL_DEFAULTS = {f.name: f.default for f in dataclasses.fields(model_lib.Model
 # Top-level keys that fix the data stream and the random stream of a run.
 # data.worker_count: grain's saved iterator state has another layout with worker processes.
 _STREAM_KEYS = {"seed", "batch_size", "seq_len", "data.source", "data.tokenizer",
-                "data.worker_count"}
+                "data.worker_count", "task.name", "task.options"}
+# Keys added to the config since a checkpoint may have been written; absent there and at this
+# default here, they change nothing.
+_ADDED_KEYS = {"task.name": "", "task.options": {}, "task.heldout_seed": 0,
+               "task.heldout_count": 256}
 MANIFEST = "aogpt_sha256.json"
 _ORBAX_TMP_SUFFIX = ".orbax-checkpoint-tmp"  # orbax: STEP<suffix> is renamed to STEP on commit
 FORMAT = 1
@@ -191,6 +195,8 @@ def check_compatible(saved: dict, current: dict, where: str) -> None:
       continue
     if a == "<absent>" and key.startswith("model.") and b == _MODEL_DEFAULTS.get(key[6:], a):
       continue                  # a model field added since, at its default: the same model
+    if a == "<absent>" and key in _ADDED_KEYS and b == _ADDED_KEYS[key]:
+      continue                  # a key added since, at its default
     structural = (key in _STREAM_KEYS or
                   (key.startswith("model.") and key.split(".", 1)[1] not in _FREE_MODEL_FIELDS
                    and key != "model.preset"))

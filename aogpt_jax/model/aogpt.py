@@ -38,7 +38,7 @@ from aogpt_jax.model.attention import ATTENTION_IMPLS
 from aogpt_jax.model.blocks import (REMAT_POLICIES, Block, condition, dropout, fold_key,
                                     modulation_tables, remat_module, run_block, table_lookup)
 from aogpt_jax.model.layers import (BATCH, NORMS, Dense, Embed, Norm, check_choice, constrain,
-                                    matmul, trunc_normal)
+                                    grid_codes, grid_shape, matmul, trunc_normal)
 
 TARGETS = ("adaln", "sigma_gpt", "repeat", "per_block", "none")
 ATTENTION_PATHS = ("gather", "mask")
@@ -97,6 +97,10 @@ class ModelConfig:
   loss_chunk: int = 0                # > 0: training loss without [B, n, V] logits, about this
                                      # many tokens (positions x all rows) at a time
                                      # (cross_entropy.py); 0: plain logits
+  position_init: str = ""            # "": random position tables; "grid:R,C,BR,BC": start the
+                                     # position and target-position rows of an R x C grid (boxes
+                                     # BR x BC, Sudoku's) as row + column + box codes (trainable;
+                                     # `layers.grid_codes`)
 
   def __post_init__(self):
     self.validate()
@@ -127,6 +131,14 @@ class ModelConfig:
       bad("init_truncation", f"must be >= 0 (0: plain normal), got {self.init_truncation}")
     if not 0.0 <= self.dropout < 1.0:
       bad("dropout", f"must be in [0, 1), got {self.dropout}")
+    if self.position_init:
+      try:
+        cells = grid_shape(self.position_init)
+      except ValueError as e:
+        bad("position_init", str(e))
+      if cells[0] * cells[1] > self.block_size:
+        bad("position_init", f"{self.position_init!r} has {cells[0] * cells[1]} cells, more "
+            f"than block_size={self.block_size}")
     for f in ("dtype", "param_dtype"):
       try:
         jnp.dtype(getattr(self, f))
@@ -191,6 +203,8 @@ class AOGPT(nnx.Module):
       self.wtpe = Embed(cfg.block_size, d, axes=(None, "embed"), **ekw)
       if cfg.zero_init_target:
         self.wtpe.embedding[...] = jnp.zeros_like(self.wtpe.embedding[...])
+    if cfg.position_init:
+      self._init_grid_positions(rngs, std, pdt)
     self.h = nnx.List([Block(cfg, rngs=rngs, dtype=dtype, param_dtype=pdt)
                        for _ in range(cfg.n_layer)])
     self.ln_f = Norm(d, kind=cfg.norm, use_bias=cfg.bias, dtype=jnp.float32, param_dtype=pdt)
@@ -204,6 +218,20 @@ class AOGPT(nnx.Module):
                            truncation=cfg.init_truncation)
     elif cfg.head_bias:
       self.lm_head_bias = nnx.Param(jnp.zeros((cfg.vocab_size,), pdt), logical_axes=("vocab",))
+
+  def _init_grid_positions(self, rngs: nnx.Rngs, std: float, pdt) -> None:
+    """``position_init="grid:..."``: the position rows 1..R*C (row 0 is START's) and the target
+    rows 0..R*C-1 start as row + column + box codes, each a fresh table of ``std``."""
+    cfg = self.cfg
+    shape = grid_shape(cfg.position_init)
+    cells = shape[0] * shape[1]
+    table = self.wpe.embedding[...]
+    code = grid_codes(rngs.params(), shape, table.shape[1], std, cfg.init_truncation)
+    self.wpe.embedding[...] = table.at[1:cells + 1].set(code.astype(table.dtype))
+    if cfg.target in ("adaln", "sigma_gpt", "repeat"):
+      table = self.wtpe.embedding[...]
+      code = grid_codes(rngs.params(), shape, table.shape[1], std, cfg.init_truncation)
+      self.wtpe.embedding[...] = table.at[:cells].set(code.astype(pdt))
 
   @property
   def start_vector(self) -> nnx.Param:
@@ -399,34 +427,58 @@ def nll_from_logits(logits: jax.Array, targets: jax.Array) -> jax.Array:
   return lse - jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
 
 
-def loss(m: AOGPT, tokens: jax.Array, order: jax.Array, *,
-         dropout_key: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
+def loss(m: AOGPT, tokens: jax.Array, order: jax.Array, *, dropout_key: jax.Array | None = None,
+         prompt: jax.Array | None = None,
+         denominator: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
   """Any-order NLL: returns (mean NLL over all tokens, per-token NLL [B, n] in ORDER space,
-  i.e. ``per_token[b, r] = -log p(x_{order[b, r]} | x_{order[b, :r]})``)."""
+  i.e. ``per_token[b, r] = -log p(x_{order[b, r]} | x_{order[b, :r]})``).
+
+  ``prompt`` (bool [B, n], original order; prompt-conditioned training, e.g. a puzzle's given
+  cells or an SFT question): ``order`` must put the prompt first (`orders.prompt_first`); the
+  mean then covers only the ranks after the prompt (`orders.scored_ranks`), divided by their
+  count, or by ``denominator`` when given (gradient accumulation: the whole batch's count over
+  the number of microbatches, so the microbatches add up to one big batch). ``per_token`` keeps
+  every rank; the prompt's are not part of the loss."""
   targets = orders_lib.permute(tokens, order)
   cfg = m.cfg
   if cfg.loss_chunk:
+    if prompt is not None:
+      raise ValueError("model.loss_chunk: the chunked loss scores every token; prompt-"
+                       "conditioned training needs model.loss_chunk=0")
     # No [B, n, V] logits: the head and its gradients chunk by chunk (model/cross_entropy.py).
     x = m.head_features(m.hidden(tokens, order, dropout_key=dropout_key), order)
     w, b = m.output_layer()
     return cross_entropy.fused_mean_nll(x, w, b, targets, valid_vocab=cfg.vocab_size,
                                         chunk=cfg.loss_chunk, dtype=cfg.dtype)
   per_token = nll_from_logits(m(tokens, order, dropout_key=dropout_key), targets)
-  return jnp.mean(per_token), per_token
+  if prompt is None:
+    return jnp.mean(per_token), per_token
+  scored = orders_lib.scored_ranks(prompt)
+  total = jnp.sum(jnp.where(scored, per_token, 0.0))
+  count = jnp.maximum(jnp.sum(scored), 1) if denominator is None else denominator
+  return total / count, per_token
 
 
-def loss_metrics(per_token: jax.Array, order: jax.Array) -> dict[str, jax.Array]:
+def loss_metrics(per_token: jax.Array, order: jax.Array,
+                 scored: jax.Array | None = None) -> dict[str, jax.Array]:
   """Sums and counts for the loss over all sequences and split into left-to-right and
-  random-order sequences (so they can be summed over steps and hosts before dividing)."""
-  l2r = orders_lib.is_l2r(order)
-  seq = jnp.sum(per_token.astype(jnp.float32), axis=-1)
-  n = per_token.shape[-1]
+  random-order sequences (so they can be summed over steps and hosts before dividing).
+  ``scored`` (bool [B, n], order space): only these ranks count (prompt-conditioned training);
+  a row is "left to right" when its ranks after the prompt are in ascending position."""
+  if scored is None:
+    l2r = orders_lib.is_l2r(order)
+    scored = jnp.ones(per_token.shape, bool)
+  else:
+    later = jnp.where(scored, order, -1)
+    l2r = jnp.all(later[:, 1:] >= later[:, :-1], axis=-1)
+  seq = jnp.sum(jnp.where(scored, per_token.astype(jnp.float32), 0.0), axis=-1)
+  count = jnp.sum(scored, axis=-1).astype(jnp.float32)
   return {
-      "nll_sum": jnp.sum(seq), "token_count": jnp.asarray(per_token.size, jnp.float32),
+      "nll_sum": jnp.sum(seq), "token_count": jnp.sum(count),
       "nll_sum_l2r": jnp.sum(jnp.where(l2r, seq, 0.0)),
-      "token_count_l2r": jnp.sum(l2r).astype(jnp.float32) * n,
+      "token_count_l2r": jnp.sum(jnp.where(l2r, count, 0.0)),
       "nll_sum_random": jnp.sum(jnp.where(l2r, 0.0, seq)),
-      "token_count_random": jnp.sum(~l2r).astype(jnp.float32) * n,
+      "token_count_random": jnp.sum(jnp.where(l2r, 0.0, count)),
   }
 
 

@@ -118,11 +118,21 @@ def weighted_nll(model: AOGPT, tokens: jax.Array, masked: jax.Array, t: jax.Arra
 
 
 def mdm_loss(model: AOGPT, tokens: jax.Array, key: jax.Array, *, antithetic: bool = True,
-             dropout_key=None) -> tuple[jax.Array, jax.Array]:
-  """Training loss per token (mean over the batch of the ELBO terms / n) and the terms [B]."""
+             dropout_key=None, prompt: jax.Array | None = None,
+             denominator: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
+  """Training loss per token (the sum of the ELBO terms over the scored tokens' count) and the
+  terms [B]. ``prompt`` (bool [B, n], True where a token is given): those positions are never
+  masked and not counted, so the terms bound the NLL of the rest given the prompt; the count is
+  replaced by ``denominator`` when given (gradient accumulation, as `aogpt.loss`)."""
   t, masked = draw_masks(key, *tokens.shape, antithetic=antithetic)
+  if prompt is not None:
+    masked = masked & ~prompt
   terms = weighted_nll(model, tokens, masked, t, dropout_key=dropout_key)
-  return jnp.mean(terms) / tokens.shape[1], terms
+  if prompt is None and denominator is None:
+    return jnp.mean(terms) / tokens.shape[1], terms
+  if denominator is None:
+    denominator = jnp.maximum(jnp.sum(~prompt), 1)
+  return jnp.sum(terms) / denominator, terms
 
 
 def elbo_samples(model: AOGPT, tokens: jax.Array, key: jax.Array, num_samples: int, *,

@@ -28,6 +28,34 @@ def trunc_normal(key: jax.Array, shape: Sequence[int], std: float, dtype=jnp.flo
           ).astype(dtype)
 
 
+def grid_shape(spec: str) -> tuple[int, int, int, int]:
+  """``"grid:R,C,BR,BC"`` -> (rows, columns, box rows, box columns); boxes tile the grid."""
+  name, _, rest = str(spec).partition(":")
+  try:
+    r, c, br, bc = (int(v) for v in rest.split(","))
+  except ValueError:
+    r = c = br = bc = 0
+  if name != "grid" or min(r, c, br, bc) < 1 or r % br or c % bc:
+    raise ValueError(f"expected 'grid:ROWS,COLS,BOX_ROWS,BOX_COLS' with boxes tiling the grid "
+                     f"(Sudoku 9x9: 'grid:9,9,3,3'), got {spec!r}")
+  return r, c, br, bc
+
+
+def grid_codes(key: jax.Array, shape: tuple[int, int, int, int], width: int, std: float,
+               truncation: float = 3.0) -> jax.Array:
+  """float32 [R*C, width]: cell p (row-major) gets ``row[p // C] + col[p % C] + box[...]``, three
+  fresh random tables: a structured start for grid tasks, where the cells that constrain each
+  other share a code (learned positions alone learned no Sudoku constraint at CPU size)."""
+  r, c, br, bc = shape
+  kr, kc, kb = jax.random.split(key, 3)
+  p = jnp.arange(r * c)
+  row, col = p // c, p % c
+  box = (row // br) * (c // bc) + col // bc
+  tables = [trunc_normal(k, (m, width), std, jnp.float32, truncation)
+            for k, m in ((kr, r), (kc, c), (kb, (r // br) * (c // bc)))]
+  return tables[0][row] + tables[1][col] + tables[2][box]
+
+
 class Dense(nnx.Module):
   """``y = x @ kernel + bias`` with kernel ``[in, out]``."""
 

@@ -31,10 +31,11 @@ HeldoutOrders = tuple[tuple[str, str, tuple], ...]
 class Objective:
   """One training objective.
 
-  loss(m, tokens, order, mask_key, dropout_key) -> (mean loss to differentiate, metric sums
-      with the keys of `model.loss_metrics`);
-  heldout(m, tokens [B, n], weight [B], key, orders) -> weighted NLL sums of one held-out batch
-      (``tokens``: the number of scored tokens);
+  loss(m, tokens, order, mask_key, dropout_key, prompt=None, denominator=None) -> (mean loss to
+      differentiate, metric sums with the keys of `model.loss_metrics`); ``prompt`` bool [B, n]
+      marks given tokens (prompt-conditioned training): they are context, never scored;
+  heldout(m, tokens [B, n], weight [B], key, orders, prompt=None) -> weighted NLL sums of one
+      held-out batch (``tokens``: the number of scored tokens);
   report(sums, orders) -> the ``eval/...`` scalars from the summed `heldout` outputs;
   model_config(ModelConfig) -> the config of the model it trains;
   sample_methods / model_kinds: the ``sample.method`` / ``eval.model_kind`` values that fit
@@ -59,19 +60,25 @@ class Objective:
 # ----------------------------------------------------------------------------- ao
 
 
-def _ao_loss(m, tokens, order, mask_key, dropout_key):
+def _ao_loss(m, tokens, order, mask_key, dropout_key, prompt=None, denominator=None):
   del mask_key
-  mean_nll, per_token = model_lib.loss(m, tokens, order, dropout_key=dropout_key)
-  return mean_nll, model_lib.loss_metrics(per_token, order)
+  mean_nll, per_token = model_lib.loss(m, tokens, order, dropout_key=dropout_key, prompt=prompt,
+                                       denominator=denominator)
+  scored = None if prompt is None else orders_lib.scored_ranks(prompt)
+  return mean_nll, model_lib.loss_metrics(per_token, order, scored)
 
 
-def _ao_heldout(m, tokens, weight, key, orders: HeldoutOrders):
+def _ao_heldout(m, tokens, weight, key, orders: HeldoutOrders, prompt=None):
   b, n = tokens.shape
-  out = {"tokens": jnp.sum(weight) * n}
+  scored = (jnp.ones((b, n), bool) if prompt is None else orders_lib.scored_ranks(prompt))
+  w = scored * weight[:, None]
+  out = {"tokens": jnp.sum(w)}
   for label, name, kwargs in orders:
     order = orders_lib.sample(name, key, b, n, **dict(kwargs))
+    if prompt is not None:
+      order = orders_lib.prompt_first(order, prompt)
     _, per_token = model_lib.loss(m, tokens, order)
-    out[f"nll_{label}"] = jnp.sum(per_token * weight[:, None])
+    out[f"nll_{label}"] = jnp.sum(per_token * w)
   return out
 
 
@@ -83,26 +90,32 @@ def _ao_report(sums, orders: HeldoutOrders):
 # ----------------------------------------------------------------------------- mdm
 
 
-def mdm_metrics(terms: jax.Array, n: int) -> dict[str, jax.Array]:
+def mdm_metrics(terms: jax.Array, count: jax.Array) -> dict[str, jax.Array]:
   """The keys of `model.loss_metrics` for the encoder: ``nll_sum`` is the sum of the ELBO terms
-  (a bound on the NLL); there are no L2R / random-order rows."""
+  (a bound on the NLL) over ``count`` scored tokens; there are no L2R / random-order rows."""
   zero = jnp.zeros((), jnp.float32)
-  return {"nll_sum": jnp.sum(terms), "token_count": jnp.asarray(terms.size * n, jnp.float32),
+  return {"nll_sum": jnp.sum(terms), "token_count": jnp.asarray(count, jnp.float32),
           "nll_sum_l2r": zero, "token_count_l2r": zero, "nll_sum_random": zero,
           "token_count_random": zero}
 
 
-def _mdm_loss(m, tokens, order, mask_key, dropout_key):
+def _mdm_loss(m, tokens, order, mask_key, dropout_key, prompt=None, denominator=None):
   del order
-  loss, terms = encoder_model.mdm_loss(m, tokens, mask_key, dropout_key=dropout_key)
-  return loss, mdm_metrics(terms, tokens.shape[1])
+  loss, terms = encoder_model.mdm_loss(m, tokens, mask_key, dropout_key=dropout_key,
+                                       prompt=prompt, denominator=denominator)
+  b, n = tokens.shape
+  count = b * n if prompt is None else jnp.sum(~prompt)
+  return loss, mdm_metrics(terms, count)
 
 
-def _mdm_heldout(m, tokens, weight, key, orders: HeldoutOrders):
+def _mdm_heldout(m, tokens, weight, key, orders: HeldoutOrders, prompt=None):
   del orders
   b, n = tokens.shape
   t, masked = encoder_model.draw_masks(key, b, n)
-  return {"tokens": jnp.sum(weight) * n,
+  if prompt is not None:
+    masked = masked & ~prompt
+  count = n if prompt is None else jnp.sum(~prompt, axis=-1)
+  return {"tokens": jnp.sum(weight * count),
           "nll_elbo": jnp.sum(encoder_model.weighted_nll(m, tokens, masked, t) * weight)}
 
 
@@ -130,7 +143,8 @@ def get(name: str) -> Objective:
 
 
 def merged_loss(params, graphdef: nnx.GraphDef, tokens, order, mask_key, dropout_key,
-                objective: str):
+                objective: str, prompt=None, denominator=None):
   """`Objective.loss` of the model ``nnx.merge(graphdef, params)`` (the function to
   differentiate with respect to ``params``)."""
-  return get(objective).loss(nnx.merge(graphdef, params), tokens, order, mask_key, dropout_key)
+  return get(objective).loss(nnx.merge(graphdef, params), tokens, order, mask_key, dropout_key,
+                             prompt, denominator)

@@ -179,6 +179,25 @@ def unpermute(y: jax.Array, order: jax.Array) -> jax.Array:
   return permute(y, ranks(order))
 
 
+def prompt_first(order: jax.Array, prompt: jax.Array) -> jax.Array:
+  """int32 [B, n]: per row, the prompt positions (``prompt`` bool [B, n] in ORIGINAL order, True
+  where a token is given) first, in ascending position, then the other positions in the order of
+  ``order``. The layout of prompt-conditioned training (the prompt's ranks come first and are not
+  scored: `scored_ranks`) and of every sampler's generation order (`sampling.prompts`): a prefix
+  prompt is read left to right, as a GPT reads it."""
+  n = order.shape[-1]
+  rank = ranks(order)
+  key = jnp.where(prompt, jnp.arange(n, dtype=jnp.int32), n + rank)
+  return jnp.argsort(key, axis=-1, stable=True).astype(jnp.int32)
+
+
+def scored_ranks(prompt: jax.Array) -> jax.Array:
+  """bool [B, n] in ORDER space for an order built by `prompt_first`: rank r is scored (is not
+  part of the prompt) iff ``r >= `` the row's number of prompt positions."""
+  m = jnp.sum(prompt, axis=-1, dtype=jnp.int32)
+  return jnp.arange(prompt.shape[-1], dtype=jnp.int32)[None, :] >= m[:, None]
+
+
 def is_l2r(order: jax.Array) -> jax.Array:
   """bool[batch]: whether each row is the identity order."""
   return jnp.all(order == jnp.arange(order.shape[-1], dtype=order.dtype), axis=-1)

@@ -113,8 +113,7 @@ def check_order(order, batch: int, length: int) -> str | np.ndarray:
 
 def build_orders(prompt_mask: np.ndarray, base: np.ndarray) -> np.ndarray:
   """int32 [B, n]: per row, the prompt positions (ascending), then the others in the order of
-  ``base`` (a permutation per row, e.g. drawn from an order distribution, or given)."""
-  length = prompt_mask.shape[1]
-  rank = np.argsort(base, axis=1, kind="stable")      # inverse permutation
-  sort_key = np.where(prompt_mask, np.arange(length)[None, :], length + rank)
-  return np.argsort(sort_key, axis=1, kind="stable").astype(np.int32)
+  ``base`` (a permutation per row, e.g. drawn from an order distribution, or given): the layout
+  prompt-conditioned training uses (`orders.prompt_first`)."""
+  return np.asarray(orders_lib.prompt_first(np.asarray(base), np.asarray(prompt_mask, bool)),
+                    np.int32)

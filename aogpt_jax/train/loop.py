@@ -30,6 +30,7 @@ from aogpt_jax import config as config_lib
 from aogpt_jax import data as data_lib
 from aogpt_jax.checkpoints import store as checkpoint_lib
 from aogpt_jax.model import objectives
+from aogpt_jax.tasks import pipeline as task_pipeline
 from aogpt_jax.train import flops as flops_lib
 from aogpt_jax.train import metrics as metrics_lib
 from aogpt_jax.train import sharding as sharding_lib
@@ -90,10 +91,7 @@ def heldout_eval(trainer: train_lib.Trainer, params, cfg) -> dict[str, float]:
   """Held-out NLL per token under the L2R order, under uniform orders (fixed seed) and, for a
   run on another fixed order distribution, under that one (`train.step.heldout_orders`)."""
   bs = cfg.eval.batch_size or cfg.batch_size
-  batches = data_lib.eval_batches(
-      cfg.data, split=cfg.eval.split, seq_len=cfg.seq_len, global_batch_size=bs,
-      process_index=jax.process_index(), process_count=jax.process_count(),
-      max_blocks=cfg.eval.train_max_blocks)
+  batches = _eval_batches(cfg, bs)
   sums: dict[str, float] = {}
   key = jax.random.PRNGKey(cfg.eval.seed)
   blocks = 0
@@ -108,6 +106,31 @@ def heldout_eval(trainer: train_lib.Trainer, params, cfg) -> dict[str, float]:
 
 
 heldout_eval.blocks = 0   # how many held-out blocks the last call scored (for its log line)
+
+
+def _eval_batches(cfg, batch_size: int):
+  """The held-out batches of the eval during training: ``eval.split`` of the text data, or a
+  task's held-out puzzles (``task.heldout_seed`` / ``task.heldout_count``)."""
+  where = dict(global_batch_size=batch_size, process_index=jax.process_index(),
+               process_count=jax.process_count())
+  task = config_lib.task_of(cfg)
+  if task is not None:
+    return task_pipeline.eval_batches(task, seed=cfg.task.heldout_seed,
+                                      count=cfg.task.heldout_count, **where)
+  return data_lib.eval_batches(cfg.data, split=cfg.eval.split, seq_len=cfg.seq_len,
+                               max_blocks=cfg.eval.train_max_blocks, **where)
+
+
+def train_iterator(cfg, process_index: int, process_count: int):
+  """The run's training batches: ``data.source`` blocks, or a task's puzzles with their prompt
+  masks (``task.name``); checkpointable either way."""
+  task = config_lib.task_of(cfg)
+  if task is not None:
+    return task_pipeline.train_iterator(task, global_batch_size=cfg.batch_size, seed=cfg.seed,
+                                        process_index=process_index, process_count=process_count)
+  return data_lib.train_iterator(cfg.data, seq_len=cfg.seq_len, global_batch_size=cfg.batch_size,
+                                 seed=cfg.seed, process_index=process_index,
+                                 process_count=process_count)
 
 
 LOG_FILE = "train.log"   # WORKDIR/train.log: every log line of every (resumed) run, appended
@@ -163,9 +186,7 @@ def _train(cfg, workdir, model_cfg, mesh, meta, proc, t0) -> dict[str, float]:
 
   with jax.set_mesh(mesh):
     trainer = train_lib.build(cfg, model_cfg, mesh)
-    data_iter = data_lib.train_iterator(
-        cfg.data, seq_len=cfg.seq_len, global_batch_size=cfg.batch_size, seed=cfg.seed,
-        process_index=proc, process_count=jax.process_count())
+    data_iter = train_iterator(cfg, proc, jax.process_count())
     ckpt = checkpoint_lib.Checkpointer(workdir, cfg.checkpoint)
     restored = ckpt.restore_latest(trainer.abstract_state, data_iter, meta)
     if restored is None:

@@ -95,24 +95,29 @@ def ema_update(ema, params, decay: float, k):
 
 
 def _grads(params, graphdef, tokens, order, key, microbatches: int, dropout: bool,
-           objective: str = "ao"):
+           objective: str = "ao", prompt=None):
   """Mean-NLL gradients over the whole batch; with microbatches > 1 accumulated over a
-  lax.scan. Microbatch i holds rows i, i + M, i + 2M, ...: every device keeps its own rows."""
+  lax.scan. Microbatch i holds rows i, i + M, i + 2M, ...: every device keeps its own rows.
+  With a ``prompt`` every microbatch divides by the whole batch's scored count / M, so the
+  accumulated gradient is the one big batch's although rows score different counts."""
   grad_fn = jax.grad(objectives.merged_loss, has_aux=True)
   mask_key, dropout_key = jax.random.split(key)
   if microbatches == 1:
     return grad_fn(params, graphdef, tokens, order, mask_key, dropout_key if dropout else None,
-                   objective)
+                   objective, prompt)
   b, n = tokens.shape
+  denominator = (None if prompt is None
+                 else jnp.maximum(jnp.sum(~prompt), 1).astype(jnp.float32) / microbatches)
 
   def split(x):   # [b, n] -> [M, b / M, n]
     x = x.reshape(b // microbatches, microbatches, n).swapaxes(0, 1)
     return jax.lax.with_sharding_constraint(x, P(None, sharding_lib.BATCH_AXES, None))
 
   def body(acc, xs):
-    i, tok, order_i = xs
+    i, tok, order_i, prompt_i = xs
     g, sums = grad_fn(params, graphdef, tok, order_i, jax.random.fold_in(mask_key, i),
-                      jax.random.fold_in(dropout_key, i) if dropout else None, objective)
+                      jax.random.fold_in(dropout_key, i) if dropout else None, objective,
+                      prompt_i, denominator)
     acc_g, acc_s = acc
     return (jax.tree.map(jnp.add, acc_g, g), jax.tree.map(jnp.add, acc_s, sums)), None
 
@@ -121,22 +126,28 @@ def _grads(params, graphdef, tokens, order, key, microbatches: int, dropout: boo
   sums_shape = jax.eval_shape(model_lib.loss_metrics, part, part.update(dtype=order.dtype))
   zeros_s = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), sums_shape)
   (g, sums), _ = jax.lax.scan(body, (zeros_g, zeros_s),
-                              (jnp.arange(microbatches), split(tokens), split(order)))
+                              (jnp.arange(microbatches), split(tokens), split(order),
+                               None if prompt is None else split(prompt)))
   return jax.tree.map(lambda x: x / microbatches, g), sums
 
 
 def train_step(state: State, batch: dict[str, jax.Array], *, graphdef, tx, cfg,
                dropout: bool = False) -> tuple[State, dict]:
-  """One optimizer update on ``batch["tokens"]`` (int32 [global_batch, seq_len])."""
-  tokens = batch["tokens"]
+  """One optimizer update on ``batch["tokens"]`` (int32 [global_batch, seq_len]); a batch with
+  ``batch["prompt"]`` (bool, same shape: a task's given cells) trains on the rest given the
+  prompt: each row's order puts the prompt first (`orders.prompt_first`) and the loss covers
+  only the positions after it."""
+  tokens, prompt = batch["tokens"], batch.get("prompt")
   step = state["step"]
   key = jax.random.fold_in(state["rng"], step)
   order_key, dropout_key = jax.random.split(key)
   # Orders for the whole global batch at once, so accumulation equals one big batch.
   order = orders_lib.sample(cfg.order.name, order_key, tokens.shape[0], tokens.shape[1],
                             step=step, **config_lib.order_kwargs(cfg))
+  if prompt is not None:
+    order = orders_lib.prompt_first(order, prompt)
   grads, sums = _grads(state["params"], graphdef, tokens, order, dropout_key, cfg.microbatches,
-                       dropout, cfg.objective)
+                       dropout, cfg.objective, prompt)
   updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
   params = optax.apply_updates(state["params"], updates)
   new = {"params": params, "opt_state": opt_state, "step": step + 1, "rng": state["rng"]}
@@ -169,9 +180,9 @@ def eval_step(params, batch: dict[str, jax.Array], key: jax.Array, *, graphdef,
   """Weighted NLL sums of one held-out batch; padding rows (weight 0) count for nothing.
   ``ao``: ``nll_<label>`` under each of ``orders`` (`heldout_orders`), random ones drawn from
   ``key``; ``mdm``: one ELBO sample (t and masks drawn from ``key``) per block
-  (`objectives.Objective.heldout`)."""
+  (`objectives.Objective.heldout`). A ``batch["prompt"]`` is context: only the rest is scored."""
   return objectives.get(objective).heldout(nnx.merge(graphdef, params), batch["tokens"],
-                                           batch["weight"], key, orders)
+                                           batch["weight"], key, orders, batch.get("prompt"))
 
 
 # ----------------------------------------------------------------------------- assembly
@@ -221,9 +232,11 @@ def build(cfg, model_cfg: model_lib.ModelConfig, mesh) -> Trainer:
     state_sh["ema"] = param_sh
   abstract = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
                           shapes, state_sh)
-  batch_sh = {"tokens": sharding_lib.batch_sharding(mesh)}
-  eval_batch_sh = {"tokens": sharding_lib.batch_sharding(mesh),
-                   "weight": sharding_lib.batch_sharding(mesh, 1)}
+  # A task's batches also carry the prompt mask (config.task_of: prompt-conditioned training).
+  rows = {k: sharding_lib.batch_sharding(mesh)
+          for k in (("tokens", "prompt") if config_lib.task_of(cfg) else ("tokens",))}
+  batch_sh = rows
+  eval_batch_sh = dict(rows, weight=sharding_lib.batch_sharding(mesh, 1))
   init = jax.jit(lambda: init_state(model_cfg, tx, cfg.seed, with_ema), out_shardings=state_sh)
   dropout = model_cfg.dropout > 0
   def step_fn(s, b):

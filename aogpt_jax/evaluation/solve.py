@@ -1,0 +1,223 @@
+"""Solving a task's puzzles with any sampler: ``--mode=solve`` and its Python API.
+
+Every puzzle's given cells are the prompt; the sampler (``sample.*``: diffusion in any order, ar,
+speculative, adaptive with any policy; the encoder baseline's encoder and adaptive samplers)
+fills in the rest; the task's verifier checks the result::
+
+    from aogpt_jax import tasks
+    from aogpt_jax.evaluation import solve
+    task = tasks.make("sudoku", size=4)
+    puzzles = task.heldout(seed=0, count=64)
+    res = solve.solve(model, task, puzzles, SampleSettings(length=task.length, method="adaptive",
+                      policy="margin", steps=task.length), key=jax.random.key(0))
+    res.summary["solved"]          # {"rate", "low", "high" (95% Wilson interval), "count", ...}
+    res.rows[0]                    # one puzzle: output, order, steps, solved, cell_accuracy, ...
+
+`solve` returns one row per puzzle and a summary: solved rate with its 95% interval, cell
+accuracy, and how early decoding goes wrong (the first answer cell's accuracy, the rank of the
+first wrong cell), with the sampler's steps and wall time. `write` stores them as
+WORKDIR/solve/NAME.jsonl (one JSON row per puzzle), NAME.json (summary and provenance) and NAME.md,
+never overwriting (NAME-2, ...).
+
+Shape suffixes: B puzzles of a batch, N cells per row.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import time
+from typing import Any
+
+import jax
+import numpy as np
+
+from aogpt_jax.sampling import sampler as sampler_lib
+from aogpt_jax.train import workdir as workdir_lib
+
+EARLY_CELLS = (1, 3, 10)   # "the first k answer cells all right" rates in the summary
+
+
+@dataclasses.dataclass
+class SolveResult:
+  rows: list[dict[str, Any]]
+  summary: dict[str, Any]
+
+
+def wilson(successes: int, total: int, z: float = 1.959964) -> tuple[float, float]:
+  """The 95% Wilson score interval of a proportion (sensible at 0 and at ``total``)."""
+  if total <= 0:
+    return 0.0, 1.0
+  p = successes / total
+  den = 1.0 + z * z / total
+  mid = (p + z * z / (2 * total)) / den
+  half = z * math.sqrt(p * (1 - p) / total + z * z / (4 * total * total)) / den
+  return max(0.0, mid - half), min(1.0, mid + half)
+
+
+def check_puzzles(task, puzzles: dict, settings: sampler_lib.SampleSettings) -> None:
+  """One-line errors before anything compiles: the rows fit the task and the settings."""
+  tokens, prompt = np.asarray(puzzles["tokens"]), np.asarray(puzzles["prompt"])
+  if tokens.ndim != 2 or tokens.shape != prompt.shape or tokens.shape[1] != task.length:
+    raise ValueError(f"solve.puzzles: expected tokens and prompt of shape [rows, {task.length}] "
+                     f"(task {task.name!r}), got {tokens.shape} and {prompt.shape}")
+  if not len(tokens):
+    raise ValueError("solve.puzzles: no puzzles")
+  if settings.length != task.length:
+    raise ValueError(f"sample.length: task {task.name!r} rows are {task.length} tokens, got "
+                     f"{settings.length}")
+  if tokens.min() < 0 or tokens.max() >= task.vocab_size:
+    raise ValueError(f"solve.puzzles: tokens outside the task's vocabulary [0, "
+                     f"{task.vocab_size})")
+
+
+def _steps(out: sampler_lib.Samples, s: sampler_lib.SampleSettings, prompt_len) -> np.ndarray:
+  """Model steps each row took: adaptive (its own count), speculative (passes), ar (one per
+  token), the planned samplers (the plan's steps that reveal something)."""
+  if out.passes is not None:
+    return np.asarray(out.passes, np.int64)
+  n = out.tokens.shape[1]
+  if out.plan is None:
+    return n - np.asarray(prompt_len, np.int64)
+  m, k = np.asarray(out.plan.m), np.asarray(out.plan.k)
+  return np.array([len(np.unique(m[:, b][k[:, b] > 0])) for b in range(m.shape[1])])
+
+
+def solve(model, task, puzzles: dict, settings: sampler_lib.SampleSettings, *,
+          key: jax.Array | None = None, batch_size: int = 64, warm: bool = True) -> SolveResult:
+  """Solves every puzzle (``{"tokens", "prompt"}``, [R, n]: the reference solution and the given
+  cells) with ``settings``; row i uses the sampling key ``fold_in(key, i)``, so the result does
+  not depend on ``batch_size``. ``warm``: the first batch is run once untimed first, so the
+  reported wall time excludes compilation."""
+  check_puzzles(task, puzzles, settings)
+  settings.validate(model.cfg)
+  key = jax.random.key(0) if key is None else sampler_lib.as_key(key)
+  ref_RxN = np.asarray(puzzles["tokens"], np.int32)
+  given_RxN = np.asarray(puzzles["prompt"], bool)
+  rows_total, n = ref_RxN.shape
+  bs = max(1, min(int(batch_size), rows_total))
+  outs, order_parts, steps_parts, times = [], [], [], []
+  for start in range(0, rows_total, bs):
+    idx = np.arange(start, start + bs) % rows_total       # the last batch wraps (one shape)
+    prompt = (np.where(given_RxN[idx], ref_RxN[idx], 0), given_RxN[idx])
+
+    def run(idx=idx, prompt=prompt, start=start):
+      return jax.block_until_ready(sampler_lib.generate(model, key, settings, prompt=prompt,
+                                                        sample_offset=start))
+    if warm and start == 0:
+      run()
+    t0 = time.perf_counter()
+    out = run()
+    times.append(time.perf_counter() - t0)
+    keep = min(bs, rows_total - start)
+    outs.append(np.asarray(out.tokens)[:keep])
+    order_parts.append(np.asarray(out.order)[:keep])
+    steps_parts.append(_steps(out, settings, prompt[1].sum(axis=1))[:keep])
+  out_RxN = np.concatenate(outs)
+  order_RxN = np.concatenate(order_parts)
+  steps_R = np.concatenate(steps_parts)
+  verdict = task.verify(out_RxN, {"tokens": ref_RxN, "prompt": given_RxN})
+  wall = float(sum(times))
+  return _result(task, ref_RxN, given_RxN, out_RxN, order_RxN, steps_R, verdict, wall, settings)
+
+
+def early_errors(out_RxN, ref_RxN, given_RxN, order_RxN) -> tuple[np.ndarray, np.ndarray]:
+  """(correct [R, A] of the answer cells in the order they were written, A = the most answer
+  cells of any row, False past a row's own; first wrong answer rank [R], -1 if none)."""
+  m_R = given_RxN.sum(axis=1)
+  right_RxN = np.take_along_axis(out_RxN == ref_RxN, order_RxN, axis=1)
+  a = int(given_RxN.shape[1] - m_R.min())
+  cols = m_R[:, None] + np.arange(a)[None, :]
+  inside = cols < given_RxN.shape[1]
+  correct = np.where(inside, np.take_along_axis(right_RxN, np.minimum(cols, given_RxN.shape[1]
+                                                                      - 1), axis=1), False)
+  wrong = inside & ~correct
+  first = np.where(wrong.any(axis=1), wrong.argmax(axis=1), -1)
+  return correct, first
+
+
+def _result(task, ref_RxN, given_RxN, out_RxN, order_RxN, steps_R, verdict, wall,
+            settings) -> SolveResult:
+  rows_total = len(ref_RxN)
+  solved_R = np.asarray(verdict["solved"], bool)
+  cell_R = np.asarray(verdict["cell_accuracy"], np.float64)
+  correct, first_R = early_errors(out_RxN, ref_RxN, given_RxN, order_RxN)
+  m_R = given_RxN.sum(axis=1)
+  rows = []
+  for i in range(rows_total):
+    row = {"index": i, "output": out_RxN[i].tolist(), "order": order_RxN[i].tolist(),
+           "given": np.flatnonzero(given_RxN[i]).tolist(), "reference": ref_RxN[i].tolist(),
+           "steps": int(steps_R[i]), "first_error_rank": int(first_R[i]),
+           "rendered": task.render(out_RxN[i], given_RxN[i])}
+    for k, v in verdict.items():
+      v = np.asarray(v)[i]
+      row[k] = v.item() if hasattr(v, "item") else v
+    rows.append(row)
+  solved = int(solved_R.sum())
+  low, high = wilson(solved, rows_total)
+  answer = (given_RxN.shape[1] - m_R)
+  early = {}
+  for k in EARLY_CELLS:
+    ok = correct[:, :k].all(axis=1) & (answer >= k)
+    early[f"first_{k}_right"] = float(ok.mean())
+  errs = first_R[first_R >= 0]
+  summary = {
+      "task": task.name, "task_options": task.options(), "rows": rows_total,
+      "solved": {"count": solved, "rate": solved / rows_total, "low": low, "high": high,
+                 "interval": "95% Wilson"},
+      "cell_accuracy": float(cell_R.mean()),
+      "first_cell_accuracy": float(correct[:, 0].mean()) if correct.shape[1] else 1.0,
+      **early,
+      "first_error_rank_median": float(np.median(errs)) if len(errs) else None,
+      "rows_without_error": int((first_R < 0).sum()),
+      "steps_mean": float(np.mean(steps_R)), "steps_max": int(np.max(steps_R)),
+      "givens_mean": float(m_R.mean()),
+      "wall_s": wall, "ms_per_puzzle": 1000.0 * wall / rows_total,
+      "settings": dataclasses.asdict(settings) | {"order": str(settings.order)},
+  }
+  extra = {k: float(np.mean(np.asarray(v, np.float64))) for k, v in verdict.items()
+           if k not in ("solved", "cell_accuracy")}
+  summary["verifier_means"] = extra
+  return SolveResult(rows, summary)
+
+
+def summary_line(summary: dict) -> str:
+  s = summary["solved"]
+  return (f"solved {s['count']}/{summary['rows']} ({100 * s['rate']:.1f}%, 95% interval "
+          f"{100 * s['low']:.1f}-{100 * s['high']:.1f}%), cell accuracy "
+          f"{100 * summary['cell_accuracy']:.1f}%, first answer cell right "
+          f"{100 * summary['first_cell_accuracy']:.1f}%, {summary['steps_mean']:.1f} steps and "
+          f"{summary['ms_per_puzzle']:.1f} ms per puzzle")
+
+
+def markdown(summary: dict, provenance: dict) -> str:
+  s = summary["solved"]
+  lines = [f"# Solve: {summary['task']} ({summary['rows']} puzzles)", "",
+           "| solved | 95% interval | cell accuracy | first answer cell right | "
+           "first error rank (median) | steps (mean) | ms / puzzle |",
+           "|---|---|---|---|---|---|---|",
+           f"| {s['count']}/{summary['rows']} ({100 * s['rate']:.1f}%) | "
+           f"{100 * s['low']:.1f}-{100 * s['high']:.1f}% | {100 * summary['cell_accuracy']:.1f}% "
+           f"| {100 * summary['first_cell_accuracy']:.1f}% | "
+           f"{summary['first_error_rank_median']} | {summary['steps_mean']:.1f} | "
+           f"{summary['ms_per_puzzle']:.1f} |", "",
+           f"Sampler: `{json.dumps(summary['settings'], sort_keys=True)}`", "",
+           f"Task: `{summary['task']}` `{json.dumps(summary['task_options'], sort_keys=True)}`", "",
+           f"Model: `{json.dumps(provenance, sort_keys=True, default=str)}`", ""]
+  return "\n".join(lines)
+
+
+def write(result: SolveResult, workdir: str, name: str, provenance: dict) -> str:
+  """WORKDIR/solve/NAME.{jsonl,json,md} (NAME-2, ... if taken); returns the .jsonl path."""
+  folder = os.path.join(workdir, "solve")
+  os.makedirs(folder, exist_ok=True)
+  stem = os.path.join(folder, workdir_lib.fresh_stem(folder, name, (".jsonl", ".json", ".md")))
+  body = "".join(json.dumps(r) + "\n" for r in result.rows)
+  workdir_lib.write_json_atomic(stem + ".jsonl", body)
+  workdir_lib.write_json_atomic(stem + ".json", json.dumps(
+      {"summary": result.summary, "provenance": provenance, "rows_file": stem + ".jsonl"},
+      indent=1, default=str))
+  workdir_lib.write_json_atomic(stem + ".md", markdown(result.summary, provenance))
+  return stem + ".jsonl"

@@ -1,0 +1,23 @@
+"""Sudoku with AO-GPT: training on the given cells, solved with adaptive order (docs/tasks.md).
+
+  python -m aogpt_jax.main --config=configs/sudoku.py:tiny --workdir=/tmp/sudoku     # CPU
+  python -m aogpt_jax.main --config=configs/sudoku.py:tiny --workdir=/tmp/sudoku --mode=solve
+
+Arguments (``:ARG``, comma-separated): ``tiny`` (the CPU size: 4x4 grids, the tiny model),
+``l2r`` (the left-to-right baseline of the same size), ``mdm`` (the encoder-only masked
+diffusion baseline). Without ``tiny``: 9x9 puzzles of 24-40 givens and an 8 x 256 model (about
+Kim et al.'s 6M parameters), for one accelerator. The position tables start as row + column +
+box codes (``model.position_init``).
+"""
+
+from aogpt_jax import recipes
+
+
+def get_config(arg=None):
+  return recipes.task(
+      "sudoku", {"size": 9, "min_givens": 24, "max_givens": 40},
+      tiny_options={"size": 4, "min_givens": 4, "max_givens": 8},
+      model={"n_layer": 8, "n_head": 8, "n_embd": 256, "target_dim": 64,
+             "position_init": "grid:9,9,3,3"},
+      tiny_model={"position_init": "grid:4,4,2,2"},
+      steps=20_000, tiny_steps=2_000, arg=arg)
