@@ -95,6 +95,7 @@ class Task:
   name: str = ""
   length: int = 0
   vocab_size: int = 0
+  heldout_frac: float = 0.1
 
   def options(self) -> dict:
     raise NotImplementedError
@@ -110,6 +111,14 @@ class Task:
 
   def render(self, tokens_row, prompt_row=None) -> str:
     raise NotImplementedError
+
+  def split_keys(self, tokens) -> np.ndarray:
+    """[B, k]: the canonical bytes (as an array) of each row's instance, what the split hashes."""
+    raise NotImplementedError
+
+  def in_heldout(self, tokens) -> np.ndarray:
+    """bool [B]: which rows' instances are on the held-out side of the split."""
+    return heldout_mask(self.split_keys(tokens), self.heldout_frac)
 
   def __repr__(self):
     opts = ", ".join(f"{k}={v!r}" for k, v in self.options().items())

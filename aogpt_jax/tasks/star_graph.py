@@ -61,8 +61,17 @@ class StarGraph(base.Task):
   def prompt_length(self) -> int:
     return 2 * self.edges + 2
 
-  def _sample(self, rng: np.random.Generator, count: int) -> tuple[np.ndarray, np.ndarray]:
-    """(tokens int32 [count, length], canonical keys int32 [count, 1 + edges])."""
+  def split_keys(self, tokens) -> np.ndarray:
+    """int32 [B, 1 + edges]: the center, then the edges ``parent * num_nodes + child`` sorted
+    (the graph whatever the edge order or goal)."""
+    tokens = base.as_rows(self.name, "tokens", tokens, self.length)
+    edges = tokens[:, :2 * self.edges].reshape(-1, self.edges, 2)
+    codes = np.sort(edges[:, :, 0] * self.num_nodes + edges[:, :, 1], 1)
+    return np.concatenate([tokens[:, self.prompt_length - 2:self.prompt_length - 1], codes],
+                          1).astype(np.int32)
+
+  def _sample(self, rng: np.random.Generator, count: int) -> np.ndarray:
+    """tokens int32 [count, length]."""
     d, p, e = self.degree, self.path_len, self.edges
     labels = rng.random((count, self.num_nodes)).argsort(1)[:, :1 + e].astype(np.int32)
     center, arms = labels[:, 0], labels[:, 1:].reshape(count, d, p)
@@ -73,16 +82,14 @@ class StarGraph(base.Task):
     shuffled = np.take_along_axis(edges, order[:, :, None], 1)
     goal_arm = rng.integers(0, d, count)
     path = np.concatenate([center[:, None], arms[np.arange(count), goal_arm]], 1)
-    tokens = np.concatenate([shuffled.reshape(count, 2 * e), center[:, None], path[:, -1:],
-                             path], 1).astype(np.int32)
-    codes = np.sort(edges[:, :, 0] * self.num_nodes + edges[:, :, 1], 1)
-    return tokens, np.concatenate([center[:, None], codes], 1).astype(np.int32)
+    return np.concatenate([shuffled.reshape(count, 2 * e), center[:, None], path[:, -1:],
+                           path], 1).astype(np.int32)
 
   def _draw(self, rng: np.random.Generator, count: int, held: bool, chunk: int) -> np.ndarray:
     out, have = [], 0
     for _ in range(10_000):
-      tokens, keys = self._sample(rng, chunk)
-      tokens = tokens[base.heldout_mask(keys, self.heldout_frac) == held]
+      tokens = self._sample(rng, chunk)
+      tokens = tokens[self.in_heldout(tokens) == held]
       out.append(tokens)
       have += len(tokens)
       if have >= count:

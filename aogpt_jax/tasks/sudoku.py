@@ -294,12 +294,16 @@ class Sudoku(base.Task):
     out, have = [], 0
     for _ in range(10_000):
       g = random_grids(self.size, rng, max(count + count // 2, 16) if not held else 64)
-      g = g[base.heldout_mask(g, self.heldout_frac) == held]
+      g = g[self.in_heldout(g) == held]
       out.append(g)
       have += len(g)
       if have >= count:
         return np.concatenate(out)[:count]
     raise AssertionError("unreachable: both sides of the split are non-empty")
+
+  def split_keys(self, tokens) -> np.ndarray:
+    """The solution grids, uint8 [B, n]."""
+    return base.as_rows(self.name, "tokens", tokens, self.length, np.uint8)
 
   def train_batch(self, seed: int, index: int, batch: int) -> dict[str, np.ndarray]:
     """``batch`` training rows: train-bucket grids, random givens (not necessarily unique)."""
