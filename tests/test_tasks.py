@@ -77,6 +77,9 @@ def test_train_batch_deterministic_in_range_and_prompted(name, kw):
   np.testing.assert_array_equal(a["prompt"], b["prompt"])
   assert not np.array_equal(a["tokens"], t.train_batch(3, 8, 32)["tokens"])
   assert not np.array_equal(a["tokens"], t.train_batch(4, 7, 32)["tokens"])
+  with pytest.raises(ValueError, match=r"seed / index -1; expected an integer >= 0"):
+    t.train_batch(0, -1, 4)
+  assert t.heldout(0, 0)["tokens"].shape == (0, t.length)
   assert a["tokens"].min() >= 0 and a["tokens"].max() < t.vocab_size
   assert t.verify(a["tokens"], a)["solved"].all()        # references are valid solutions
   if name == "sudoku":

@@ -139,4 +139,8 @@ class Task:
 
 
 def seeds(*parts: int) -> np.random.Generator:
+  """A generator seeded by a stream tag and the caller's seed / index (integers >= 0)."""
+  for p in parts[1:]:
+    if isinstance(p, bool) or not isinstance(p, (int, np.integer)) or p < 0:
+      raise ValueError(f"task seed / index {p!r}; expected an integer >= 0")
   return np.random.default_rng([int(p) for p in parts])
