@@ -45,7 +45,7 @@ def import_graph() -> dict[str, set[str]]:
 # Lowest first; a module may import its own layer and the ones below, never one above.
 LAYERS = (
     ("aogpt_jax.errors",),
-    ("aogpt_jax.data",),
+    ("aogpt_jax.data", "aogpt_jax.tasks"),
     ("aogpt_jax.model",),
     ("aogpt_jax.config", "aogpt_jax.config_groups", "aogpt_jax.recipes"),
     ("aogpt_jax.checkpoints",),
