@@ -301,6 +301,11 @@ class Sudoku(base.Task):
         return np.concatenate(out)[:count]
     raise AssertionError("unreachable: both sides of the split are non-empty")
 
+  def load(self, path: str, limit: int | None = None) -> dict[str, np.ndarray]:
+    """Puzzles of this size from a file or dataset (`load_puzzles`): ``--mode=solve`` with
+    ``solve.puzzles=FILE``."""
+    return load_puzzles(path, size=self.size, limit=limit)
+
   def split_keys(self, tokens) -> np.ndarray:
     """The solution grids, uint8 [B, n]."""
     return base.as_rows(self.name, "tokens", tokens, self.length, np.uint8)
