@@ -56,21 +56,38 @@ MODES: dict[str, Callable[..., object]] = {
 
 
 class _QuietLibraries:
-  """Drops the INFO chatter of orbax and grain (one line per array per checkpoint), JAX's
-  backend probes ("Unable to initialize backend 'tpu'") and, unless --verbose, the lines meant
-  for the run's log file only (the parameter table: `train.loop.FILE_ONLY`)."""
+  """The console's lines: drops the INFO chatter of orbax and grain (one line per array per
+  checkpoint), JAX's backend probes ("Unable to initialize backend 'tpu'") and, unless
+  --verbose, the details that go to WORKDIR/train.log only: lines marked `train.loop.FILE_ONLY`
+  (the model config, the parameter table, the mesh, the compile), the model's notes (which
+  attention kernel) and, while training, the data preparation's."""
 
-  def __init__(self, verbose: bool = False):
-    self.verbose = verbose
+  def __init__(self, verbose: bool = False, mode: str = "train"):
+    self.verbose, self.mode = verbose, mode
 
   def filter(self, record) -> bool:
-    if getattr(record, "file_only", False) and not self.verbose:
-      return False
     if record.levelno >= std_logging.WARNING:
       return True
+    if not self.verbose and (
+        getattr(record, "file_only", False) or "/aogpt_jax/model/" in record.pathname
+        or (self.mode == "train" and "/aogpt_jax/data/" in record.pathname)):
+      return False
     if str(record.msg).startswith("Unable to initialize backend"):
       return False
     return not any(f"/{lib}/" in record.pathname for lib in ("orbax", "grain"))
+
+
+class _ConsoleFormat(std_logging.Formatter):
+  """Lines for a person: the message alone (a warning or an error says so); --verbose keeps
+  absl's prefix (level, time, thread, file:line)."""
+
+  def format(self, record) -> str:
+    msg = record.getMessage()
+    if record.exc_info:
+      msg += "\n" + self.formatException(record.exc_info)
+    if record.levelno >= std_logging.ERROR:
+      return f"error: {msg}"
+    return f"warning: {msg}" if record.levelno >= std_logging.WARNING else msg
 
 
 def _verbose(argv) -> bool:
@@ -176,7 +193,10 @@ def _flag_error(argv, e: BaseException) -> str | None:
 
 
 def main(argv) -> None:
-  logging.get_absl_handler().python_handler.addFilter(_QuietLibraries(_VERBOSE.value))
+  console = logging.get_absl_handler().python_handler
+  console.addFilter(_QuietLibraries(_VERBOSE.value, _MODE.value))
+  if not _VERBOSE.value:
+    console.setFormatter(_ConsoleFormat())
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   if _MODE.value not in MODES:   # one line, without absl's usage text
@@ -192,14 +212,15 @@ def main(argv) -> None:
       raise
     raise SystemExit(f"aogpt_jax: config error: --config: {one_line(_root(e))}"
                      ) from None
-  if cfg is None:
-    raise app.UsageError("--config is required")
+  if cfg is None:   # one line, without absl's usage text
+    raise SystemExit("aogpt_jax: --config is required (e.g. --config=configs/quickstart.py)")
   if not _WORKDIR.value:
-    raise app.UsageError("--workdir is required")
+    raise SystemExit("aogpt_jax: --workdir is required (e.g. --workdir=/tmp/aogpt_quickstart: "
+                     "the run's folder)")
   try:
     config_lib.check_keys(cfg)
     sharding_lib.maybe_initialize_distributed(cfg)   # before anything touches the devices
-    logging.info("mode %s, workdir %s", _MODE.value, _WORKDIR.value)
+    logging.info("mode %s, workdir %s", _MODE.value, _WORKDIR.value, extra=train_loop.FILE_ONLY)
     if _CHECKPOINT.value:
       if _MODE.value not in ("eval", "sample", "genppl"):
         raise app.UsageError(f"--checkpoint: only for --mode=eval, sample or genppl, "

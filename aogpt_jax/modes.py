@@ -148,8 +148,9 @@ def eval_order_kwargs(cfg) -> dict:
   return kw
 
 
-def _from_spec(cfg, spec: str, which: str):
-  """--checkpoint=SPEC: (model, provenance); the tokenizer must fit; the model is an AO-GPT."""
+def _from_spec(cfg, spec: str, which: str | None):
+  """--checkpoint=SPEC: (model, provenance); the tokenizer must fit; the model is an AO-GPT.
+  ``which`` None: EMA where the checkpoint has it, else the weights it holds (no warning)."""
   from aogpt_jax.checkpoints import spec as checkpoint_spec  # pylint: disable=g-import-not-at-top
   m, mc, prov = checkpoint_spec.load(spec, which)
   tok = data.get_tokenizer(cfg.data.tokenizer)
@@ -197,14 +198,17 @@ def eval_mode(cfg, workdir: str, checkpoint: str = "") -> dict:
     data.prepared_path(cfg.data, _split_of(n, cfg), int(cfg.seq_len))
   meta = _eval_data_meta(cfg, names)
   if checkpoint:
-    m, prov = _from_spec(cfg, checkpoint, e.which)
+    m, prov = _from_spec(cfg, checkpoint, e.which or None)
     results = evaluation.evaluate(m, datasets, settings, workdir=workdir, name=e.name,
                                   meta={**prov, **meta})
   else:
-    results = evaluation.evaluate_workdir(workdir, datasets, settings, which=e.which, name=e.name,
+    results = evaluation.evaluate_workdir(workdir, datasets, settings, which=e.which or "ema",
+                                          name=e.name,
                                           meta=meta)
   if jax.process_index() == 0:
     js, md = results["files"]
+    with open(md) as f:
+      print(f.read().rstrip("\n"))
     print(f"eval results written to {js} and {md}")
     print(scored_line(results, cfg))
   return results
@@ -234,19 +238,34 @@ def sample_mode(cfg, workdir: str, checkpoint: str = "") -> str:
   checkpoint_lib.check_writable(os.path.join(workdir, "samples"), "--workdir",
                                keep=False)
   if checkpoint:
-    m, prov = _from_spec(cfg, checkpoint, cfg.sample.which)
+    m, prov = _from_spec(cfg, checkpoint, cfg.sample.which or None)
     config_lib.follow_objective(cfg)
     path = sample_write.write_samples(m, cfg, workdir, data.get_tokenizer(cfg.data.tokenizer),
                                  step=prov["step"], loaded=prov, data=_data_meta(cfg))
   else:
     _check_run(cfg, workdir, "sample.method")
     config_lib.follow_objective(cfg)
-    m, run_cfg = checkpoint_lib.load_model(workdir, which=cfg.sample.which)
+    m, run_cfg = checkpoint_lib.load_model(workdir, which=cfg.sample.which or "ema")
     path = sample_write.write_samples(m, cfg, workdir, data.get_tokenizer(cfg.data.tokenizer),
                                  step=run_cfg.loaded.step, loaded=run_cfg.loaded.to_dict(),
                                  data=_data_meta(cfg), trained_length=run_cfg.get("seq_len"))
-  print(f"samples written to {path}")
+  show_samples(path)
   return path
+
+
+SHOWN_SAMPLES = 4   # --mode=sample prints this many samples (repr of the text) and the first's order
+
+
+def show_samples(path: str, n: int = SHOWN_SAMPLES) -> None:
+  """Prints where the samples are, the first ``n`` texts (their repr: newlines and quotes
+  visible) and the first sample's order (the position written at each step)."""
+  with open(path) as f:
+    rows = [json.loads(line) for _, line in zip(range(n), f)]
+  print(f"samples written to {path}; the first {len(rows)}:")
+  for r in rows:
+    print(repr(r["text"]))
+  if rows:
+    print(f"order: {rows[0]['order']}")
 
 
 def prepare_mode(cfg, workdir: str) -> list:
@@ -265,10 +284,10 @@ def genppl_mode(cfg, workdir: str, checkpoint: str = "") -> dict:
   _check_output(cfg, workdir, checkpoint, "genppl.name", "eval")
   trained_length = None
   if checkpoint:
-    m, prov = _from_spec(cfg, checkpoint, cfg.sample.which)
+    m, prov = _from_spec(cfg, checkpoint, cfg.sample.which or None)
   else:
     _check_run(cfg, workdir, "sample.method")
-    m, run_cfg = checkpoint_lib.load_model(workdir, which=cfg.sample.which)
+    m, run_cfg = checkpoint_lib.load_model(workdir, which=cfg.sample.which or "ema")
     prov = run_cfg.loaded.to_dict()
     trained_length = run_cfg.get("seq_len")
   config_lib.follow_objective(cfg)
@@ -282,7 +301,9 @@ def genppl_mode(cfg, workdir: str, checkpoint: str = "") -> dict:
     raise ConfigError(f"genppl.scorer: {g.scorer} has vocab_size {scorer.cfg.vocab_size} but "
                       f"data.tokenizer {cfg.data.tokenizer!r} has {tok.vocab_size} ids; the "
                       f"samples must be in the scorer's tokens (GPT-2 for GPT-2 Large)")
-  length = sample_config.default_length(cfg.sample, m.cfg, trained_length) + bool(g.prepend_eot)
+  sample_length = sample_config.default_length(cfg.sample, m.cfg, trained_length)
+  grid["steps"] = [sample_length if t is None else t for t in grid["steps"]]  # sample.steps None
+  length = sample_length + bool(g.prepend_eot)
   if length > scorer.cfg.n_positions:
     raise ConfigError(f"genppl.scorer: {g.scorer} reads at most {scorer.cfg.n_positions} tokens "
                       f"but the samples have {length} (sample.length"

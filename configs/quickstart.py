@@ -1,6 +1,6 @@
 """CPU quickstart: AO-GPT (~1M parameters, byte tokens) on the Python standard library's source.
 
-No downloads; 1,800 steps, about four minutes on 2 CPU cores (time: benchmarks/quickstart.py). Run:
+No downloads; 1,800 steps, about four minutes on an idle 2-core CPU (benchmarks/quickstart.py). Run:
   python -m aogpt_jax.main --config=configs/quickstart.py --workdir=/tmp/aogpt_quickstart
 """
 

@@ -249,6 +249,50 @@ def test_documented_commands(page, quickstart):
     _check(argv, root, env)
 
 
+# A shortened quickstart: every kind of console line the full run prints, in seconds.
+SHORT_QUICKSTART = ["--config.total_steps=20", "--config.log_every=10", "--config.eval_every=20",
+                    "--config.checkpoint_every=20", "--config.eval.train_max_blocks=64"]
+
+
+def _shape(line: str) -> str:
+  """A console line with its numbers as N (and the test's overrides dropped)."""
+  line = re.sub(r" --config\.[^ ;]+", "", line)
+  return re.sub(r"\d[\d,.]*(e[-+]?\d+)?", "N", line)
+
+
+def readme_console() -> list[str]:
+  """The ```text block after "You will see" in README's quickstart."""
+  text = README.read_text()
+  return next(b for lang, b in code_blocks(text[text.index("You will see"):])
+              if lang == "text").splitlines()
+
+
+@pytest.mark.slow
+@pytest.mark.subprocess
+def test_quickstart_console_is_what_readme_shows(docs_env, tmp_path):
+  """The README's quickstart command, shortened, on a fresh data folder (the first run prepares
+  the data): every line it prints has the shape of a line of README's block, and each of them
+  is printed (the details go to WORKDIR/train.log only)."""
+  root, env = docs_env
+  work = tmp_path / "aogpt_quickstart"
+  cmd = next(c for c in commands(README) if "--config=configs/quickstart.py" in c
+             and not any(a.startswith("--mode") for a in c))
+  argv = [a.replace("/tmp/aogpt_quickstart", str(work)) for a in cmd[1:]]
+  env = env | {"AOGPT_DATA_DIR": str(tmp_path / "data")}
+  p = subprocess.run([sys.executable] + argv + SHORT_QUICKSTART, cwd=REPO, env=env,
+                     capture_output=True, text=True, timeout=900)
+  assert p.returncode == 0, p.stderr[-4000:]
+  printed = [x.replace(str(work), "/tmp/aogpt_quickstart") for x in
+             (p.stdout + p.stderr).splitlines() if x.strip()]
+  shown = {_shape(x): x for x in readme_console()}
+  extra = [x for x in printed if _shape(x) not in shown]
+  assert not extra, f"printed but not in README's block: {extra}"
+  missing = set(shown) - {_shape(x) for x in printed}
+  assert not missing, f"README shows lines the run does not print: {missing}"
+  log = (work / "train.log").read_text()
+  assert "model: ModelConfig(" in log and "first step (compilation included)" in log
+
+
 def _gpt2_folder(root) -> str:
   from helpers import published as pu  # pylint: disable=g-import-not-at-top
   path = root / "gpt2-large"

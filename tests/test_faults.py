@@ -381,5 +381,6 @@ def test_sample_falls_back_past_an_unverifiable_corrupt_step_in_one_quiet_line(c
                      text=True, timeout=300)
   assert p.returncode == 0, p.stderr[-3000:]
   assert "checkpoints/4 is unreadable" in p.stderr and "Exception ignored" not in p.stderr
-  written = pathlib.Path(p.stdout.strip().splitlines()[-1].split("samples written to ")[1])
+  line = next(x for x in p.stdout.splitlines() if x.startswith("samples written to "))
+  written = pathlib.Path(line.split("samples written to ")[1].split("; the first")[0])
   assert json.loads(written.with_suffix(".json").read_text())["loaded"]["step"] == 2

@@ -101,8 +101,11 @@ def _from_hf(spec: str) -> str:
     raise CheckpointSpecError(f"--checkpoint={err}") from None
 
 
-def load(spec: str, which: str = "ema", trust_pickle: bool = False):
-  """SPEC -> (model, ModelConfig, provenance); see the module docstring."""
+def load(spec: str, which: str | None = None, trust_pickle: bool = False):
+  """SPEC -> (model, ModelConfig, provenance); see the module docstring. ``which``: "ema" or
+  "params"; None (nothing asked): "ema", or the weights a converted folder holds, silently."""
+  asked = which is not None
+  which = "ema" if which is None else which
   if which not in ("ema", "params"):
     raise CheckpointSpecError(f"--checkpoint={spec}: which must be 'ema' or 'params', "
                               f"got {which!r}")
@@ -131,7 +134,7 @@ def load(spec: str, which: str = "ema", trust_pickle: bool = False):
                                 f"re-run `python -m aogpt_jax.checkpoints.convert`") from err
     step = meta.get("iter_num")
     weights = meta.get("which", "unknown")
-    if weights != which:   # a flat folder holds one set of weights: say which was loaded
+    if asked and weights != which:   # a flat folder holds one set of weights: say which
       logging.warning("--checkpoint=%s: %s holds the %s weights only, not %s as asked; loading "
                       "them (the outputs record weights=%s)", spec, path, weights, which, weights)
   elif os.path.isfile(path):

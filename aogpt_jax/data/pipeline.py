@@ -165,14 +165,15 @@ def eval_batches(data_cfg, *, split: str, seq_len: int, global_batch_size: int,
       tokens = np.zeros((len(keys), seq_len), np.int32)
       tokens[valid] = reader.read(keys[valid])
       yield {"tokens": tokens, "weight": valid.astype(np.float32)}
-  return _Sized(gen(), -(-n // global_batch_size))
+  return _Sized(gen(), -(-n // global_batch_size), seq_len)
 
 
 class _Sized:
-  """An iterator that knows its length (for progress lines with an ETA)."""
+  """An iterator that knows its length (for progress lines with an ETA) and its blocks' length
+  (``seq_len``, for the evaluation's cost estimate)."""
 
-  def __init__(self, it, n: int):
-    self._it, self._n = it, n
+  def __init__(self, it, n: int, seq_len: int | None = None):
+    self._it, self._n, self.seq_len = it, n, seq_len
 
   def __iter__(self):
     return self

@@ -178,7 +178,8 @@ def grid_from_config(g, sample) -> dict:
   raw = str(g.steps).strip()
   try:
     steps = (GRID["steps"] if raw == "paper" else
-             [int(v) for v in raw.split(",")] if raw else [int(sample.steps)])
+             [int(v) for v in raw.split(",")] if raw else
+             [None if sample.steps is None else int(sample.steps)])   # None: the sample length
   except ValueError:
     raise ConfigError(f"genppl.steps: expected '64,128,...' or 'paper', got {raw!r}") from None
   return {"sampling": sampling, "steps": steps}

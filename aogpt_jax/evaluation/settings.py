@@ -96,7 +96,8 @@ def eval_config() -> config_dict.ConfigDict:
       train_max_blocks=256,  # during training: the first blocks of split (0 = all of it)
       datasets="heldout",    # --mode=eval, comma-separated: heldout (= data.source's split) |
                              # wikitext2 | wikitext103 | ptb | lambada | lm1b | any source:split
-      which="ema",           # --mode=eval weights: ema | params
+      which="",              # --mode=eval weights: ema | params; "" = ema (a converted folder:
+                             # the weights it holds, without a warning)
       name="zero_shot",      # --mode=eval output file stem under WORKDIR/eval/ (never
                              # overwritten: a rerun writes zero_shot-2, ...)
       data="",               # --mode=eval: "" = "heldout" must be the run's data source, split

@@ -123,17 +123,28 @@ def cost_per_block(s: EvalSettings, n: int) -> float:
   return float(forwards)
 
 
+def block_length(batches) -> int | None:
+  """The length of a dataset's blocks without consuming it: its ``seq_len`` (`data.eval_batches`)
+  or, for a list of batches, the first one's; None when unknown."""
+  n = getattr(batches, "seq_len", None)
+  if n is None and isinstance(batches, (list, tuple)) and batches:
+    n = np.shape(batches[0]["tokens"])[-1]
+  return None if n is None else int(n)
+
+
 def _log_cost(m: model_lib.AOGPT, datasets: Mapping[str, Any], s: EvalSettings) -> None:
   sizes = {}
   for name, b in datasets.items():
     n = len(b) if hasattr(b, "__len__") else None
     sizes[name] = min(n, s.max_batches) if n is not None and s.max_batches else n
-  per_block = cost_per_block(s, m.cfg.block_size)
+  lengths = {block_length(b) for b in datasets.values()}
+  n = lengths.pop() if len(lengths) == 1 and None not in lengths else None
+  per_block = cost_per_block(s, n or m.cfg.block_size)    # unknown: at most model.block_size
   known = [v for v in sizes.values() if v is not None]
-  logging.info("eval: %d dataset(s) %s; about %s full forwards per block of %d tokens%s",
+  logging.info("eval: %d dataset(s) %s; about %s full forwards per block of %s tokens%s",
                len(datasets), ", ".join(f"{k} ({v if v is not None else '?'} batches)"
                                         for k, v in sizes.items()),
-               f"{per_block:,.0f}", m.cfg.block_size,
+               f"{per_block:,.0f}", n or f"at most {m.cfg.block_size}",
                "" if not s.ensemble_max_m else f" (ensembles up to M={s.ensemble_max_m})")
   if known and len(known) == len(sizes):
     logging.info("eval: about %s batch-forwards in all", f"{per_block * sum(known):,.0f}")

@@ -28,7 +28,8 @@ def sample_config() -> ml_collections.ConfigDict:
       batch_size=8,
       length=0,                    # 0: the length the run trained on (its seq_len), else
                                    # model.block_size (a published checkpoint)
-      steps=64,                    # 1..length (ignored by ar)
+      # 1..length (ignored by ar); None (the default): length, one position per step
+      steps=ml_collections.FieldReference(None, field_type=int),
       schedule="linear",           # linear | cosine
       count_mode="deterministic",  # deterministic (released code) | stochastic (Lemma 4.1)
       order="random",              # random | l2r | any registered order distribution
@@ -40,7 +41,8 @@ def sample_config() -> ml_collections.ConfigDict:
       prompt="",                   # text given at the start (prefix prompting)
       suffix="",                   # text given at the end (with prompt: infilling)
       prompt_pairs="",             # extra given tokens, "position:token_id,..."
-      which="ema",                 # weights to load: ema | params
+      which="",                    # weights to load: ema | params; "" = ema (a converted
+                                   # folder: the weights it holds, without a warning)
       name="",                     # output file stem ("" -> derived from the settings)
   ))
 
@@ -66,7 +68,8 @@ def default_length(c: ml_collections.ConfigDict, cfg: ModelConfig,
 
 def settings_from_config(c: ml_collections.ConfigDict, cfg: ModelConfig,
                          trained_length: int | None = None) -> SampleSettings:
-  return SampleSettings(length=default_length(c, cfg, trained_length), steps=int(c.steps),
+  steps = None if c.steps is None else int(c.steps)
+  return SampleSettings(length=default_length(c, cfg, trained_length), steps=steps,
                         schedule=c.schedule, count_mode=c.count_mode, order=c.order,
                         temperature=float(c.temperature), top_p=float(c.top_p),
                         top_p_rule=str(c.get("top_p_rule", "published")),

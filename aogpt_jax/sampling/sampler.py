@@ -74,7 +74,7 @@ FULL_FORWARD_METHODS = ("uncached", "encoder")
 @dataclasses.dataclass(frozen=True)
 class SampleSettings:
   length: int
-  steps: int = 64
+  steps: int | None = None              # T, 1..length; None: length (one position per step)
   schedule: str = "linear"              # linear | cosine
   count_mode: str = "deterministic"     # deterministic | stochastic (Lemma 4.1)
   order: Any = "random"                 # order name (random, l2r, ...) or int [n] / [B, n]
@@ -90,6 +90,11 @@ class SampleSettings:
   candidates: Any = None                # adaptive: None (every masked position) or C >= 1
   threshold: float = 0.9                # adaptive, policy="threshold": commit max prob >= this
 
+  @property
+  def num_steps(self) -> int:
+    """T: ``steps``, or ``length`` when ``steps`` is None (the default)."""
+    return self.length if self.steps is None else self.steps
+
   def validate(self, cfg: ModelConfig) -> None:
     """Raises ValueError naming the bad setting."""
     if self.method not in METHODS:
@@ -98,6 +103,8 @@ class SampleSettings:
       encoder_model.check_encoder(cfg, "sample.method='encoder'")
     for name in ("length", "steps"):
       v = getattr(self, name)
+      if name == "steps" and v is None:
+        continue
       if isinstance(v, bool) or not isinstance(v, numbers.Integral):
         raise ValueError(f"sample.{name}: must be an int, got {type(v).__name__} {v!r}")
     for name in ("temperature", "top_p"):
@@ -128,7 +135,7 @@ class SampleSettings:
         raise ValueError(f"sample.threshold: must be a number in (0, 1], got {t!r}")
     counted = self.method not in PLANLESS_METHODS or (self.method == "adaptive"
                                                       and self.policy != "threshold")
-    if counted and not 1 <= self.steps <= self.length:
+    if counted and not 1 <= self.num_steps <= self.length:
       raise ValueError(f"sample.steps: must be in [1, length={self.length}], got {self.steps}")
     check_choice("sample.schedule", self.schedule, schedules.SCHEDULES)
     check_choice("sample.count_mode", self.count_mode, schedules.COUNT_MODES)
@@ -232,7 +239,7 @@ def prepare(cfg: ModelConfig, key: jax.Array, s: SampleSettings, *, prompt=None,
     order = np.broadcast_to(np.arange(n, dtype=np.int32), (b, n)).copy()
     return Prepared(ptok, pmask, plen, order, np.ones((b, 1), np.int32), tok_keys)
   order = prompts.build_orders(pmask, np.asarray(base) if base is not None else spec)
-  t = schedules.noise_schedule(s.schedule, s.steps)
+  t = schedules.noise_schedule(s.schedule, s.num_steps)
   if s.count_mode == "deterministic":
     counts = schedules.deterministic_counts(n - plen, t)
   else:
@@ -245,7 +252,7 @@ def prepare(cfg: ModelConfig, key: jax.Array, s: SampleSettings, *, prompt=None,
     counts = np.take_along_axis(counts, np.argsort(~nz, axis=1, kind="stable"), axis=1)
     if s.candidates is not None and s.policy != "threshold" and counts.max() > s.candidates:
       raise ValueError(f"sample.candidates: {s.candidates} is fewer than the {counts.max()} "
-                       f"positions a step commits at steps={s.steps}; take candidates >= "
+                       f"positions a step commits at steps={s.num_steps}; take candidates >= "
                        f"{counts.max()} or more steps")
     return Prepared(ptok, pmask, plen, order, counts, tok_keys,
                     _adapt_keys(key, jnp.int32(sample_offset), batch=b))

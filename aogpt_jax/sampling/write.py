@@ -62,7 +62,7 @@ def write_samples(model: AOGPT, config: ml_collections.ConfigDict, workdir: str,
   seconds = time.perf_counter() - t0
   queries = "_all" if s.draft_queries == "all" else ""
   steps = ("" if s.method == "ar" else f"_K{s.draft}{queries}_{s.order}"
-           if s.method == "speculative" else f"_T{s.steps}_{s.schedule}_{s.count_mode}")
+           if s.method == "speculative" else f"_T{s.num_steps}_{s.schedule}_{s.count_mode}")
   rule = "" if s.top_p_rule == "published" or s.top_p == 1 else s.top_p_rule
   name = c.name or (f"{s.method}{steps}_p{s.top_p:g}{rule}_t{s.temperature:g}_seed{int(c.seed)}")
   stem = workdir_lib.fresh_stem(out_dir, name, (".jsonl", ".json"))
@@ -75,7 +75,7 @@ def write_samples(model: AOGPT, config: ml_collections.ConfigDict, workdir: str,
                             "text": tokenizer.decode(toks.tolist()),
                             "order": order.tolist()}) + "\n")
   meta = {"settings": {k: (v.tolist() if isinstance(v, np.ndarray) else v)
-                       for k, v in dataclasses.asdict(s).items()},
+                       for k, v in dataclasses.asdict(s).items()} | {"steps": s.num_steps},
           "config": c.to_dict(), "checkpoint_step": step, "loaded": loaded, "data": data,
           "model": cfg.to_dict(),
           "num_samples": num, "seconds_incl_compile": round(seconds, 3),

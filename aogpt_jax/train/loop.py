@@ -134,7 +134,9 @@ def train_iterator(cfg, process_index: int, process_count: int):
 
 
 LOG_FILE = "train.log"   # WORKDIR/train.log: every log line of every (resumed) run, appended
-FILE_ONLY = {"file_only": True}   # ``extra=`` of a record for the log file only (see main.py)
+# ``extra=`` of a record for the log file only: the command line prints it with --verbose
+# (main.py); the console shows what README's quickstart shows (tests/test_docs.py checks it).
+FILE_ONLY = {"file_only": True}
 
 
 class _OwnLines:
@@ -197,7 +199,7 @@ def _train(cfg, workdir, model_cfg, mesh, meta, proc, t0) -> dict[str, float]:
         logging.info("starting a new run in %s from the weights of train.init_from=%s "
                      "(optimizer, EMA and step fresh)", workdir, cfg.train.init_from)
       else:
-        logging.info("starting a new run in %s", workdir)
+        logging.info("starting a new run in %s", workdir, extra=FILE_ONLY)
     else:
       start, state = restored
       if start > cfg.total_steps:
@@ -291,16 +293,17 @@ def json_dumps(d) -> str:
 
 def _log_overview(params, cfg, model_cfg, mesh, workdir) -> None:
   from clu import parameter_overview
-  logging.info("model: %s", model_cfg)
+  logging.info("model: %s", model_cfg, extra=FILE_ONLY)
   logging.info("mesh: %s over %d devices (%s)", dict(mesh.shape), mesh.size,
-               jax.devices()[0].device_kind)
+               jax.devices()[0].device_kind, extra=FILE_ONLY)
   count = sum(int(x.size) for x in jax.tree.leaves(params))
   logging.info("parameters:\n%s", parameter_overview.get_parameter_overview(
       params, include_stats="sharding"), extra=FILE_ONLY)
   logging.info("parameters: %s (the table: %s; --verbose prints it)", f"{count:,}",
                workdir / LOG_FILE)
   logging.info("tokens per step: %d (batch %d x seq_len %d, %d microbatch(es))",
-               cfg.batch_size * cfg.seq_len, cfg.batch_size, cfg.seq_len, cfg.microbatches)
+               cfg.batch_size * cfg.seq_len, cfg.batch_size, cfg.seq_len, cfg.microbatches,
+               extra=FILE_ONLY)
 
 
 def _compile_step(trainer, state, batch):
@@ -309,7 +312,7 @@ def _compile_step(trainer, state, batch):
   compiled = trainer.step.lower(state, batch).compile()
   mem, limit = flops_lib.compiled_memory(compiled), flops_lib.device_bytes_limit()
   options = flops_lib.memory_options(trainer.model_cfg, trainer.cfg.microbatches)
-  logging.info("%s", flops_lib.memory_line(trainer.mesh, mem, limit, options))
+  logging.info("%s", flops_lib.memory_line(trainer.mesh, mem, limit, options), extra=FILE_ONLY)
   warning = flops_lib.memory_warning(mem, limit)
   if warning:
     logging.warning("%s", warning)
@@ -348,7 +351,8 @@ def _loop(cfg, trainer, state, start: int, data_iter, ckpt, writer, meta) -> dic
         step_fn = _compile_step(trainer, state, batch)
         state, m = step_fn(state, batch)
         jax.block_until_ready(m)
-        logging.info("first step (compilation included) took %.1fs", time.perf_counter() - t)
+        logging.info("first step (compilation included) took %.1fs", time.perf_counter() - t,
+                     extra=FILE_ONLY)
         progress.restart(start + 1)
       else:
         state, m = step_fn(state, batch)
