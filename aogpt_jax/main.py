@@ -19,8 +19,20 @@ from __future__ import annotations
 
 import logging as std_logging
 import os
+import signal
 import sys
 from typing import Callable
+
+
+def _interrupted(signum=None, frame=None):
+  """Ctrl-C before the command has started (JAX still importing): one line, status 130."""
+  del signum, frame
+  print("aogpt_jax: interrupted (Ctrl-C)", file=sys.stderr)
+  raise SystemExit(130)
+
+
+if __name__ == "__main__":
+  signal.signal(signal.SIGINT, _interrupted)   # the imports below take seconds
 
 from absl import app, flags, logging
 from ml_collections import config_flags
@@ -245,4 +257,10 @@ def main(argv) -> None:
 
 
 if __name__ == "__main__":
-  app.run(main, flags_parser=parse_flags)
+  signal.signal(signal.SIGINT, signal.default_int_handler)   # KeyboardInterrupt from here on
+  try:
+    app.run(main, flags_parser=parse_flags)
+  except KeyboardInterrupt:
+    if _verbose(sys.argv):
+      raise
+    _interrupted()

@@ -185,14 +185,27 @@ def test_bad_model_args_are_one_clear_error(setup):
     lmeval.AOGPTLM(checkpoint=str(pt), tokenizer="byte")
 
 
+def test_batch_size_model_arg_wins_over_the_harness_flag(setup):
+  """The harness always passes its own --batch_size (1 by default) beside --model_args; the
+  documented ``batch_size`` model_arg used to be a second value for the same keyword."""
+  d, pt = setup
+  harness = {"batch_size": 1, "max_batch_size": None, "device": None}
+  lm = lmeval.AOGPTLM.create_from_arg_string(f"checkpoint={pt},batch_size=4", harness)
+  assert lm.batch_size == 4
+  lm = lmeval.AOGPTLM.create_from_arg_obj({"checkpoint": str(pt), "batch_size": 2}, harness)
+  assert lm.batch_size == 2
+  lm = lmeval.AOGPTLM.create_from_arg_string(f"checkpoint={pt}", dict(harness, batch_size=3))
+  assert lm.batch_size == 3                        # without the model_arg: the harness's flag
+
+
 @pytest.mark.subprocess
 @pytest.mark.slow
 def test_command_line_entry_point_registers_the_model(setup):
   d, pt = setup
   out = subprocess.run(
       [sys.executable, "-m", "aogpt_jax.evaluation.lmeval", "--model", "aogpt", "--model_args",
-       f"checkpoint={pt}", "--batch_size", "4", "--tasks", "aogpt_test_ll", "--include_path",
-       str(d / "tasks"), "--limit", "2"],
+       f"checkpoint={pt},batch_size=2", "--batch_size", "4", "--tasks", "aogpt_test_ll",
+       "--include_path", str(d / "tasks"), "--limit", "2"],
       env=tu.cpu_env() | {"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"},
       capture_output=True, text=True, timeout=300, cwd=tu.REPO)
   assert out.returncode == 0, out.stderr[-2000:]

@@ -414,7 +414,7 @@ def main(argv=None) -> None:
                        help="a left-to-right GPT (gpt2:DIR, gpt2:OWNER/REPO, l2r:WORKDIR) -> an "
                             "AO-GPT folder that computes the same logits under the L2R order")
   gpt.add_argument("--spec", required=True, help="gpt2:DIR, gpt2:OWNER/REPO or l2r:WORKDIR")
-  gpt.add_argument("--out", required=True, help="the safetensors folder (must not exist yet)")
+  gpt.add_argument("--out", required=True, help="the safetensors folder (new or empty)")
   gpt.add_argument("--which", default="ema", choices=("ema", "params"), help="l2r: weights")
   gpt.add_argument("--target", default="adaln", help="target conditioning of the AO-GPT")
   gpt.add_argument("--seed", type=int, default=0, help="init of the adaLN target table")
@@ -474,9 +474,7 @@ def _run(a: argparse.Namespace) -> None:
 def _from_gpt(a: argparse.Namespace) -> None:
   """``convert from-gpt``: writes the converted AO-GPT like ``import`` does (never over files)."""
   from aogpt_jax.checkpoints import from_gpt  # pylint: disable=g-import-not-at-top
-  if os.path.exists(os.path.join(a.out, "model.safetensors")):
-    raise ValueError(f"--out {a.out} already holds a model.safetensors; nothing was written "
-                     f"(choose a new folder)")
+  _check_empty_target(a.out, "--out")   # never over a run's config.json or another export
   m, cfg, prov = from_gpt.load(a.spec, a.which, target=a.target, seed=a.seed)
   out = export_safetensors(m, a.out, meta={"source": a.spec, "which": prov.get("weights"),
                                            "iter_num": prov.get("step"), "converted_by":

@@ -5,8 +5,10 @@ Two sources (``--checkpoint`` / ``train.init_from`` / ``aogpt_jax.load`` SPECs):
 * ``gpt2:DIR``: a Hugging Face GPT-2 of any size (``config.json`` + ``model.safetensors`` or a
   sharded ``model.safetensors.index.json``); ``gpt2:OWNER/REPO[@REV]`` reads the repository's
   snapshot in the local Hugging Face cache (`hub`; nothing is downloaded).
-* ``l2r:WORKDIR``: this project's own left-to-right run (``model.target=none``, e.g.
-  ``configs/gpt2_small.py``), its newest checkpoint (EMA weights unless ``which='params'``).
+* ``l2r:WORKDIR``: this project's own left-to-right run (``objective=ao``, ``model.target=none``,
+  trained on ``order.name=l2r`` or a ``mixture`` with ``p_l2r=1``, e.g. ``configs/gpt2_small.py``;
+  `check_l2r_run` refuses any other), its newest checkpoint (EMA weights unless
+  ``which='params'``).
 
 How GPT-2 maps onto the AO-GPT (docs/training.md, "Starting from a GPT"):
 
@@ -246,6 +248,36 @@ def from_l2r(src: model_lib.AOGPT, *, target: str = "adaln", seed: int = 0,
                       where), cfg
 
 
+def trained_l2r_only(order_name: str, kwargs: Mapping[str, Any]) -> bool:
+  """Whether the order distribution ``order_name(**kwargs)`` draws only the identity (L2R)."""
+  if order_name == "l2r":
+    return True
+  if order_name == "mixture":
+    return float(kwargs.get("p_l2r", 0.1)) >= 1.0
+  return False
+
+
+def check_l2r_run(run_cfg, where: str) -> None:
+  """``l2r:`` promises a GPT: a run of the any-order objective (``objective='ao'``) trained on
+  left-to-right orders only (``order.name='l2r'``, or ``mixture`` with ``p_l2r=1``), so that
+  the converted AO-GPT's L2R logits are those of a trained left-to-right model. An encoder MDM,
+  or a run whose rows were (partly) in other orders, is refused in one line naming the key
+  (its target field is checked by `from_l2r`)."""
+  objective = str(run_cfg.get("objective", "ao") or "ao")
+  order = run_cfg.get("order", None) or {}
+  name = str(order.get("name", "mixture"))
+  kw = order.get("kwargs", None) or {}
+  kwargs = kw.to_dict() if hasattr(kw, "to_dict") else dict(kw)
+  accepted = ("l2r: takes a left-to-right GPT run (objective='ao', model.target='none', "
+              "order.name='l2r' or mixture with p_l2r=1, e.g. configs/gpt2_small.py)")
+  if objective != "ao":
+    raise ConversionError(f"{where}: objective={objective!r}; {accepted}")
+  if not trained_l2r_only(name, kwargs):
+    shown = f"{name!r}" + (f" with kwargs {kwargs}" if kwargs else "")
+    raise ConversionError(f"{where}: order.name={shown}: the run was not trained left to right "
+                          f"only, so its L2R logits are not a GPT's; {accepted}")
+
+
 def load_l2r(workdir: str, which: str = "ema", *, target: str = "adaln", seed: int = 0):
   from aogpt_jax.checkpoints import store  # pylint: disable=g-import-not-at-top  (Orbax)
   path = os.path.expanduser(workdir)
@@ -253,6 +285,7 @@ def load_l2r(workdir: str, which: str = "ema", *, target: str = "adaln", seed: i
     raise ConversionError(f"l2r:{workdir}: no training run there ({os.path.join(path, 'checkpoints')}"
                           f" missing)")
   src, run_cfg = store.load_model(path, which=which)
+  check_l2r_run(run_cfg, f"l2r:{workdir}")
   m, cfg = from_l2r(src, target=target, seed=seed, where=f"l2r:{workdir}")
   loaded = run_cfg.loaded.to_dict()
   return m, cfg, {"step": loaded.get("step"), "weights": loaded.get("weights", which)}

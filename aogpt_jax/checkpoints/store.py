@@ -74,6 +74,24 @@ class _QuietReadOnly(logging.Filter):
 logging.getLogger("absl").addFilter(_QuietReadOnly())
 
 
+class _QuietSaveThreads(logging.Filter):
+  """Drops orbax's error reports with a traceback (a save's background threads, each for itself,
+  and its wait): a failed save is reported once, as the `CheckpointSaveError` naming the step
+  and folder (its cause chain keeps the traceback for --verbose)."""
+
+  dropped = 0
+
+  def filter(self, record) -> bool:
+    if (record.levelno >= logging.ERROR and "/orbax/" in record.pathname
+        and (record.exc_info or "raised an exception" in str(record.msg))):
+      _QuietSaveThreads.dropped += 1
+      return False
+    return True
+
+
+logging.getLogger("absl").addFilter(_QuietSaveThreads())
+
+
 class IncompatibleCheckpoint(config_lib.ConfigError):
   """The checkpoint was written by a run whose state or data stream differs from this one."""
 
@@ -229,6 +247,7 @@ class Checkpointer:
     self.directory = checkpoint_dir(workdir)
     check_writable(self.directory)
     self._saving: int | None = None      # the step of the save in flight
+    self._failed = False                 # a save failed (and was raised): nothing more to wait for
     self.last_saved: int | None = None   # the newest step whose save has finished (or restored)
     async_options = (ocp.AsyncOptions(post_finalization_callback=self._manifest_before_commit)
                      if ckpt_cfg.async_save else None)  # orbax allows it only with async saves
@@ -237,6 +256,8 @@ class Checkpointer:
         enable_async_checkpointing=ckpt_cfg.async_save, cleanup_tmp_directories=True,
         create=True, async_options=async_options)
     self.manager = ocp.CheckpointManager(self.directory, options=options)
+    # The background threads of a failed save report to nobody (hundreds of lines otherwise).
+    self._quiet = _quiet_unraisable().__enter__()
 
   def _manifest_before_commit(self) -> None:
     """orbax's hook after the data of an async save is written and before its temporary folder
@@ -277,9 +298,11 @@ class Checkpointer:
       with _quiet_unraisable():
         yield
     except Exception as e:  # noqa: BLE001 - orbax wraps the OSError in several layers
-      self._saving = None
+      self._saving, self._failed = None, True
       root = _root(e)
       why = getattr(root, "strerror", None) or getattr(e, "strerror", None) or one_line(root)
+      if "No space left on device" in why:   # tensorstore's ValueError says it at the end
+        why = "No space left on device"
       raise CheckpointSaveError(
           f"checkpoint: saving step {step} to {self.directory} failed ({why}); the steps "
           f"saved before it are intact ({self.last_saved if self.last_saved is not None else 'none'}"
@@ -335,14 +358,32 @@ class Checkpointer:
       multihost_utils.sync_global_devices(f"aogpt_set_aside_{step}")
     self.manager.reload()
 
+  def check(self) -> None:
+    """Raises the `CheckpointSaveError` of an async save that has already failed, without
+    waiting for one still running (every step: a full disk stops the run at the next step, not
+    at the next save)."""
+    if self._saving is not None and not self.manager.is_saving_in_progress():
+      self.wait()
+
   def wait(self) -> None:
+    if self._failed:   # raised once, at the save that failed; orbax would raise it again
+      return
     with self._failure(self._saving):
       self.manager.wait_until_finished()
     self._finished()
 
   def close(self) -> None:
-    self.wait()
-    self.manager.close()
+    try:
+      self.wait()
+      try:
+        self.manager.close()
+      except Exception:  # noqa: BLE001
+        if not self._failed:
+          raise   # else: the failed save's error again, already raised
+    finally:
+      if self._quiet is not None:
+        self._quiet.__exit__(None, None, None)
+        self._quiet = None
 
 
 def _newest_readable(manager, directory, read: Callable[[int], Any],
@@ -370,7 +411,8 @@ class _quiet_unraisable:  # pylint: disable=invalid-name
     while tb is not None:
       where += tb.tb_frame.f_code.co_filename + " "
       tb = tb.tb_next
-    if "orbax" in where or "tensorstore" in where:
+    closed = "Event loop is closed" in str(u.exc_value) and "asyncio" in where
+    if "orbax" in where or "tensorstore" in where or closed:   # closed: a failed save's callbacks
       self.dropped += 1
     else:
       self.previous(u)

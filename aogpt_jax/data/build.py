@@ -12,7 +12,9 @@ import collections
 import json
 import multiprocessing
 import os
+import pathlib
 import shutil
+import socket
 import time
 import uuid
 from typing import Callable, Iterable, Iterator, Sequence
@@ -98,6 +100,47 @@ def token_stream(data_cfg, split: str) -> np.ndarray:
   return np.concatenate(parts).astype(np.int32)
 
 
+TMP_MARK = ".tmp-"   # .{split}.tmp-{host}-{pid}-{random}: a split being written by that process
+OLD_TMP_SECONDS = 3600   # a folder without host and pid in its name: stale once untouched this long
+
+
+def _alive(pid: int) -> bool:
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return False
+  except PermissionError:
+    return True
+  try:
+    with open(f"/proc/{pid}/stat") as f:
+      return f.read().rsplit(")", 1)[-1].split()[0] != "Z"   # a zombie is gone
+  except OSError:
+    return True
+
+
+def remove_stale_tmp(parent: pathlib.Path, split: str, log: Callable[[str], None] = print
+                     ) -> list[pathlib.Path]:
+  """Removes the temporary folders of ``split`` left in ``parent`` by a preparation that was
+  killed (kill -9, a lost machine): those whose process, on this host, is gone, and those
+  without host and pid in their name (an older version's) untouched for `OLD_TMP_SECONDS`.
+  A preparation still running, here or on another host, keeps its folder. Returns the removed."""
+  removed, host = [], socket.gethostname()
+  for p in parent.glob(f".{split}{TMP_MARK}*"):
+    parts = p.name[len(f".{split}{TMP_MARK}"):].rsplit("-", 2)
+    try:
+      if len(parts) == 3 and parts[1].isdigit():
+        stale = parts[0] == host and not _alive(int(parts[1]))
+      else:
+        stale = time.time() - p.stat().st_mtime > OLD_TMP_SECONDS
+    except OSError:   # removed meanwhile
+      continue
+    if stale and p.is_dir():
+      shutil.rmtree(p, ignore_errors=True)
+      removed.append(p)
+      log(f"removed {p}: left by a preparation that was killed")
+  return removed
+
+
 def prepare_split(data_cfg, split: str, *, block_size: int, num_proc: int = 0,
                   overwrite: bool = False, progress: bool = True,
                   log: Callable[[str], None] = print) -> dict:
@@ -118,7 +161,10 @@ def prepare_split(data_cfg, split: str, *, block_size: int, num_proc: int = 0,
   tok = get_tokenizer(cfg.tokenizer)
   detok = cfg.detokenizer or src.detokenizer
   get_detokenizer(detok)  # unknown names fail here, before any work
-  tmp = out.parent / f".{split}.tmp-{uuid.uuid4().hex[:8]}"
+  if out.parent.is_dir():
+    remove_stale_tmp(out.parent, split, log)
+  tmp = out.parent / (f".{split}{TMP_MARK}{socket.gethostname()}-{os.getpid()}-"
+                      f"{uuid.uuid4().hex[:8]}")
   tmp.mkdir(parents=True)
   start = time.time()
   try:

@@ -41,6 +41,8 @@ def content_options(data_cfg) -> dict[str, Any]:
     opts["validation_fraction"] = float(get(data_cfg, "validation_fraction"))
   if src.name == "text_files":
     opts.update(glob=get(data_cfg, "glob"), validation_glob=get(data_cfg, "validation_glob"))
+    if not get(data_cfg, "validation_glob"):   # the split rule of stripe_held_out
+      opts["held_out_rule"] = sources.HELD_OUT_RULE
     # the files' content identity (path, size, mtime): an edited corpus is a new dataset
     opts.update(files=sources.files_identity(get(data_cfg, "glob")),
                 validation_files=sources.files_identity(get(data_cfg, "validation_glob")))

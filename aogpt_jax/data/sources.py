@@ -20,8 +20,11 @@ train rows; empty (whitespace-only) rows are dropped from both sides.
   the TEXT (hence of the tokens) is ``validation_fraction`` and representative of the whole
   corpus. The non-empty rows are laid end to end and cut into ``S`` equal stripes
   (`STRIPE_CHARS` of held-out text each, at most `MAX_STRIPES`); a row goes to validation when its
-  midpoint falls in the first ``validation_fraction`` of its stripe. A content hash would send
-  every copy of a repeated line (blank lines, ``}``, ``return``) to the same side.
+  midpoint falls in the first ``validation_fraction`` of its stripe. A row of several lines (a
+  whole file, ``txt_rows=file``) that spans the edge of a held-out stretch is first cut at the
+  line break nearest the edge, so the held-out share is ``validation_fraction`` (to a line per
+  edge) however large the files are. A content hash would send every copy of a repeated line
+  (blank lines, ``}``, ``return``) to the same side.
 """
 
 from __future__ import annotations
@@ -106,38 +109,68 @@ def is_held_out(text: str, fraction: float) -> bool:
 
 
 STRIPE_CHARS = 4096   # held-out characters per stripe of a text_files corpus
+HELD_OUT_RULE = "stripes/2"   # in the cache key: 2 = rows cut at the stretches' edges
 MAX_STRIPES = 1000
+
+
+def _cut_at_lines(r: str, offset: float, width: float, held: float) -> list[tuple[str, float]]:
+  """``r`` (at ``offset`` in the stream) cut, at the line break nearest each held-out boundary
+  (``k * width`` and ``k * width + held``) that falls inside it, into ``(piece, offset)``; a row
+  without an inner line break (a line) is never cut."""
+  if "\n" not in r[:-1]:
+    return [(r, offset)]
+  end, cuts = offset + len(r), set()
+  k = int(offset // width)
+  while k * width < end:
+    for b in (k * width, k * width + held):
+      if offset < b < end:
+        i = int(round(b - offset))
+        before, after = r.rfind("\n", 0, i), r.find("\n", i)
+        options = [j + 1 for j in (before, after) if j >= 0 and 0 < j + 1 < len(r)]
+        if options:
+          cuts.add(min(options, key=lambda c: abs(c - i)))
+    k += 1
+  bounds = [0, *sorted(cuts), len(r)]
+  return [(r[a:b], offset + a) for a, b in zip(bounds, bounds[1:])]
 
 
 def stripe_held_out(rows: Callable[[], Iterable[str]], fraction: float,
                     want_validation: bool) -> tuple[Iterator[str], str]:
   """The non-empty rows of one side of a positional held-out split (module docstring), and a
-  description with the held-out share of the characters. ``rows`` is called twice."""
+  description with the held-out share of the characters. ``rows`` is called twice. A row that
+  spans a boundary of a held-out stretch (a whole file) is cut at the line break nearest it, so
+  the share is the fraction whatever the size of the rows. An empty validation side is a
+  ValueError naming the fix."""
   total = sum(len(r) for r in rows() if r.strip())
   stripes = max(1, min(MAX_STRIPES, int(total * fraction) // STRIPE_CHARS))
   width = total / stripes if total else 1.0
-  held = 0
 
-  def picked(mid: float) -> bool:
-    return (mid % width) < fraction * width
-
-  offset = 0
-  for r in rows():
-    if r.strip():
-      if picked(offset + len(r) / 2):
-        held += len(r)
-      offset += len(r)
-  desc = (f"validation = {held} of {total} non-empty characters ({held / max(total, 1):.2%}; "
-          f"validation_fraction {fraction}) in {stripes} stripe(s), by position; empty rows "
-          f"dropped")
-
-  def side() -> Iterator[str]:
+  def pieces() -> Iterator[tuple[str, bool]]:
     off = 0
     for r in rows():
       if r.strip():
-        if picked(off + len(r) / 2) == want_validation:
-          yield r
+        for piece, at in _cut_at_lines(r, off, width, fraction * width):
+          if piece.strip():
+            yield piece, ((at + len(piece) / 2) % width) < fraction * width
         off += len(r)
+
+  held = sum(len(p) for p, v in pieces() if v)
+  cut = stripes * 2 if total else 0
+  desc = (f"validation = {held} of {total} non-empty characters ({held / max(total, 1):.2%}; "
+          f"validation_fraction {fraction}) in {stripes} stripe(s), by position, rows longer "
+          f"than a line cut at the line break nearest each of the {cut} boundaries; empty rows "
+          f"dropped")
+  if want_validation and not held:
+    raise ValueError(
+        f"data.validation_fraction: {fraction} of {total} characters holds out no whole line "
+        f"(the held-out stretch, {fraction * width:.0f} characters, is shorter than the lines "
+        f"there); raise data.validation_fraction until a stretch holds a line, or give the "
+        f"held-out text as data.validation_glob")
+
+  def side() -> Iterator[str]:
+    for piece, v in pieces():
+      if v == want_validation:
+        yield piece
 
   return side(), desc
 

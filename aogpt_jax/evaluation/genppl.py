@@ -26,6 +26,7 @@ import numpy as np
 from aogpt_jax.checkpoints import hub
 from aogpt_jax.config import ConfigError
 from aogpt_jax.evaluation import gpt2 as gpt2_lib
+from aogpt_jax.sampling import sampler as sampler_lib
 
 GRID: dict[str, Any] = {
     "sampling": [{"top_p": 1.0, "temperature": 1.0},
@@ -182,4 +183,12 @@ def grid_from_config(g, sample) -> dict:
              [None if sample.steps is None else int(sample.steps)])   # None: the sample length
   except ValueError:
     raise ConfigError(f"genppl.steps: expected '64,128,...' or 'paper', got {raw!r}") from None
+  method, policy = str(sample.get("method", "") or ""), str(sample.get("policy", "max_prob"))
+  # "" follows the objective (diffusion / encoder: both take steps)
+  if len(set(steps)) > 1 and method and not sampler_lib.uses_steps(method, policy):
+    what = f"sample.method={method!r}" + (f" with sample.policy={policy!r}"
+                                          if method == "adaptive" else "")
+    raise ConfigError(f"genppl.steps: {raw!r} varies sample.steps, which {what} ignores (it "
+                      f"chooses its own number of steps): every row would be the same samples; "
+                      f"give one value, or a method that takes steps (diffusion)")
   return {"sampling": sampling, "steps": steps}

@@ -11,8 +11,9 @@ does not know the name. An error ends in one line (``--verbose``: the traceback)
 
 model_args: ``checkpoint=SPEC`` (resolved as ``--checkpoint``: a published .pt, a converted
 folder or ``hf:...``; `aogpt_jax.checkpoints.spec`), ``which=ema|params``, ``tokenizer=NAME``
-(default: ``gpt2`` for a 50257-id model, ``byte`` for 257 ids), ``batch_size``,
-``ensemble_m=M``, ``seed``, ``max_gen_toks``, ``trust_pickle``.
+(default: ``gpt2`` for a 50257-id model, ``byte`` for 257 ids), ``batch_size`` (over the
+harness's ``--batch_size``; ``auto`` is 8), ``ensemble_m=M``, ``seed``, ``max_gen_toks``,
+``trust_pickle``.
 
 * ``loglikelihood``: the exact left-to-right log-likelihood of the continuation from one causal
   forward over ``context + continuation`` (the model's START slot is the BOS; an empty context is
@@ -115,6 +116,22 @@ class AOGPTLM(TemplateLM):
     self.max_gen_toks = _int("max_gen_toks", max_gen_toks)
     self._graphdef, self._params = nnx.split(self.model)
     self._sample_offset = 0
+
+  @classmethod
+  def create_from_arg_string(cls, arg_string: str, additional_config: dict | None = None):
+    """The harness's constructor from ``--model_args``: a ``batch_size`` there wins over the
+    harness's own ``--batch_size`` (which it always passes, 1 by default) instead of being a
+    second value for the same keyword."""
+    from lm_eval import utils  # pylint: disable=g-import-not-at-top
+    return cls.create_from_arg_obj(utils.simple_parse_args_string(arg_string),
+                                   additional_config)
+
+  @classmethod
+  def create_from_arg_obj(cls, arg_dict: dict[str, Any],
+                          additional_config: dict[str, Any] | None = None):
+    extra = {k: v for k, v in (additional_config or {}).items()
+             if v is not None and k not in arg_dict}
+    return cls(**arg_dict, **extra)
 
   # ------------------------------------------------------------------ tokenizer interface
 

@@ -71,6 +71,12 @@ MIN_TEMPERATURE = 1e-6
 FULL_FORWARD_METHODS = ("uncached", "encoder")
 
 
+def uses_steps(method: str, policy: str = "max_prob") -> bool:
+  """Whether ``sample.steps`` changes what ``method`` does: ar, speculative and the adaptive
+  ``threshold`` policy choose their own number of steps and ignore it."""
+  return method not in PLANLESS_METHODS or (method == "adaptive" and policy != "threshold")
+
+
 @dataclasses.dataclass(frozen=True)
 class SampleSettings:
   length: int
@@ -133,9 +139,7 @@ class SampleSettings:
       t = self.threshold
       if isinstance(t, bool) or not isinstance(t, numbers.Real) or not 0 < t <= 1:
         raise ValueError(f"sample.threshold: must be a number in (0, 1], got {t!r}")
-    counted = self.method not in PLANLESS_METHODS or (self.method == "adaptive"
-                                                      and self.policy != "threshold")
-    if counted and not 1 <= self.num_steps <= self.length:
+    if uses_steps(self.method, self.policy) and not 1 <= self.num_steps <= self.length:
       raise ValueError(f"sample.steps: must be in [1, length={self.length}], got {self.steps}")
     check_choice("sample.schedule", self.schedule, schedules.SCHEDULES)
     check_choice("sample.count_mode", self.count_mode, schedules.COUNT_MODES)

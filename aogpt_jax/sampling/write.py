@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import time
 
@@ -36,6 +37,9 @@ def write_samples(model: AOGPT, config: ml_collections.ConfigDict, workdir: str,
   cfg = model.cfg
   s = settings_from_config(c, cfg, trained_length)
   s.validate(cfg)
+  if trained_length and s.length > int(trained_length):
+    logging.warning("sample.length=%d: positions >= %d (the run's seq_len) were never trained; "
+                    "the samples past them are extrapolation", s.length, int(trained_length))
   for f in ("num_samples", "batch_size"):
     if int(c[f]) < 1:
       raise ValueError(f"sample.{f}: must be >= 1, got {c[f]}")

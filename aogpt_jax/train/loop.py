@@ -146,6 +146,24 @@ class _OwnLines:
     return record.levelno >= logging.WARNING or "aogpt_jax" in record.pathname
 
 
+class _LogFile(logging.FileHandler):
+  """WORKDIR/train.log; when it cannot be written (a full disk) one line says so and the file
+  is left alone, instead of a "Logging error" traceback for every line of the run."""
+
+  failed = False
+
+  def handleError(self, record) -> None:  # noqa: N802 - logging's name
+    if not self.failed:
+      self.failed = True
+      err = sys.exc_info()[1]
+      print(f"aogpt_jax: {self.baseFilename}: cannot write ({err}); no more lines go there",
+            file=sys.stderr)
+
+  def emit(self, record) -> None:
+    if not self.failed:
+      super().emit(record)
+
+
 def train(cfg, workdir: str) -> dict[str, float]:
   """Trains (or resumes) the run in ``workdir``; returns the last logged and eval scalars."""
   t0 = time.perf_counter()
@@ -159,7 +177,7 @@ def train(cfg, workdir: str) -> dict[str, float]:
   lock = workdir_lib.lock_workdir(workdir) if proc == 0 else None
   log_file = None
   if proc == 0:
-    log_file = logging.FileHandler(workdir / LOG_FILE, encoding="utf-8")
+    log_file = _LogFile(workdir / LOG_FILE, encoding="utf-8")
     log_file.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
     log_file.addFilter(_OwnLines())
     logging.getLogger().addHandler(log_file)
@@ -223,9 +241,14 @@ def _train(cfg, workdir, model_cfg, mesh, meta, proc, t0) -> dict[str, float]:
       _log_overview(state["params"], cfg, model_cfg, mesh, workdir)
     try:
       last = _loop(cfg, trainer, state, start, data_iter, ckpt, writer, meta)
+    except OSError:
+      ckpt.wait()   # a full disk: the failed save (step, folder) is the error, if there is one
+      raise
     finally:
-      writer.close()
-      ckpt.close()
+      try:
+        writer.close()
+      finally:
+        ckpt.close()
     stopped = "stopped_by" in last
     signum = last.pop("stopped_by", None)
     if signum == signal.SIGINT:   # saved; the command line exits with 130 (main.py)
@@ -357,6 +380,7 @@ def _loop(cfg, trainer, state, start: int, data_iter, ckpt, writer, meta) -> dic
       else:
         state, m = step_fn(state, batch)
       step += 1
+      ckpt.check()            # an async save that failed (a full disk) stops the run here
       drain()                 # the previous step's metrics, while this one runs
       pending = (step, m)
       stopping = stop.should_stop(step)
