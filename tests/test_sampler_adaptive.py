@@ -18,7 +18,8 @@ from aogpt_jax.sampling import adaptive, prompts, sampler
 from aogpt_jax.sampling import config as sample_config_lib
 from aogpt_jax.sampling import write as sample_write
 from helpers import exact_tiny
-from helpers.sampler import chisquare_p, histogram, mixture_over_orders, tiny_model
+from helpers.sampler import (chisquare_p, histogram, mixture_over_orders, tiny_encoder,
+                             tiny_model)
 
 N_SAMPLES, V, LEN = exact_tiny.N_SAMPLES, exact_tiny.V, exact_tiny.LEN
 seqs = exact_tiny.seqs
@@ -78,6 +79,22 @@ def test_cached_equals_the_uncached_reference(model, kw, infill):
   if kw["policy"] != "threshold" and kw.get("count_mode") != "stochastic":
     todo = 12 - (np.array([2, 1, 0]) if infill else 0)
     np.testing.assert_array_equal(out.passes, np.minimum(kw["steps"], todo))
+  np.testing.assert_array_equal(out.step_of_rank, ref.step_of_rank)
+  counts = (None if kw["policy"] == "threshold" else
+            sampler.prepare(model.cfg, jax.random.key(1), s, prompt=prompt, batch=batch).counts)
+  check_step_of_rank(out, np.array([2, 1, 0]) if infill else np.zeros(3, int), counts)
+
+
+def check_step_of_rank(out, plen, counts=None):
+  """``out.step_of_rank``: -1 at the prompt's ranks, then steps 0 .. passes-1 in rank order,
+  every step committing at least one position (as many as ``counts`` [B, T] says, if given)."""
+  assert out.step_of_rank.shape == out.order.shape and out.step_of_rank.dtype == np.int32
+  for r, sor in enumerate(out.step_of_rank):
+    assert (sor[:plen[r]] == -1).all() and (np.diff(sor[plen[r]:]) >= 0).all()
+    per_step = np.bincount(sor[plen[r]:], minlength=out.passes[r])
+    assert len(per_step) == out.passes[r] and (per_step > 0).all(), (r, sor, out.passes)
+    if counts is not None:
+      np.testing.assert_array_equal(per_step, counts[r, :out.passes[r]])
 
 
 def test_reference_queries_are_plain_causal_forwards(model):
@@ -143,6 +160,61 @@ def test_policies_score_as_documented():
   r = f("random")
   assert ((r >= 0) & (r < 1)).all() and len(set(r)) == 3
   np.testing.assert_allclose(f("threshold"), f("max_prob"))
+
+
+@adaptive.register("test_nan_all")
+def _nan_all(probs, tokens, positions, step, keys):
+  return jnp.full(probs.shape[:2], jnp.nan)
+
+
+@adaptive.register("test_nan_some")
+def _nan_some(probs, tokens, positions, step, keys):
+  return jnp.where(positions % 3 == 0, jnp.nan, jnp.max(probs, axis=-1))
+
+
+@adaptive.register("test_scores_b")
+def _scores_b(probs, tokens, positions, step, keys):
+  return jnp.max(probs, axis=(1, 2))
+
+
+@adaptive.register("test_scores_bqv")
+def _scores_bqv(probs, tokens, positions, step, keys):
+  return probs
+
+
+@pytest.mark.parametrize("which", ["aogpt", pytest.param("encoder", marks=slow)])
+@pytest.mark.parametrize("policy,steps", [("test_nan_all", 12), ("test_nan_some", 12),
+                                          pytest.param("test_nan_some", 5, marks=slow)])
+def test_nan_scores_rank_last_and_every_position_is_written_once(model, which, policy, steps):
+  """A policy's NaN scores rank as -inf (issue: an order like [0, 1, 2, 3, 0, 1, ...] with most
+  positions never written): every position is written exactly once, the prompt kept, the
+  positions with a real score before the NaN ones (one per step), NaN ties by position."""
+  m = model if which == "aogpt" else tiny_encoder(vocab=16, valid=13, block=12, std=0.5)
+  s = sampler.SampleSettings(length=12, method="adaptive", policy=policy, steps=steps)
+  prompt = prompts.pairs_prompt([{4: 3, 10: 4}, {}], 12, 13)
+  out = _gen(m, s, 3, prompt=prompt)
+  assert _is_permutation(out.order) and (out.tokens < 13).all()
+  assert out.tokens[0, 4] == 3 and out.tokens[0, 10] == 4 and list(out.order[0, :2]) == [4, 10]
+  check_step_of_rank(out, np.array([2, 0]))
+  if steps < 12:
+    return
+  nan_pos = [[p for p in range(12) if p % 3 == 0 and p not in (4, 10)], [0, 3, 6, 9]]
+  for r, plen in enumerate((2, 0)):
+    if policy == "test_nan_all":
+      want = [p for p in range(12) if p not in (4, 10)] if r == 0 else list(range(12))
+      assert list(out.order[r, plen:]) == want
+    else:
+      assert list(out.order[r, 12 - len(nan_pos[r]):]) == nan_pos[r]
+
+
+@pytest.mark.parametrize("policy,got", [("test_scores_b", r"\[2\]"),
+                                        ("test_scores_bqv", r"\[2, 12, 16\]")])
+def test_misshapen_scores_raise_one_line_naming_the_policy(model, policy, got):
+  s = sampler.SampleSettings(length=12, method="adaptive", policy=policy, steps=4)
+  with pytest.raises(ValueError, match=rf"^sample.policy: policy '{policy}' returned scores of "
+                                       rf"shape {got}, expected \[B, Q\] = \[2, 12\]") as e:
+    _gen(model, s, batch=2)
+  assert "\n" not in str(e.value)
 
 
 def test_threshold_commits_every_sure_candidate_at_least_one(model):

@@ -17,12 +17,13 @@ import numpy as np
 import pytest
 
 from aogpt_jax.model import encoder as mdm
-from aogpt_jax.sampling import sampler
+from aogpt_jax.sampling import adaptive, sampler
 from aogpt_jax.sampling import config as sample_config_lib
 from aogpt_jax.sampling import write as sample_write
 from aogpt_jax.data import get_tokenizer
 from aogpt_jax.sampling import prompts
 from aogpt_jax.sampling import tokens as tokens_lib
+from aogpt_jax.sampling.state import Draw
 from helpers import exact_tiny
 from helpers.sampler import (chisquare_p, encoder_forward, encoder_parallel_logprob, histogram,
                              mixture_over_orders, tiny_encoder, tiny_model)
@@ -211,3 +212,127 @@ def test_write_samples_with_the_encoder(tmp_path):
   assert len(lines) == 3 and path.endswith("encoder_T4_linear_deterministic_p1_t1_seed0.jsonl")
   for l in lines:
     assert l["tokens"][:2] == [72, 105] and l["tokens"][-1] == 33 and max(l["tokens"]) < 257
+
+
+# ----------------------------------------------------------------------------- adaptive order
+
+def _adaptive_reference(enc, key, s, ptok, pmask):
+  """The encoder's adaptive sampler as a slow Python loop, row by row: at each step ONE full
+  `mdm.masked_logits` forward ([MASK] at every unwritten position), every position's token drawn
+  with its own key (`tokens.token_keys`), the policy's scores at the still-masked positions, and
+  the best ones (score descending, then position) committed: as many as the step's count, or for
+  ``threshold`` every one whose largest probability reaches it (at least one). Returns (tokens,
+  order, steps per row, step_of_rank)."""
+  b, n = ptok.shape
+  counts = sampler.prepare(enc.cfg, key, s, prompt=(ptok, pmask)).counts
+  keys = tokens_lib.sample_keys(key, b)
+  tok_keys = tokens_lib.stream(keys, tokens_lib.TOKEN_STREAM)
+  score_keys = tokens_lib.stream(tokens_lib.stream(keys, tokens_lib.POLICY_STREAM),
+                                 adaptive.SCORE_STREAM)
+  draw = Draw(temperature=s.temperature, top_p=s.top_p, greedy=s.greedy)
+  every_1xN = jnp.arange(n, dtype=jnp.int32)[None]
+  forward = jax.jit(lambda t, m: mdm.masked_logits(enc, t, m, every_1xN))
+  sample = jax.jit(lambda lg, k: tokens_lib.sample_tokens(
+      lg, k, temperature=s.temperature, top_p=s.top_p, greedy=s.greedy))
+  policy = adaptive.get(s.policy)
+  toks, order = ptok.copy(), np.full((b, n), -1)
+  steps, step_of_rank = np.zeros(b, int), np.full((b, n), -1)
+  with tokens_lib.exact_sampling():
+    for r in range(b):
+      written = list(np.flatnonzero(pmask[r]))          # the prompt: ranks 0.., ascending
+      order[r, :len(written)] = written
+      i = 0
+      while len(written) < n:
+        masked = np.ones(n, bool)
+        masked[written] = False
+        logits = forward(jnp.asarray(toks[r:r + 1]), jnp.asarray(masked[None]))  # [1, n, V]
+        drawn = np.asarray(sample(logits, tokens_lib.token_keys(tok_keys[r:r + 1], every_1xN)))[0]
+        cand = np.flatnonzero(masked)
+        probs = adaptive.policy_probs(logits[:, cand], draw)                     # [1, Q, V]
+        scores = np.asarray(policy(probs, jnp.asarray(drawn[cand][None]), jnp.asarray(cand[None]),
+                                   jnp.int32(i), jax.random.fold_in(score_keys[r], i)[None]))[0]
+        if s.policy == "threshold":
+          k = max(1, int((np.asarray(probs[0]).max(-1) >= s.threshold).sum()))
+        else:
+          k = int(counts[r, i]) if i < counts.shape[1] else 0
+        chosen = sorted(range(len(cand)), key=lambda j: (-scores[j], cand[j]))[:k]
+        for j in chosen:
+          order[r, len(written)] = cand[j]
+          step_of_rank[r, len(written)] = i
+          toks[r, cand[j]] = drawn[cand[j]]
+          written.append(cand[j])
+        steps[r] += k > 0
+        i += 1
+  return toks, order, steps, step_of_rank
+
+
+def _adaptive_prompt():
+  return prompts.pairs_prompt([{1: 3, 7: 5}, {}, {0: 1, 9: 4}], N, 13)
+
+
+ADAPTIVE_CASES = [    # policy, greedy or drawn at temperature 1, counts or threshold, a prompt
+    dict(policy="max_prob", steps=4, greedy=True),          # the first in the fast subset
+    *(pytest.param(kw, marks=pytest.mark.slow) for kw in (
+        dict(policy="max_prob", steps=5),
+        dict(policy="margin", steps=N, greedy=True),
+        dict(policy="margin", steps=3, count_mode="stochastic"),
+        dict(policy="threshold", threshold=0.12),
+        dict(policy="threshold", threshold=0.12, greedy=True))),
+]
+
+
+@pytest.mark.parametrize("kw", ADAPTIVE_CASES)
+def test_adaptive_equals_the_slow_reference_and_writes_each_position_once(enc10, kw):
+  """method='adaptive' on the encoder: tokens, order, steps and step_of_rank equal the Python
+  reference's; every position is written exactly once, the prompt first and verbatim (rank -1
+  in step_of_rank); each step's commits add up to the rows' steps and counts."""
+  ptok, pmask = _adaptive_prompt()
+  s = sampler.SampleSettings(length=N, method="adaptive", **kw)
+  key = jax.random.key(5)
+  out = sampler.generate(enc10, key, s, prompt=(ptok, pmask))
+  toks, order, steps, step_of_rank = _adaptive_reference(enc10, key, s, ptok, pmask)
+  np.testing.assert_array_equal(out.tokens, toks)
+  np.testing.assert_array_equal(out.order, order)
+  np.testing.assert_array_equal(out.passes, steps)
+  np.testing.assert_array_equal(out.step_of_rank, step_of_rank)
+  plen = pmask.sum(1)
+  assert (np.sort(out.order, axis=1) == np.arange(N)).all()
+  assert ((out.tokens >= 0) & (out.tokens < 13)).all()
+  np.testing.assert_array_equal(out.tokens[pmask], ptok[pmask])
+  for r in range(3):
+    np.testing.assert_array_equal(np.sort(out.order[r, :plen[r]]), np.flatnonzero(pmask[r]))
+    sor = out.step_of_rank[r]
+    assert (sor[:plen[r]] == -1).all() and (np.diff(sor[plen[r]:]) >= 0).all()
+    per_step = np.bincount(sor[plen[r]:], minlength=out.passes[r])
+    assert len(per_step) == out.passes[r] and (per_step > 0).all()
+    if s.policy != "threshold":
+      prep = sampler.prepare(enc10.cfg, key, s, prompt=(ptok, pmask))
+      np.testing.assert_array_equal(per_step, prep.counts[r, :out.passes[r]])
+  if s.policy == "threshold":
+    assert out.passes.min() < N - plen.max()       # some step committed several
+
+
+def test_adaptive_on_an_mdm_config_validates_and_samples(tmp_path):
+  """objective=mdm takes sample.method=adaptive (config check, the objective's methods) and its
+  sample group samples the encoder through `generate`; reference=True and block are refused."""
+  from aogpt_jax import config as config_lib
+  from aogpt_jax.model import objectives
+  from helpers.trainer import tiny_config
+  assert objectives.get("mdm").sample_methods == ("encoder", "adaptive")
+  cfg = tiny_config(tmp_path, objective="mdm", sample__method="adaptive",
+                    sample__policy="margin", sample__steps=4, eval__ensemble_max_m=0)
+  config_lib.resolve(cfg)
+  assert cfg.sample.method == "adaptive"
+  enc = tiny_encoder(vocab=320, valid=257, block=16, std=0.02)
+  s = sample_config_lib.settings_from_config(cfg.sample, enc.cfg, trained_length=8)
+  assert (s.method, s.policy, s.length) == ("adaptive", "margin", 8)
+  out = sampler.generate(enc, jax.random.key(0), s, batch=2)
+  assert (np.sort(out.order, axis=1) == np.arange(8)).all() and (out.tokens < 257).all()
+  np.testing.assert_array_equal(out.passes, 4)
+  with pytest.raises(ValueError, match="generate: reference=True"):
+    sampler.generate(enc, jax.random.key(0), s, batch=2, reference=True)
+  with pytest.raises(ValueError, match="^block: the encoder's adaptive sampler"):
+    sampler.generate(enc, jax.random.key(0), s, batch=2, block=16)
+  no_mask = enc.cfg.replace(vocab_size=257)
+  with pytest.raises(ValueError, match="must exceed model.valid_vocab_size"):
+    sampler.prepare(no_mask, jax.random.key(0), s, batch=2)

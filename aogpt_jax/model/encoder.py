@@ -42,6 +42,13 @@ def check_encoder(cfg: ModelConfig, what: str) -> None:
   encoder_config(cfg)
 
 
+def is_encoder(cfg: ModelConfig) -> bool:
+  """Whether ``cfg`` is sampled as the encoder (``target='none'``, as `make_encoder` builds it):
+  the samplers' test for ``method='adaptive'`` (a decoder without target conditioning could not
+  be told which position a query predicts)."""
+  return cfg.target == "none"
+
+
 def make_encoder(cfg: ModelConfig, *, rngs: nnx.Rngs) -> AOGPT:
   return AOGPT(encoder_config(cfg), rngs=rngs)
 

@@ -130,7 +130,8 @@ REGISTRY: dict[str, Objective] = {
                     sample_methods=("diffusion", "ar", "uncached", "speculative", "adaptive"),
                     model_kinds=("aogpt",), ensembles=True),
     "mdm": Objective("mdm", "an encoder (objective=mdm)", _mdm_loss, _mdm_heldout, _mdm_report,
-                     model_config=encoder_model.encoder_config, sample_methods=("encoder",),
+                     model_config=encoder_model.encoder_config,
+                     sample_methods=("encoder", "adaptive"),
                      model_kinds=("encoder",), ensembles=False),
 }
 NAMES = tuple(REGISTRY)

@@ -23,7 +23,7 @@ functions (`register`)::
     positions  int32 [B, Q]       the candidates' positions (meaningless where not a candidate)
     step       int32 []           the step (0, 1, ...)
     keys       [B] PRNG keys      this row's key of this step (for random choices)
-    scores     float [B, Q]       higher = written earlier
+    scores     float [B, Q]       higher = written earlier (NaN ranks last, as -inf)
 
 Static shapes: one `jax.lax.while_loop` over steps; each iteration is one pass over a block of S =
 Q + catch-up slots (Q query slots, padding masked and dropped); the KV cache (length n + Q:
@@ -56,7 +56,12 @@ CANDIDATE_STREAM, SCORE_STREAM = 0, 1
 
 
 def register(name: str) -> Callable[[PolicyFn], PolicyFn]:
-  """Registers ``fn(probs, tokens, positions, step, keys) -> scores`` as policy ``name``."""
+  """Registers ``fn(probs, tokens, positions, step, keys) -> scores`` as policy ``name``.
+
+  ``scores`` must be float [B, Q], one per row and candidate (another shape raises a ValueError
+  naming the policy when the sampler is traced, before compiling). A NaN score ranks last, as
+  -inf: the step commits it only when it must commit that many, after every scored candidate
+  (ties by position), and every position is still written exactly once."""
 
   def deco(fn: PolicyFn) -> PolicyFn:
     if name in _POLICIES:
@@ -151,10 +156,14 @@ def _candidates(masked_BxN, ckeys_B, q: int, subset: bool):
 
 
 def _choose(scores_BxQ, cand_BxQ, valid_BxQ, count_B):
-  """Indices [B, Q] of the candidates in commit order (score descending, then position
-  ascending; non-candidates last) and how many are committed [B]."""
+  """Indices [B, Q] of the candidates in commit order (score descending, NaN as -inf, then
+  position ascending; non-candidates last) and how many are committed [B]."""
   q = scores_BxQ.shape[1]
-  neg = jnp.where(valid_BxQ, -scores_BxQ.astype(jnp.float32), jnp.inf)
+  s_BxQ = scores_BxQ.astype(jnp.float32)
+  # NaN sorts after +inf, so a NaN candidate would rank behind the non-candidates (positions
+  # already written); as -inf it ties with them and the second key puts it first.
+  s_BxQ = jnp.where(jnp.isnan(s_BxQ), -jnp.inf, s_BxQ)
+  neg = jnp.where(valid_BxQ, -s_BxQ, jnp.inf)
   second = jnp.where(valid_BxQ, cand_BxQ, jnp.iinfo(jnp.int32).max)
   idx_BxQ = jnp.broadcast_to(jnp.arange(q, dtype=jnp.int32), scores_BxQ.shape)
   _, _, idx_BxQ = jax.lax.sort((neg, second, idx_BxQ), dimension=1, num_keys=2)
@@ -189,16 +198,25 @@ def _rank_block(order, tokens, rank_BxS, valid_BxS, tgt_BxS, write_BxS, lim_BxS,
           write_BxS, mask_BxSxK)
 
 
-def sample_adaptive(model: AOGPT, order0, tokens0, prompt_len, tok_keys, counts, adapt_keys, *,
-                    shape: AdaptiveShape, draw: Draw):
-  """Traced body of the adaptive sampler. ``order0`` [B, n]: prompt positions first (ranks <
-  prompt_len; the rest is overwritten as positions are chosen); ``counts`` int32 [B, T] commits
-  per step (unused by ``threshold``); ``adapt_keys`` [B]. Returns (tokens [B, n], order [B, n]:
-  the position written at each rank, steps each row took [B], per-step query logits
+def check_scores(scores, name: str, batch: int, q: int) -> None:
+  """Raises (at trace time, before compiling) unless policy ``name``'s scores are [B, Q]."""
+  if tuple(scores.shape) != (batch, q):
+    raise ValueError(f"sample.policy: policy {name!r} returned scores of shape "
+                     f"{list(scores.shape)}, expected [B, Q] = [{batch}, {q}] (one score per row "
+                     f"and candidate)")
+
+
+def adaptive_loop(order0, tokens0, prompt_len, tok_keys, counts, adapt_keys, *,
+                  shape: AdaptiveShape, draw: Draw, vocab: int, forward, on_commit, extra0):
+  """The step loop both adaptive samplers share; only the forward differs. Each step: the
+  candidates (`_candidates`), their logits ``forward(extra, order, tokens, masked, m, cand,
+  valid) -> (logits [B, Q, V], extra)``, the token draw (key by position), the policy's scores,
+  the commit (`_choose`: counts, or ``threshold``), then ``on_commit(extra, idx, k, m) ->
+  extra``. Returns (tokens [B, n], order [B, n], steps per row [B], step_of_rank int32 [B, n]:
+  the step at which rank r was written, -1 for prompt ranks, per-step query logits
   [max_steps, B, Q, V] if ``draw.debug`` else None)."""
   batch, n = order0.shape
-  q, c = shape.queries, shape.catchup
-  cache_len = n + q
+  q = shape.queries
   policy = get(shape.policy)
   rows_B = jnp.arange(batch)
   ckeys_B = tokens_lib.stream(adapt_keys, CANDIDATE_STREAM)
@@ -206,61 +224,25 @@ def sample_adaptive(model: AOGPT, order0, tokens0, prompt_len, tok_keys, counts,
   m0_B = prompt_len.astype(jnp.int32)
   in_prompt_BxN = jnp.zeros((batch, n), bool).at[rows_B[:, None], order0].set(
       jnp.arange(n)[None, :] < m0_B[:, None])
-  masked0_BxN = ~in_prompt_BxN
-  cache = None
-  if shape.cached:
-    cache = model.init_cache(batch, cache_len)
-    if shape.prefill:
-      r_BxP = jnp.broadcast_to(jnp.arange(shape.prefill, dtype=jnp.int32), (batch, shape.prefill))
-      ok_BxP = r_BxP < m0_B[:, None]
-      tok, pos, tgt, write, mask = _rank_block(order0, tokens0, r_BxP, ok_BxP,
-                                               orders_lib.slot_target(order0, r_BxP), r_BxP,
-                                               r_BxP, cache_len)
-      _, cache = model.hidden_slots(tok, pos, tgt, mask=mask, cache=cache, write_index=write)
-  dbg = (jnp.zeros((shape.max_steps, batch, q, model.cfg.vocab_size), jnp.float32)
-         if draw.debug else None)
-
-  def query_logits(cache, order, tokens, m_B, prevk_B, cand_BxQ, valid_BxQ):
-    m_BxQ = jnp.broadcast_to(m_B[:, None], (batch, q))
-    if not shape.cached:      # the reference: every rank-slot and the queries, explicit mask
-      rank_BxN = orders_lib.all_ranks(order)
-      rtok, rpos = orders_lib.rank_slots(order, tokens, rank_BxN)
-      qtok, qpos = orders_lib.rank_slots(order, tokens, m_BxQ)
-      tok = jnp.concatenate([rtok, qtok], axis=1)
-      pos = jnp.concatenate([rpos, qpos], axis=1)
-      tgt = jnp.concatenate([order, jnp.where(valid_BxQ, cand_BxQ, NO_TARGET)], axis=1)
-      hidden, _ = model.hidden_slots(tok, pos, tgt.astype(jnp.int32),
-                                     mask=parallel_generation_mask(m_B, n, q))
-      return model.head(hidden[:, n:], tgt[:, n:].astype(jnp.int32)), cache
-    j_1xC = jnp.arange(c, dtype=jnp.int32)[None, :]
-    crank_BxC = (m_B - prevk_B + 1)[:, None] + j_1xC
-    cok_BxC = j_1xC < (prevk_B - 1)[:, None]
-    rank_BxS = jnp.concatenate([m_BxQ, crank_BxC], axis=1)
-    ok_BxS = jnp.concatenate([valid_BxQ, cok_BxC], axis=1)
-    tgt_BxS = jnp.concatenate([cand_BxQ, orders_lib.slot_target(order, crank_BxC)], axis=1)
-    write_BxS = jnp.concatenate(
-        [jnp.broadcast_to(n + jnp.arange(q, dtype=jnp.int32), (batch, q)), crank_BxC], axis=1)
-    tok, pos, tgt, write, mask = _rank_block(order, tokens, rank_BxS, ok_BxS, tgt_BxS, write_BxS,
-                                             rank_BxS, cache_len)
-    hidden, cache = model.hidden_slots(tok, pos, tgt, mask=mask, cache=cache, write_index=write)
-    return model.head(hidden[:, :q], tgt[:, :q]), cache
+  dbg = jnp.zeros((shape.max_steps, batch, q, vocab), jnp.float32) if draw.debug else None
 
   def cond(state):
     i, _, _, _, masked_BxN = state[:5]
     return (i < shape.max_steps) & jnp.any(masked_BxN)
 
   def body(state):
-    i, cache, tokens_BxN, order_BxN, masked_BxN, m_B, prevk_B, steps_B, dbg = state
+    i, extra, tokens_BxN, order_BxN, masked_BxN, m_B, steps_B, sor_BxN, dbg = state
     step_ckeys = jax.vmap(lambda k: jax.random.fold_in(k, i))(ckeys_B)
     step_skeys = jax.vmap(lambda k: jax.random.fold_in(k, i))(skeys_B)
     cand_BxQ, valid_BxQ = _candidates(masked_BxN, step_ckeys, q, shape.candidates > 0)
-    logits_BxQxV, cache = query_logits(cache, order_BxN, tokens_BxN, m_B, prevk_B, cand_BxQ,
-                                       valid_BxQ)
+    logits_BxQxV, extra = forward(extra, order_BxN, tokens_BxN, masked_BxN, m_B, cand_BxQ,
+                                  valid_BxQ)
     new_BxQ = tokens_lib.sample_tokens(
         logits_BxQxV, tokens_lib.token_keys(tok_keys, cand_BxQ), temperature=draw.temperature,
         top_p=draw.top_p, top_p_rule=draw.top_p_rule, greedy=draw.greedy)
     probs_BxQxV = policy_probs(logits_BxQxV, draw)
     scores_BxQ = policy(probs_BxQxV, new_BxQ, cand_BxQ, i, step_skeys)
+    check_scores(scores_BxQ, shape.policy, batch, q)
     if shape.policy == "threshold":
       sure_B = jnp.sum(valid_BxQ & (jnp.max(probs_BxQxV, axis=-1) >= shape.threshold), axis=1)
       count_B = jnp.maximum(sure_B, 1)
@@ -273,18 +255,76 @@ def sample_adaptive(model: AOGPT, order0, tokens0, prompt_len, tok_keys, counts,
     pos_BxQ = jnp.take_along_axis(cand_BxQ, idx_BxQ, axis=1)        # in commit order
     tok_BxQ = jnp.take_along_axis(new_BxQ, idx_BxQ, axis=1)
     at_BxQ = jnp.where(take_BxQ, pos_BxQ, n)
+    rank_BxQ = jnp.where(take_BxQ, m_B[:, None] + j_1xQ, n)
     tokens_BxN = tokens_lib.commit_tokens(tokens_BxN, at_BxQ, tok_BxQ)
-    order_BxN = order_BxN.at[rows_B[:, None], jnp.where(take_BxQ, m_B[:, None] + j_1xQ, n)].set(
-        pos_BxQ, mode="drop")
+    order_BxN = order_BxN.at[rows_B[:, None], rank_BxQ].set(pos_BxQ, mode="drop")
+    sor_BxN = sor_BxN.at[rows_B[:, None], rank_BxQ].set(i, mode="drop")
     masked_BxN = masked_BxN.at[rows_B[:, None], at_BxQ].set(False, mode="drop")
-    if shape.cached:      # the first chosen query IS rank-slot m: scratch n + j -> index m
-      cache = _move_slot(cache, n + idx_BxQ[:, 0], jnp.where(k_B > 0, m_B, cache_len))
+    extra = on_commit(extra, idx_BxQ, k_B, m_B)
     if dbg is not None:
       dbg = dbg.at[i].set(logits_BxQxV)
-    return (i + 1, cache, tokens_BxN, order_BxN, masked_BxN, m_B + k_B,
-            k_B, steps_B + (k_B > 0), dbg)
+    return (i + 1, extra, tokens_BxN, order_BxN, masked_BxN, m_B + k_B, steps_B + (k_B > 0),
+            sor_BxN, dbg)
 
-  state = (jnp.int32(0), cache, tokens0, order0, masked0_BxN, m0_B, jnp.zeros_like(m0_B),
-           jnp.zeros_like(m0_B), dbg)
-  _, _, tokens_BxN, order_BxN, _, _, _, steps_B, dbg = jax.lax.while_loop(cond, body, state)
-  return tokens_BxN, order_BxN, steps_B, dbg
+  state = (jnp.int32(0), extra0, tokens0, order0, ~in_prompt_BxN, m0_B, jnp.zeros_like(m0_B),
+           jnp.full((batch, n), -1, jnp.int32), dbg)
+  _, _, tokens_BxN, order_BxN, _, _, steps_B, sor_BxN, dbg = jax.lax.while_loop(cond, body, state)
+  return tokens_BxN, order_BxN, steps_B, sor_BxN, dbg
+
+
+def sample_adaptive(model: AOGPT, order0, tokens0, prompt_len, tok_keys, counts, adapt_keys, *,
+                    shape: AdaptiveShape, draw: Draw):
+  """Traced body of the adaptive sampler. ``order0`` [B, n]: prompt positions first (ranks <
+  prompt_len; the rest is overwritten as positions are chosen); ``counts`` int32 [B, T] commits
+  per step (unused by ``threshold``); ``adapt_keys`` [B]. Returns `adaptive_loop`'s (tokens,
+  order, steps, step_of_rank, logits)."""
+  batch, n = order0.shape
+  q, c = shape.queries, shape.catchup
+  cache_len = n + q
+  m0_B = prompt_len.astype(jnp.int32)
+  cache = None
+  if shape.cached:
+    cache = model.init_cache(batch, cache_len)
+    if shape.prefill:
+      r_BxP = jnp.broadcast_to(jnp.arange(shape.prefill, dtype=jnp.int32), (batch, shape.prefill))
+      ok_BxP = r_BxP < m0_B[:, None]
+      tok, pos, tgt, write, mask = _rank_block(order0, tokens0, r_BxP, ok_BxP,
+                                               orders_lib.slot_target(order0, r_BxP), r_BxP,
+                                               r_BxP, cache_len)
+      _, cache = model.hidden_slots(tok, pos, tgt, mask=mask, cache=cache, write_index=write)
+
+  def forward(extra, order, tokens, masked_BxN, m_B, cand_BxQ, valid_BxQ):
+    cache, prevk_B = extra
+    m_BxQ = jnp.broadcast_to(m_B[:, None], (batch, q))
+    if not shape.cached:      # the reference: every rank-slot and the queries, explicit mask
+      rank_BxN = orders_lib.all_ranks(order)
+      rtok, rpos = orders_lib.rank_slots(order, tokens, rank_BxN)
+      qtok, qpos = orders_lib.rank_slots(order, tokens, m_BxQ)
+      tok = jnp.concatenate([rtok, qtok], axis=1)
+      pos = jnp.concatenate([rpos, qpos], axis=1)
+      tgt = jnp.concatenate([order, jnp.where(valid_BxQ, cand_BxQ, NO_TARGET)], axis=1)
+      hidden, _ = model.hidden_slots(tok, pos, tgt.astype(jnp.int32),
+                                     mask=parallel_generation_mask(m_B, n, q))
+      return model.head(hidden[:, n:], tgt[:, n:].astype(jnp.int32)), extra
+    j_1xC = jnp.arange(c, dtype=jnp.int32)[None, :]
+    crank_BxC = (m_B - prevk_B + 1)[:, None] + j_1xC
+    cok_BxC = j_1xC < (prevk_B - 1)[:, None]
+    rank_BxS = jnp.concatenate([m_BxQ, crank_BxC], axis=1)
+    ok_BxS = jnp.concatenate([valid_BxQ, cok_BxC], axis=1)
+    tgt_BxS = jnp.concatenate([cand_BxQ, orders_lib.slot_target(order, crank_BxC)], axis=1)
+    write_BxS = jnp.concatenate(
+        [jnp.broadcast_to(n + jnp.arange(q, dtype=jnp.int32), (batch, q)), crank_BxC], axis=1)
+    tok, pos, tgt, write, mask = _rank_block(order, tokens, rank_BxS, ok_BxS, tgt_BxS, write_BxS,
+                                             rank_BxS, cache_len)
+    hidden, cache = model.hidden_slots(tok, pos, tgt, mask=mask, cache=cache, write_index=write)
+    return model.head(hidden[:, :q], tgt[:, :q]), (cache, prevk_B)
+
+  def on_commit(extra, idx_BxQ, k_B, m_B):
+    cache, _ = extra
+    if shape.cached:      # the first chosen query IS rank-slot m: scratch n + j -> index m
+      cache = _move_slot(cache, n + idx_BxQ[:, 0], jnp.where(k_B > 0, m_B, cache_len))
+    return cache, k_B
+
+  return adaptive_loop(order0, tokens0, prompt_len, tok_keys, counts, adapt_keys, shape=shape,
+                       draw=draw, vocab=model.cfg.vocab_size, forward=forward,
+                       on_commit=on_commit, extra0=(cache, jnp.zeros_like(m0_B)))

@@ -17,7 +17,7 @@ def sample_config() -> ml_collections.ConfigDict:
   """Defaults of the ``sample`` config group (``--config.sample.steps=128`` etc.)."""
   return ml_collections.ConfigDict(dict(
       method="diffusion",          # diffusion | ar | uncached | speculative | adaptive |
-                                   # encoder (MDM model)
+                                   # encoder (MDM model; adaptive fits it too)
       draft="auto",                # speculative: drafts per round, "auto" or an integer ("4")
       draft_queries="taper",       # speculative: taper (fewer after early slots) | all
       policy="max_prob",           # adaptive: max_prob | confidence | margin | entropy | random |
@@ -49,7 +49,7 @@ def sample_config() -> ml_collections.ConfigDict:
 
 def _run_sample_group() -> ml_collections.ConfigDict:
   """The ``sample`` group of a run's config: `sample_config` with ``method`` "" (= the
-  objective's: diffusion | encoder; config.follow_objective)."""
+  objective's: diffusion | encoder; config.follow_objective; adaptive fits both)."""
   c = sample_config()
   c.method = ""
   return c

@@ -20,6 +20,13 @@ k, cstart, ccount, int32 [P, B]) with q0 = 0 (catch-up fields unused); rows with
 steps run trailing no-op passes (k = 0). Steps that reveal nothing are skipped, as in the AO-GPT
 sampler: with a time-independent model they change nothing.
 
+``method="adaptive"`` on an encoder (`sample_adaptive_encoder`) decodes as LLaDA, Dream and Kim
+et al. do: no fixed order; at every step ONE full forward (the current tokens, [MASK] at every
+unwritten position) gives the logits at every still-masked position (or ``candidates`` of them),
+and the AO-GPT adaptive sampler's step (`adaptive.adaptive_loop`: the token draw keyed by
+position, the registered policy, the counts or ``threshold`` commit rule) chooses the positions
+to write. n position-passes per step, T*n in all.
+
 Shape suffixes of local arrays (``qpos_PxBxQ`` = [P, B, Q]): P passes, B rows, N sequence length
 n, Q query positions per pass, V vocabulary.
 """
@@ -32,6 +39,7 @@ import jax.numpy as jnp
 from aogpt_jax.model import encoder as encoder_model
 from aogpt_jax.model import orders as orders_lib
 from aogpt_jax.model.aogpt import AOGPT
+from aogpt_jax.sampling import adaptive as adaptive_lib
 from aogpt_jax.sampling import tokens as tokens_lib
 from aogpt_jax.sampling.state import Draw, Passes
 
@@ -73,3 +81,19 @@ def sample_encoder(model: AOGPT, order, tokens0, tok_keys, passes: Passes, queri
   tokens_BxN, logits_PxBxQxV = jax.lax.scan(step, tokens0,
                                             (known_PxB, qpos_PxBxQ, commit_PxBxQ, keys_PxBxQ))
   return tokens_BxN, logits_PxBxQxV
+
+
+def sample_adaptive_encoder(model: AOGPT, order0, tokens0, prompt_len, tok_keys, counts,
+                            adapt_keys, *, shape: adaptive_lib.AdaptiveShape, draw: Draw):
+  """Traced body of the encoder's adaptive sampler: `adaptive.sample_adaptive`'s inputs and
+  outputs (``order0``: prompt positions first; ``counts`` [B, T]: commits per step, unused by
+  ``threshold``), each step's logits from one full masked forward
+  (`encoder_model.masked_logits` at the candidates; the catch-up / prefill / cached fields of
+  ``shape`` are unused: nothing is cached)."""
+
+  def forward(extra, order, tokens_BxN, masked_BxN, m_B, cand_BxQ, valid_BxQ):
+    return encoder_model.masked_logits(model, tokens_BxN, masked_BxN, cand_BxQ), extra
+
+  return adaptive_lib.adaptive_loop(
+      order0, tokens0, prompt_len, tok_keys, counts, adapt_keys, shape=shape, draw=draw,
+      vocab=model.cfg.vocab_size, forward=forward, on_commit=lambda extra, *_: extra, extra0=())

@@ -18,7 +18,9 @@ scheme (`sampling.tokens`):
 * ``adaptive``: adaptive order (`sampling.adaptive`): each step queries the still-masked
   positions (or ``candidates`` of them) in one cached pass, a ``policy`` scores them and the step
   commits the best ones (as many as ``steps`` / ``schedule`` / ``count_mode`` say, or every one
-  above ``threshold``); ``Samples.order`` is the chosen order.
+  above ``threshold``); ``Samples.order`` is the chosen order, ``Samples.step_of_rank`` the step
+  of each rank. On the encoder MDM (``model.target='none'``) the same step runs on one full
+  bidirectional forward per step (`sampling.encoder.sample_adaptive_encoder`).
 * ``encoder``: the encoder-only masked-diffusion model of `aogpt_jax.model.encoder` (bidirectional,
   [MASK] tokens; `sampling.encoder`): the standard MDM reverse process, one full forward per
   step. Needs a model built with `encoder_model.make_encoder`.
@@ -131,6 +133,8 @@ class SampleSettings:
         raise ValueError("sample.greedy: not supported with sample.method='speculative' "
                          "(greedy decoding is deterministic; use method='ar' or 'diffusion')")
     if self.method == "adaptive":
+      if encoder_model.is_encoder(cfg):      # the encoder's adaptive sampler needs [MASK]
+        encoder_model.encoder_config(cfg)
       adaptive_lib.get(self.policy)          # raises naming the known policies
       c = self.candidates
       if c is not None and (isinstance(c, bool) or not isinstance(c, numbers.Integral) or c < 1):
@@ -194,6 +198,9 @@ class Samples:
                              # [steps, B, V] (ar); speculative: its trace dict
   passes: np.ndarray | None = None   # speculative: model passes each row needed (no prefill);
                                      # adaptive: steps each row took
+  step_of_rank: np.ndarray | None = None   # adaptive: int32 [B, n], the step (0, 1, ..) at
+                                           # which the rank-r position was written; -1 for the
+                                           # prompt's ranks (None for the other samplers)
 
 
 def as_key(key) -> jax.Array:
@@ -282,15 +289,19 @@ def plan(batches: Sequence[Prepared], *, block: int | None = None, pass_overhead
 
 
 def adaptive_shape(p: Prepared, s: SampleSettings, *, block: int | None = None,
-                   cached: bool = True) -> adaptive_lib.AdaptiveShape:
+                   cached: bool = True, encoder: bool = False) -> adaptive_lib.AdaptiveShape:
   """The static sizes of the adaptive sampler for this batch: Q query slots (every masked
   position of the shortest prompt's row, or ``candidates``), catch-up slots for the widest step
-  (``block``: slots per pass, at least Q + that; the samples do not depend on it)."""
+  (``block``: slots per pass, at least Q + that; the samples do not depend on it). ``encoder``:
+  the encoder's sampler (one full forward per step: no catch-up, prefill or ``block``)."""
   n = s.length
   q = n - int(p.prompt_len.min())
   q = max(1, q if s.candidates is None else min(q, int(s.candidates)))
   widest = q if s.policy == "threshold" else int(min(q, p.counts.max(initial=1)))
-  catchup = max(0, widest - 1)
+  catchup = 0 if encoder else max(0, widest - 1)
+  if encoder and block is not None:
+    raise ValueError(f"block: the encoder's adaptive sampler runs one full forward per step and "
+                     f"has no slots per pass to set; leave it None, got {block}")
   if block is not None:
     if block < q + catchup:
       raise ValueError(f"block: the adaptive sampler needs at least {q + catchup} slots per pass "
@@ -299,7 +310,7 @@ def adaptive_shape(p: Prepared, s: SampleSettings, *, block: int | None = None,
   # threshold: at least one commit per step and row
   max_steps = n - int(p.prompt_len.min()) if s.policy == "threshold" else int(p.counts.shape[1])
   return adaptive_lib.AdaptiveShape(
-      queries=q, catchup=catchup, prefill=int(p.prompt_len.max(initial=0)),
+      queries=q, catchup=catchup, prefill=0 if encoder else int(p.prompt_len.max(initial=0)),
       max_steps=max(1, min(max_steps, n)), candidates=int(s.candidates or 0),
       policy=str(s.policy), threshold=float(s.threshold), cached=cached)
 
@@ -316,10 +327,12 @@ def sampler_program(model, order, tokens0, prompt_len, tok_keys, passes: Passes 
         model, order, tokens0, prompt_len, tok_keys, draft=draft, temperature=draw.temperature,
         top_p=draw.top_p, top_p_rule=draw.top_p_rule, queries=queries, debug=draw.debug)
     return toks, (npasses, trace)
-  if kind == "adaptive":
-    toks, order, steps, logits = adaptive_lib.sample_adaptive(
-        model, order, tokens0, prompt_len, tok_keys, *passes, shape=shape, draw=draw)
-    return toks, (order, steps, logits)
+  if kind == "adaptive":      # the encoder MDM's (target 'none') or the AO-GPT's
+    fn = (encoder_lib.sample_adaptive_encoder if encoder_model.is_encoder(model.cfg)
+          else adaptive_lib.sample_adaptive)
+    toks, order, steps, step_of_rank, logits = fn(model, order, tokens0, prompt_len, tok_keys,
+                                                  *passes, shape=shape, draw=draw)
+    return toks, (order, steps, step_of_rank, logits)
   if kind == "diffusion":
     return diffusion.sample_cached(model, order, tokens0, prompt_len, tok_keys, passes, shape,
                                    draw)
@@ -328,7 +341,9 @@ def sampler_program(model, order, tokens0, prompt_len, tok_keys, passes: Passes 
 
 
 def program_args(p: Prepared, pl: schedules.StepPlan | None, s: SampleSettings, debug: bool,
-                 adaptive: adaptive_lib.AdaptiveShape | None = None):
+                 adaptive: adaptive_lib.AdaptiveShape | None = None, encoder: bool = False):
+  """The sampler program's arguments and static keywords (``encoder``: the model is the encoder
+  MDM, `encoder_model.is_encoder`, which sizes the adaptive sampler without a cache)."""
   draw = Draw(temperature=float(s.temperature), top_p=float(s.top_p),
               top_p_rule=str(s.top_p_rule), greedy=bool(s.greedy), debug=bool(debug))
   shape, passes, draft, queries = None, None, None, None
@@ -338,7 +353,7 @@ def program_args(p: Prepared, pl: schedules.StepPlan | None, s: SampleSettings, 
     draft = s.draft if s.draft == "auto" else int(s.draft)
     queries = str(s.draft_queries)
   elif s.method == "adaptive":
-    shape = adaptive or adaptive_shape(p, s)
+    shape = adaptive or adaptive_shape(p, s, encoder=encoder)
     passes = (jnp.asarray(p.counts), p.adapt_keys)
   else:
     shape, passes = pl.shape(), pl.passes()
@@ -352,7 +367,7 @@ def compile_sampler(model: AOGPT, p: Prepared, pl: schedules.StepPlan | None,
                     adaptive: adaptive_lib.AdaptiveShape | None = None):
   """Ahead-of-time compiles the sampler for this batch shape; returns ``run() -> (tokens,
   logits)`` (for benchmarks: compile time apart from run time)."""
-  args, kw = program_args(p, pl, s, debug, adaptive)
+  args, kw = program_args(p, pl, s, debug, adaptive, encoder_model.is_encoder(model.cfg))
   with tokens_lib.exact_sampling():
     return model_jit.compile_ahead(sampler_program, model, *args, **kw)
 
@@ -361,13 +376,14 @@ def sample_batch(model: AOGPT, p: Prepared, pl: schedules.StepPlan | None, s: Sa
                  *, debug: bool = False,
                  adaptive: adaptive_lib.AdaptiveShape | None = None) -> Samples:
   """``adaptive``: the adaptive sampler's static sizes (None: `adaptive_shape` of ``p``)."""
-  args, kw = program_args(p, pl, s, debug, adaptive)
+  args, kw = program_args(p, pl, s, debug, adaptive, encoder_model.is_encoder(model.cfg))
   with tokens_lib.exact_sampling():
     toks, logits = model_jit.call(sampler_program, model, *args, **kw)
   if s.method == "adaptive":
-    order, steps, logits = logits
+    order, steps, step_of_rank, logits = logits
     return Samples(np.asarray(toks), np.asarray(order), None,
-                   None if logits is None else np.asarray(logits), np.asarray(steps))
+                   None if logits is None else np.asarray(logits), np.asarray(steps),
+                   np.asarray(step_of_rank))
   if s.method == "speculative":
     passes, trace = logits
     trace = None if trace is None else {k: np.asarray(v) for k, v in trace.items()}
@@ -385,7 +401,11 @@ def generate(model: AOGPT, key: jax.Array, s: SampleSettings, *, prompt=None,
   full explicit-mask forward per step (the test oracle; the same samples)."""
   p = prepare(model.cfg, key, s, prompt=prompt, batch=batch, sample_offset=sample_offset)
   if s.method == "adaptive":
-    shape = adaptive_shape(p, s, block=block, cached=not reference)
+    encoder = encoder_model.is_encoder(model.cfg)
+    if reference and encoder:
+      raise ValueError("generate: reference=True is the AO-GPT adaptive sampler's uncached twin; "
+                       "the encoder's adaptive sampler has no cache (leave reference=False)")
+    shape = adaptive_shape(p, s, block=block, cached=not reference, encoder=encoder)
     return sample_batch(model, p, None, s, debug=debug, adaptive=shape)
   if reference:
     raise ValueError("generate: reference=True is for sample.method='adaptive' (the uncached "
