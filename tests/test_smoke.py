@@ -1,7 +1,8 @@
 """The smoke subset (``python -m pytest -m smoke``): a minute or so on 2 CPU cores, touching every
 package of aogpt_jax once: config and recipes, data, model, train, checkpoints, sampling,
-evaluation, modes and main, figures. `test_every_package_has_a_smoke_test` keeps it that way:
-a new package under aogpt_jax/ needs a smoke test that imports it (here or marked elsewhere)."""
+evaluation, tasks (a puzzle solved), modes and main, figures.
+`test_every_package_has_a_smoke_test` keeps it that way: a new package under aogpt_jax/ needs a
+smoke test that imports it (here or marked elsewhere)."""
 
 import ast
 import json
@@ -132,3 +133,19 @@ def test_every_package_has_a_smoke_test():
                        f"(@pytest.mark.smoke, tests/test_smoke.py)")
   assert {"model", "data", "train", "checkpoints", "sampling", "evaluation",
           "figures"} <= set(packages)
+
+
+def test_task_solve_keeps_the_givens():
+  from flax import nnx
+  from aogpt_jax import tasks
+  from aogpt_jax.evaluation import solve
+  from aogpt_jax.model import aogpt
+  from aogpt_jax.sampling import SampleSettings
+  task = tasks.make("sudoku", size=4)
+  m = aogpt.AOGPT(aogpt.ModelConfig(vocab_size=64, valid_vocab_size=4, block_size=16, n_layer=1,
+                                    n_head=2, n_embd=32, target_dim=8), rngs=nnx.Rngs(0))
+  puzzles = task.heldout(0, 4)
+  res = solve.solve(m, task, puzzles, SampleSettings(length=16, method="adaptive", greedy=True),
+                    warm=False)
+  out = np.array([r["output"] for r in res.rows])
+  np.testing.assert_array_equal(out[puzzles["prompt"]], puzzles["tokens"][puzzles["prompt"]])
