@@ -117,3 +117,58 @@ def test_bad_rollouts_are_one_line_errors(change, match):
   with pytest.raises(ValueError, match=match) as e:
     likelihood.check_rollout(*change(*_rollout(5)), vocab_size=V, block_size=N)
   assert "\n" not in str(e.value)
+
+
+# ----------------------------------------------------------------------------- recorded rollouts
+
+def _sample(model, method, *, temperature=1.0, top_p=1.0, block=None, seed=7):
+  from aogpt_jax.sampling import prompts, sampler
+  if method == "ar":
+    p = prompts.prefix_prompt([[3, 4], [], [5]], N, V)
+  else:
+    p = prompts.pairs_prompt([{1: 3, 7: 5}, {}, {0: 1, 2: 3, 9: 4}], N, V)
+  s = sampler.SampleSettings(length=N, steps=4, method=method, temperature=temperature,
+                             top_p=top_p)
+  return sampler.generate(model, jax.random.key(seed), s, prompt=p, block=block,
+                          return_logp=True), p
+
+
+@pytest.mark.parametrize("method,block", [("diffusion", None), ("diffusion", 2), ("ar", None)])
+def test_recorded_logp_equals_the_recomputed_likelihood(model, method, block):
+  out, (_, pmask) = _sample(model, method, block=block)
+  scored = np.asarray(orders_lib.scored_ranks(pmask))
+  assert out.step_of_rank.shape == (B, N) and (out.step_of_rank[~scored] == -1).all()
+  if method == "diffusion":           # parallel steps: 4 steps for up to 10 tokens
+    assert (out.step_of_rank.max(1) == 3).all()
+  likelihood.check_rollout(out.tokens, out.order, out.step_of_rank, pmask, vocab_size=V)
+  ref = np.asarray(likelihood.sequence_logp(model, out.tokens, out.order, out.step_of_rank,
+                                            pmask))
+  diff = max(np.abs(out.logp - ref).max(), np.abs(out.model_logp - ref).max())
+  print(f"{method} block={block}: max |recorded - recomputed| logp = {diff:.2e}")
+  assert diff < 1e-5
+  assert (out.logp[~scored] == 0).all() and (out.logp[scored] < 0).all()
+
+
+def test_recorded_logp_at_a_temperature_and_top_p(model):
+  out, (_, pmask) = _sample(model, "diffusion", temperature=0.7)
+  fn = lambda temp: np.asarray(likelihood.sequence_logp(      # noqa: E731
+      model, out.tokens, out.order, out.step_of_rank, pmask, temperature=temp))
+  np.testing.assert_allclose(out.logp, fn(0.7), atol=1e-5, rtol=0)     # drawn from
+  np.testing.assert_allclose(out.model_logp, fn(1.0), atol=1e-5, rtol=0)   # the model's own
+  # top-p: the drawn distribution is renormalised over fewer tokens: log p >= the model's at T=1.
+  cut, _ = _sample(model, "diffusion", top_p=0.5)
+  np.testing.assert_allclose(cut.model_logp, np.asarray(likelihood.sequence_logp(
+      model, cut.tokens, cut.order, cut.step_of_rank, pmask)), atol=1e-5, rtol=0)
+  assert (cut.logp >= cut.model_logp - 1e-6).all() and (cut.logp > cut.model_logp + 1e-3).any()
+
+
+def test_recording_draws_the_same_tokens_and_is_refused_where_not_recorded(model):
+  from aogpt_jax.sampling import sampler
+  out, p = _sample(model, "diffusion")
+  s = sampler.SampleSettings(length=N, steps=4)
+  plain = sampler.generate(model, jax.random.key(7), s, prompt=p)
+  np.testing.assert_array_equal(plain.tokens, out.tokens)
+  assert plain.logp is None and plain.step_of_rank is not None
+  with pytest.raises(ValueError, match="return_logp: recorded for sample.method in"):
+    sampler.generate(model, jax.random.key(0), sampler.SampleSettings(
+        length=N, steps=4, method="adaptive"), batch=2, return_logp=True)

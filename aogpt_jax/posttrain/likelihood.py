@@ -65,6 +65,35 @@ def likelihood_slots(tokens: jax.Array, order: jax.Array, m: jax.Array):
   return tok_BxF, pos_BxF, tgt_BxF, rank_rows_1xFxF | query_rows_BxFxF
 
 
+def rollout_logits(model: AOGPT, tokens: jax.Array, order: jax.Array, steps: jax.Array,
+                   prompt: jax.Array | None = None) -> jax.Array:
+  """float32 [B, n, V] in rank layout: the logits rank r's token was drawn from (temperature
+  1), i.e. the model's conditional given the ranks of earlier steps (meaningless at the prompt's
+  ranks); arguments as `sequence_logp`. One pass over 2n slots."""
+  b, n = tokens.shape
+  check_length(model.cfg, n)
+  prompt = jnp.zeros((b, n), bool) if prompt is None else prompt
+  m_BxN = frontier(steps, orders_lib.scored_ranks(prompt))
+  tok_BxF, pos_BxF, tgt_BxF, mask_BxFxF = likelihood_slots(tokens, order, m_BxN)
+  query_BxN = jnp.broadcast_to(jnp.arange(n, 2 * n, dtype=jnp.int32), (b, n))
+  hidden_BxNxD, _ = model.hidden_slots(tok_BxF, pos_BxF, tgt_BxF, mask=mask_BxFxF,
+                                       query=query_BxN)
+  return model.head(hidden_BxNxD, order.astype(jnp.int32))
+
+
+def token_logp(logits: jax.Array, tokens: jax.Array, order: jax.Array, prompt: jax.Array | None,
+               temperature: float = 1.0) -> jax.Array:
+  """[B, n]: log-softmax of `rollout_logits` / ``temperature`` at each rank's token (0 at the
+  prompt's ranks)."""
+  logits_BxNxV = logits / jnp.float32(temperature)
+  target_BxN = orders_lib.permute(tokens, order)
+  logp_BxN = (jnp.take_along_axis(logits_BxNxV, target_BxN[..., None], axis=-1)[..., 0]
+              - jax.nn.logsumexp(logits_BxNxV, axis=-1))
+  if prompt is None:
+    return logp_BxN
+  return jnp.where(orders_lib.scored_ranks(prompt), logp_BxN, 0.0)
+
+
 def sequence_logp(model: AOGPT, tokens: jax.Array, order: jax.Array, steps: jax.Array,
                   prompt: jax.Array | None = None, *, temperature: float = 1.0) -> jax.Array:
   """float32 [B, n] in rank layout: ``logp[b, r] = log p(x_{order[b, r]} | tokens of the ranks
@@ -72,20 +101,8 @@ def sequence_logp(model: AOGPT, tokens: jax.Array, order: jax.Array, steps: jax.
   int [B, n] in ORIGINAL order; ``order``, ``steps`` int [B, n]; ``prompt`` bool [B, n] in
   original order (None: no prompt). ``temperature``: the logits are divided by it first (the
   model's own distribution at 1). Traceable and differentiable in the model's parameters."""
-  b, n = tokens.shape
-  check_length(model.cfg, n)
-  prompt = jnp.zeros((b, n), bool) if prompt is None else prompt
-  scored_BxN = orders_lib.scored_ranks(prompt)
-  m_BxN = frontier(steps, scored_BxN)
-  tok_BxF, pos_BxF, tgt_BxF, mask_BxFxF = likelihood_slots(tokens, order, m_BxN)
-  query_BxN = jnp.broadcast_to(jnp.arange(n, 2 * n, dtype=jnp.int32), (b, n))
-  hidden_BxNxD, _ = model.hidden_slots(tok_BxF, pos_BxF, tgt_BxF, mask=mask_BxFxF,
-                                       query=query_BxN)
-  logits_BxNxV = model.head(hidden_BxNxD, order.astype(jnp.int32)) / jnp.float32(temperature)
-  target_BxN = orders_lib.permute(tokens, order)
-  logp_BxN = (jnp.take_along_axis(logits_BxNxV, target_BxN[..., None], axis=-1)[..., 0]
-              - jax.nn.logsumexp(logits_BxNxV, axis=-1))
-  return jnp.where(scored_BxN, logp_BxN, 0.0)
+  logits_BxNxV = rollout_logits(model, tokens, order, steps, prompt)
+  return token_logp(logits_BxNxV, tokens, order, prompt, temperature)
 
 
 def check_rollout(tokens, order, steps, prompt=None, *, vocab_size: int | None = None,
