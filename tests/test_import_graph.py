@@ -52,6 +52,7 @@ LAYERS = (
     ("aogpt_jax.train",),
     ("aogpt_jax.sampling",),
     ("aogpt_jax.evaluation",),
+    ("aogpt_jax.posttrain",),
     ("aogpt_jax.modes", "aogpt_jax.main", "aogpt_jax.figures"),
 )
 

@@ -32,7 +32,9 @@ def _slot(tokens: jax.Array, r: jax.Array):
 
 def sample_ar(model: AOGPT, tokens0, prefix_len, tok_keys, prefill: int, draw: Draw):
   """Traced body: tokens0 int32 [B, n] (prompt tokens in place), prefix_len int32 [B];
-  ``prefill`` = min prefix length (static). Returns (tokens, per-step logits [n-P, B, V])."""
+  ``prefill`` = min prefix length (static). Returns (tokens, per-step logits [n-P, B, V] if
+  ``draw.debug``, the drawn tokens' log-probabilities [B, n, 2] if ``draw.logp``: as
+  `diffusion.sample_cached`)."""
   batch, n = tokens0.shape
   cache = model.init_cache(batch, n)
   kk_N = jnp.arange(n, dtype=jnp.int32)
@@ -44,7 +46,7 @@ def sample_ar(model: AOGPT, tokens0, prefix_len, tok_keys, prefill: int, draw: D
                                   write_index=r_BxS)
 
   def step(carry, x):
-    cache, tokens_BxN = carry
+    cache, tokens_BxN, rec_BxNx2 = carry
     r, keys_B = x
     r_Bx1 = jnp.full((batch, 1), r, jnp.int32)
     tok_Bx1, pos_Bx1, tgt_Bx1 = _slot(tokens_BxN, r_Bx1)
@@ -53,12 +55,14 @@ def sample_ar(model: AOGPT, tokens0, prefix_len, tok_keys, prefill: int, draw: D
                                              cache=cache, write_index=r_Bx1)
     logits_Bx1xV = model.head(hidden_Bx1xD, tgt_Bx1)
     commit_Bx1 = jnp.where(r < prefix_len, n, r)[:, None]   # prompt positions keep their token
-    tokens_BxN, out = tokens_lib.draw_and_commit(tokens_BxN, logits_Bx1xV, keys_B[:, None],
-                                                 commit_Bx1, **draw.kwargs())
-    return (cache, tokens_BxN), (out[:, 0] if draw.debug else None)
+    tokens_BxN, out, rec_BxNx2 = tokens_lib.draw_commit_record(
+        tokens_BxN, rec_BxNx2, logits_Bx1xV, keys_B[:, None], commit_Bx1,
+        **draw.kwargs())
+    return (cache, tokens_BxN, rec_BxNx2), (out[:, 0] if draw.debug else None)
 
   steps_T = jnp.arange(prefill, n, dtype=jnp.int32)
   keys_TxB = tokens_lib.token_keys(tok_keys,
                                    jnp.broadcast_to(steps_T, (batch, n - prefill))).T
-  (_, tokens_BxN), logits_TxBxV = jax.lax.scan(step, (cache, tokens0), (steps_T, keys_TxB))
-  return tokens_BxN, logits_TxBxV
+  carry = (cache, tokens0, tokens_lib.new_record(tokens0, draw.logp))
+  (_, tokens_BxN, rec_BxNx2), logits_TxBxV = jax.lax.scan(step, carry, (steps_T, keys_TxB))
+  return tokens_BxN, logits_TxBxV, rec_BxNx2

@@ -122,7 +122,9 @@ def block_inputs(lay: PassLayout, tokens: jax.Array, cache_len: int):
 def sample_cached(model: AOGPT, order, tokens0, prompt_len, tok_keys, passes: Passes,
                   shape: PassShape, draw: Draw):
   """Traced body of the KV-cached sampler over ``passes`` (int32 [P, B] each).
-  Returns (tokens [B, n], per-pass query logits [P, B, Q, V] if ``draw.debug`` else None).
+  Returns (tokens [B, n], per-pass query logits [P, B, Q, V] if ``draw.debug`` else None, and
+  if ``draw.logp`` the drawn tokens' log-probabilities float32 [B, n, 2] in original order
+  (`tokens.drawn_logp`; 0 at the prompt) else None).
 
   Everything that does not depend on sampled tokens (slot positions, targets, cache indices,
   mask limits, the keys of every query) is computed for all passes before the scan; a scan
@@ -145,18 +147,20 @@ def sample_cached(model: AOGPT, order, tokens0, prompt_len, tok_keys, passes: Pa
       layouts.commit[:, :, :queries])
 
   def step(carry, x):
-    cache, tokens_BxN = carry
+    cache, tokens_BxN, rec_BxNx2 = carry
     lay, qkeys_BxQ = x
     tok_BxS, mask_BxSxK = block_inputs(lay, tokens_BxN, cache_len)
     hidden_BxSxD, cache = model.hidden_slots(tok_BxS, lay.pos, lay.tgt, mask=mask_BxSxK,
                                              cache=cache, write_index=lay.write)
     logits_BxQxV = model.head(hidden_BxSxD[:, :queries], lay.tgt[:, :queries])
-    tokens_BxN, out = tokens_lib.draw_and_commit(
-        tokens_BxN, logits_BxQxV, qkeys_BxQ, lay.commit[:, :queries], **draw.kwargs())
-    return (cache, tokens_BxN), out
+    tokens_BxN, out, rec_BxNx2 = tokens_lib.draw_commit_record(
+        tokens_BxN, rec_BxNx2, logits_BxQxV, qkeys_BxQ, lay.commit[:, :queries],
+        **draw.kwargs())
+    return (cache, tokens_BxN, rec_BxNx2), out
 
-  (_, tokens_BxN), logits_PxBxQxV = jax.lax.scan(step, (cache, tokens0), (layouts, keys_PxBxQ))
-  return tokens_BxN, logits_PxBxQxV
+  carry = (cache, tokens0, tokens_lib.new_record(tokens0, draw.logp))
+  (_, tokens_BxN, rec_BxNx2), logits_PxBxQxV = jax.lax.scan(step, carry, (layouts, keys_PxBxQ))
+  return tokens_BxN, logits_PxBxQxV, rec_BxNx2
 
 
 def full_step_slots(order, tokens, known, q0, k, *, queries: int):
@@ -191,15 +195,18 @@ def full_step_logits(model: AOGPT, order, tokens, known, q0, k, *, queries: int)
 
 def sample_uncached(model: AOGPT, order, tokens0, tok_keys, passes: Passes, queries: int,
                     draw: Draw):
-  """Same plan and keys as `sample_cached`, but every step re-reads the whole sequence (the
-  prompt is in ``tokens0`` at ranks < m; no block, no prefill)."""
+  """Same plan and keys (and returns) as `sample_cached`, but every step re-reads the whole
+  sequence (the prompt is in ``tokens0`` at ranks < m; no block, no prefill)."""
 
-  def step(tokens_BxN, p):
+  def step(carry, p):
+    tokens_BxN, rec_BxNx2 = carry
     logits_BxQxV, qpos_BxQ, is_q_BxQ = full_step_logits(model, order, tokens_BxN, p.m, p.q0,
                                                         p.k, queries=queries)
-    return tokens_lib.draw_and_commit(
-        tokens_BxN, logits_BxQxV, tokens_lib.token_keys(tok_keys, qpos_BxQ),
+    tokens_BxN, out, rec_BxNx2 = tokens_lib.draw_commit_record(
+        tokens_BxN, rec_BxNx2, logits_BxQxV, tokens_lib.token_keys(tok_keys, qpos_BxQ),
         jnp.where(is_q_BxQ, qpos_BxQ, order.shape[1]), **draw.kwargs())
+    return (tokens_BxN, rec_BxNx2), out
 
-  tokens_BxN, logits_PxBxQxV = jax.lax.scan(step, tokens0, passes)
-  return tokens_BxN, logits_PxBxQxV
+  carry = (tokens0, tokens_lib.new_record(tokens0, draw.logp))
+  (tokens_BxN, rec_BxNx2), logits_PxBxQxV = jax.lax.scan(step, carry, passes)
+  return tokens_BxN, logits_PxBxQxV, rec_BxNx2

@@ -71,6 +71,8 @@ PLANLESS_METHODS = ("ar", "speculative", "adaptive")
 MIN_TEMPERATURE = 1e-6
 # Methods that run one full (uncached) forward per step: one pass per step, no block choice.
 FULL_FORWARD_METHODS = ("uncached", "encoder")
+# Methods that record each drawn token's log-probabilities (`generate(..., return_logp=True)`).
+LOGP_METHODS = ("diffusion", "uncached", "ar")
 
 
 def uses_steps(method: str, policy: str = "max_prob") -> bool:
@@ -198,9 +200,29 @@ class Samples:
                              # [steps, B, V] (ar); speculative: its trace dict
   passes: np.ndarray | None = None   # speculative: model passes each row needed (no prefill);
                                      # adaptive: steps each row took
-  step_of_rank: np.ndarray | None = None   # adaptive: int32 [B, n], the step (0, 1, ..) at
-                                           # which the rank-r position was written; -1 for the
-                                           # prompt's ranks (None for the other samplers)
+  # return_logp=True (LOGP_METHODS), float32 [B, n] in RANK layout (as ``order``), 0 at the
+  # prompt's ranks: the log-probability of each written token under the distribution it was
+  # drawn from (temperature, top-p; 0 when greedy) ...
+  logp: np.ndarray | None = None
+  # ... and under the model's own (temperature 1, top-p 1): what `posttrain.likelihood.
+  # sequence_logp` recomputes from (tokens, order, step_of_rank, prompt).
+  model_logp: np.ndarray | None = None
+  # int32 [B, n]: the step (0, 1, ... over the steps that write something) that wrote each
+  # rank, -1 at the prompt's ranks (diffusion, uncached, ar, adaptive; None for the others).
+  step_of_rank: np.ndarray | None = None
+
+
+def planned_step_of_rank(counts: np.ndarray, prompt_len: np.ndarray) -> np.ndarray:
+  """int32 [B, n] (n = prompt + generated positions of every row): -1 at the prompt's ranks, then
+  the index of the step that wrote each rank, counting only the steps that write something
+  (``counts`` int [B, T] reveals per step, the diffusion plan's)."""
+  counts_BxT, plen_B = np.asarray(counts, np.int64), np.asarray(prompt_len, np.int64)
+  n = int(plen_B[0] + counts_BxT[0].sum())
+  out_BxN = np.full((counts_BxT.shape[0], n), -1, np.int32)
+  for b, row in enumerate(counts_BxT):
+    nz = row[row > 0]
+    out_BxN[b, plen_B[b]:] = np.repeat(np.arange(len(nz)), nz)
+  return out_BxN
 
 
 def as_key(key) -> jax.Array:
@@ -315,13 +337,22 @@ def adaptive_shape(p: Prepared, s: SampleSettings, *, block: int | None = None,
       policy=str(s.policy), threshold=float(s.threshold), cached=cached)
 
 
+def _with_record(toks, logits, rec_BxNx2, order):
+  """(tokens, logits) as before, or (tokens, (logits, the record in rank layout [2, B, n]))."""
+  if rec_BxNx2 is None:
+    return toks, logits
+  return toks, (logits, jnp.moveaxis(orders_lib.permute(rec_BxNx2, order), -1, 0))
+
+
 @model_jit.jit("kind", "shape", "draw", "draft", "queries")
 def sampler_program(model, order, tokens0, prompt_len, tok_keys, passes: Passes | None, *,
                     kind: str, shape: PassShape | None, draw: Draw, draft, queries=None):
   """Every sampler behind one jit: ``kind`` (sample.method) picks it; ``shape`` (planned
-  methods), ``draw`` and ``draft`` (speculative) are static."""
+  methods), ``draw`` and ``draft`` (speculative) are static. With ``draw.logp`` (LOGP_METHODS)
+  the second output is (logits, log-probabilities [2, B, n] in rank layout)."""
   if kind == "ar":
-    return ar_lib.sample_ar(model, tokens0, prompt_len, tok_keys, shape.prefill, draw)
+    return _with_record(*ar_lib.sample_ar(model, tokens0, prompt_len, tok_keys, shape.prefill,
+                                          draw), order)
   if kind == "speculative":
     toks, npasses, trace = spec_lib.sample_speculative(
         model, order, tokens0, prompt_len, tok_keys, draft=draft, temperature=draw.temperature,
@@ -334,18 +365,23 @@ def sampler_program(model, order, tokens0, prompt_len, tok_keys, passes: Passes 
                                                   *passes, shape=shape, draw=draw)
     return toks, (order, steps, step_of_rank, logits)
   if kind == "diffusion":
-    return diffusion.sample_cached(model, order, tokens0, prompt_len, tok_keys, passes, shape,
-                                   draw)
-  fn = {"uncached": diffusion.sample_uncached, "encoder": encoder_lib.sample_encoder}[kind]
+    return _with_record(*diffusion.sample_cached(model, order, tokens0, prompt_len, tok_keys,
+                                                 passes, shape, draw), order)
+  if kind == "uncached":
+    return _with_record(*diffusion.sample_uncached(model, order, tokens0, tok_keys, passes,
+                                                   shape.queries, draw), order)
+  fn = {"encoder": encoder_lib.sample_encoder}[kind]
   return fn(model, order, tokens0, tok_keys, passes, shape.queries, draw)
 
 
 def program_args(p: Prepared, pl: schedules.StepPlan | None, s: SampleSettings, debug: bool,
-                 adaptive: adaptive_lib.AdaptiveShape | None = None, encoder: bool = False):
+                 adaptive: adaptive_lib.AdaptiveShape | None = None, encoder: bool = False,
+                 return_logp: bool = False):
   """The sampler program's arguments and static keywords (``encoder``: the model is the encoder
   MDM, `encoder_model.is_encoder`, which sizes the adaptive sampler without a cache)."""
   draw = Draw(temperature=float(s.temperature), top_p=float(s.top_p),
-              top_p_rule=str(s.top_p_rule), greedy=bool(s.greedy), debug=bool(debug))
+              top_p_rule=str(s.top_p_rule), greedy=bool(s.greedy), debug=bool(debug),
+              logp=bool(return_logp))
   shape, passes, draft, queries = None, None, None, None
   if s.method == "ar":
     shape = PassShape(block=1, queries=1, prefill=int(p.prompt_len.min()))
@@ -372,11 +408,20 @@ def compile_sampler(model: AOGPT, p: Prepared, pl: schedules.StepPlan | None,
     return model_jit.compile_ahead(sampler_program, model, *args, **kw)
 
 
+def check_return_logp(s: SampleSettings, return_logp: bool) -> None:
+  if return_logp and s.method not in LOGP_METHODS:
+    raise ValueError(f"return_logp: recorded for sample.method in {LOGP_METHODS}, got "
+                     f"{s.method!r}")
+
+
 def sample_batch(model: AOGPT, p: Prepared, pl: schedules.StepPlan | None, s: SampleSettings,
-                 *, debug: bool = False,
-                 adaptive: adaptive_lib.AdaptiveShape | None = None) -> Samples:
-  """``adaptive``: the adaptive sampler's static sizes (None: `adaptive_shape` of ``p``)."""
-  args, kw = program_args(p, pl, s, debug, adaptive, encoder_model.is_encoder(model.cfg))
+                 *, debug: bool = False, adaptive: adaptive_lib.AdaptiveShape | None = None,
+                 return_logp: bool = False) -> Samples:
+  """``adaptive``: the adaptive sampler's static sizes (None: `adaptive_shape` of ``p``).
+  ``return_logp``: fill `Samples.logp` and ``model_logp`` (LOGP_METHODS)."""
+  check_return_logp(s, return_logp)
+  args, kw = program_args(p, pl, s, debug, adaptive, encoder_model.is_encoder(model.cfg),
+                          return_logp)
   with tokens_lib.exact_sampling():
     toks, logits = model_jit.call(sampler_program, model, *args, **kw)
   if s.method == "adaptive":
@@ -388,17 +433,34 @@ def sample_batch(model: AOGPT, p: Prepared, pl: schedules.StepPlan | None, s: Sa
     passes, trace = logits
     trace = None if trace is None else {k: np.asarray(v) for k, v in trace.items()}
     return Samples(np.asarray(toks), p.order, pl, trace, np.asarray(passes))
-  return Samples(np.asarray(toks), p.order, pl, None if logits is None else np.asarray(logits))
+  lp = None
+  if return_logp:
+    logits, lp = logits
+    lp = np.asarray(lp)
+  if s.method == "ar":
+    step_of_rank = np.where(np.arange(s.length)[None, :] < p.prompt_len[:, None], -1,
+                            np.arange(s.length)[None, :] - p.prompt_len[:, None])
+  else:
+    step_of_rank = planned_step_of_rank(p.counts, p.prompt_len)
+  return Samples(np.asarray(toks), p.order, pl, None if logits is None else np.asarray(logits),
+                 logp=None if lp is None else lp[0], model_logp=None if lp is None else lp[1],
+                 step_of_rank=step_of_rank.astype(np.int32)
+                 if s.method in LOGP_METHODS else None)
 
 
 def generate(model: AOGPT, key: jax.Array, s: SampleSettings, *, prompt=None,
              batch: int | None = None, sample_offset: int = 0, block: int | None = None,
-             debug: bool = False, reference: bool = False) -> Samples:
+             debug: bool = False, reference: bool = False, return_logp: bool = False) -> Samples:
   """Samples one batch. ``prompt`` = (tokens int[B, n], mask bool[B, n]) (see
   `sampling.prompts`); row b uses the key ``fold_in(key, sample_offset + b)``. ``block``: slots
   per forward pass (None: chosen by a cost model; the samples do not depend on it). ``debug``
   returns every pass's query logits. ``reference`` (adaptive only): the uncached reference, a
-  full explicit-mask forward per step (the test oracle; the same samples)."""
+  full explicit-mask forward per step (the test oracle; the same samples). ``return_logp``
+  (diffusion, uncached, ar): also record every drawn token's log-probability, under the
+  distribution drawn from and the model's own (`Samples.logp`, ``model_logp``; a log-softmax
+  per query, plus a second top-p cut-off when top-p < 1), with ``step_of_rank``: the rollout's
+  exact likelihood, as `posttrain.likelihood.sequence_logp` recomputes it."""
+  check_return_logp(s, return_logp)
   p = prepare(model.cfg, key, s, prompt=prompt, batch=batch, sample_offset=sample_offset)
   if s.method == "adaptive":
     encoder = encoder_model.is_encoder(model.cfg)
@@ -411,4 +473,4 @@ def generate(model: AOGPT, key: jax.Array, s: SampleSettings, *, prompt=None,
     raise ValueError("generate: reference=True is for sample.method='adaptive' (the uncached "
                      "twin of 'diffusion' is method='uncached')")
   pl = None if s.method in PLANLESS_METHODS else plan([p], block=block, method=s.method)[0]
-  return sample_batch(model, p, pl, s, debug=debug)
+  return sample_batch(model, p, pl, s, debug=debug, return_logp=return_logp)

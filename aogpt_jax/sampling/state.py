@@ -3,7 +3,8 @@
     Passes     the host-planned per-pass bookkeeping (`schedules.StepPlan`): frontier m, first
                query q0, queries k, catch-up range; int32 [P, B] (scan inputs; [B] per pass)
     PassShape  static block sizes: slots per pass S, query slots Q, prefill slots
-    Draw       static token-draw settings (temperature, top-p and its rule, greedy, debug)
+    Draw       static token-draw settings (temperature, top-p and its rule, greedy, debug, and
+               whether to record each drawn token's log-probabilities)
 
 Passes is a pytree (its arrays are traced); PassShape and Draw have no array leaves and are
 hashable, so they are jit static arguments: one compile per shape and setting.
@@ -41,7 +42,8 @@ class Draw:
   top_p_rule: str = struct.field(pytree_node=False, default="published")
   greedy: bool = struct.field(pytree_node=False, default=False)
   debug: bool = struct.field(pytree_node=False, default=False)
+  logp: bool = struct.field(pytree_node=False, default=False)   # record log-probs (`Samples.logp`)
 
   def kwargs(self) -> dict[str, Any]:
-    """The keyword arguments of `tokens.draw_and_commit`."""
-    return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+    """The keyword arguments of `tokens.draw_and_commit` (all but ``logp``)."""
+    return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "logp"}

@@ -363,6 +363,45 @@ def draw_and_commit(tokens: jax.Array, logits: jax.Array, keys: jax.Array, commi
   return commit_tokens(tokens, commit, new_BxQ), (logits if debug else None)
 
 
+def drawn_logp(logits: jax.Array, new: jax.Array, *, temperature: float, top_p: float,
+               top_p_rule: str, greedy: bool) -> jax.Array:
+  """float32 [..., 2]: the log-probability of each drawn token ``new`` [...] (from ``logits``
+  [..., V]) under [0] the distribution it was drawn from (`filter_logits`: temperature, top-p;
+  0 when ``greedy``, a point mass) and [1] the model's own (temperature 1, top-p 1), each
+  computed as a float32 log-softmax where that is the same distribution."""
+  take = lambda x: jnp.take_along_axis(x, new[..., None].astype(jnp.int32), axis=-1)[..., 0]
+  l32 = logits.astype(jnp.float32)
+  model_lp = take(l32) - jax.nn.logsumexp(l32, axis=-1)
+  if greedy:
+    drawn_lp = jnp.zeros_like(model_lp)
+  elif temperature == 1.0 and not _filters(top_p):
+    drawn_lp = model_lp
+  else:
+    x = filter_logits(logits, temperature=temperature, top_p=top_p, top_p_rule=top_p_rule)
+    drawn_lp = (take(x) - jax.nn.logsumexp(x, axis=-1)).astype(jnp.float32)
+  return jnp.stack([drawn_lp, model_lp], axis=-1)
+
+
+def draw_commit_record(tokens: jax.Array, record: jax.Array | None, logits: jax.Array,
+                       keys: jax.Array, commit: jax.Array, *, temperature: float, top_p: float,
+                       top_p_rule: str, greedy: bool, debug: bool):
+  """`draw_and_commit` that also records: with ``record`` (float32 [B, n, 2], ORIGINAL order; or
+  None) each drawn token's `drawn_logp` is written at its position ``commit`` (n: nowhere).
+  Returns (tokens, the logits if ``debug`` else None, record)."""
+  new_BxQ = sample_tokens(logits, keys, temperature=temperature, top_p=top_p,
+                          top_p_rule=top_p_rule, greedy=greedy)
+  if record is not None:
+    lp_BxQx2 = drawn_logp(logits, new_BxQ, temperature=temperature, top_p=top_p,
+                          top_p_rule=top_p_rule, greedy=greedy)
+    record = layers.row_set(record, commit, lp_BxQx2)
+  return commit_tokens(tokens, commit, new_BxQ), (logits if debug else None), record
+
+
+def new_record(tokens: jax.Array, on: bool) -> jax.Array | None:
+  """The zeroed log-probability record of `draw_commit_record` (None when not recording)."""
+  return jnp.zeros(tokens.shape + (2,), jnp.float32) if on else None
+
+
 CDF_BLOCK = 128   # inverse_cdf: tokens per block of the two-level CDF
 
 

@@ -1,0 +1,290 @@
+"""GRPO with verifiable rewards and EXACT per-token ratios (issue #43).
+
+Each update draws P prompts (a task's training puzzles: ``task.train_batch``), samples G
+rollouts of each with the model (`sampling.generate(..., return_logp=True)`: every rollout
+carries its order, its steps and the log-probability of every written token under the
+distribution it was drawn from), scores them with a reward, and takes group-relative advantages
+``A = (R - mean_group R) / (std_group R + eps)`` (``scale_rewards=False``: no division, Dr.
+GRPO). The loss, per answer token t of rollout i, averaged over all answer tokens of the batch:
+
+    -min(ratio A_i, clip(ratio, 1 - eps, 1 + eps) A_i) + beta KL_t,
+    ratio = exp(logp_new(t) - logp_old(t))
+
+``logp_new`` is `likelihood.sequence_logp` (one teacher-forced pass, exact, with gradients) at
+the sampling temperature; ``logp_old`` is what the sampler recorded (no extra pass; the two are
+equal to ~1e-6 at the same weights: tests/test_posttrain_likelihood.py). ``KL_t`` (``beta`` > 0,
+a frozen reference model of the same shape) is the exact KL(new || ref) of the two models'
+conditionals at token t, summed over the vocabulary (no k3 estimator: both conditionals are
+exact). ``inner_steps`` > 1 reuses a batch of rollouts for several updates (PPO-style; the
+clip then matters).
+
+Rewards are a registry (`REWARDS`, `register_reward`) of ``fn(tokens, puzzles, task) -> [R]``
+float: ``tokens`` int [R, n] the rollouts (original order), ``puzzles`` the prompts' rows
+repeated per rollout (``{"tokens", "prompt"}`` [R, n], the task's reference answers in
+``tokens``), ``task`` the task (or None). Built in: ``solved`` and ``cell_accuracy`` (the task's
+verifier). A user reward, worked example (the fraction of answer cells that are 0)::
+
+    from aogpt_jax.posttrain import grpo
+
+    @grpo.register_reward("zeros")
+    def zeros(tokens, puzzles, task):
+      answer = ~puzzles["prompt"]
+      return ((tokens == 0) & answer).sum(1) / np.maximum(answer.sum(1), 1)
+
+    trainer = grpo.GRPO(model, grpo.GRPOSettings(reward="zeros", group_size=8), task=task)
+    for i in range(50):
+      metrics = trainer.step(jax.random.key(i), trainer.task_prompts(seed=0, index=i))
+    # metrics["reward"]: the batch's mean reward before the update; the model is updated in place
+
+(or pass the function itself: ``GRPOSettings(reward=zeros)``).
+
+Shape suffixes: G rollouts per prompt, P prompts, R = P G rollouts, N sequence length n, V vocab.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+from aogpt_jax.model import orders as orders_lib
+from aogpt_jax.model.aogpt import AOGPT
+from aogpt_jax.posttrain import likelihood
+from aogpt_jax.sampling import sampler as sampler_lib
+
+RewardFn = Callable[[np.ndarray, dict, Any], np.ndarray]
+REWARDS: dict[str, RewardFn] = {}
+
+
+def register_reward(name: str) -> Callable[[RewardFn], RewardFn]:
+  """Registers ``fn(tokens, puzzles, task) -> float [R]`` as reward ``name``."""
+
+  def deco(fn: RewardFn) -> RewardFn:
+    if name in REWARDS:
+      raise ValueError(f"grpo reward {name!r} is already registered")
+    REWARDS[name] = fn
+    return fn
+
+  return deco
+
+
+def _verified(field: str) -> RewardFn:
+  def fn(tokens, puzzles, task):
+    if task is None:
+      raise ValueError(f"rl.reward: {field!r} needs a task (its verifier), got task=None")
+    return np.asarray(task.verify(tokens, puzzles)[field], np.float64)
+  fn.__doc__ = f"The task verifier's ``{field}`` per rollout."
+  return fn
+
+
+register_reward("solved")(_verified("solved"))
+register_reward("cell_accuracy")(_verified("cell_accuracy"))
+
+
+def get_reward(reward: str | RewardFn) -> RewardFn:
+  if callable(reward):
+    return reward
+  if reward not in REWARDS:
+    raise ValueError(f"rl.reward: unknown reward {reward!r}; expected one of "
+                     f"{', '.join(sorted(REWARDS))} or a function (tokens, puzzles, task) -> [R]")
+  return REWARDS[reward]
+
+
+@dataclasses.dataclass(frozen=True)
+class GRPOSettings:
+  reward: Any = "solved"           # a REWARDS name or fn(tokens, puzzles, task) -> [R]
+  group_size: int = 8              # G rollouts per prompt (>= 2: advantages are group-relative)
+  clip_eps: float = 0.2            # ratio clip
+  kl_coef: float = 0.0             # beta: exact per-token KL to the reference model (> 0: needed)
+  scale_rewards: bool = True       # divide advantages by the group's std (False: Dr. GRPO)
+  inner_steps: int = 1             # updates per batch of rollouts
+  lr: float = 1e-5
+  weight_decay: float = 0.0
+  max_grad_norm: float = 1.0       # 0: no clipping
+  steps: int = 64                  # sampling: steps per rollout (parallel generation below n)
+  order: Any = "random"            # sampling: generation order
+  method: str = "diffusion"        # diffusion | ar | uncached (the samplers that record logp)
+  temperature: float = 1.0
+
+  def sample_settings(self, length: int) -> sampler_lib.SampleSettings:
+    return sampler_lib.SampleSettings(length=length, steps=min(int(self.steps), length),
+                                      order=self.order, method=self.method,
+                                      temperature=float(self.temperature))
+
+  def validate(self, model: AOGPT, reference: AOGPT | None = None) -> None:
+    """One-line ValueErrors naming the key, before anything compiles."""
+    get_reward(self.reward)
+    g = self.group_size
+    if isinstance(g, bool) or not isinstance(g, int) or g < 2:
+      raise ValueError(f"rl.group_size: must be an int >= 2 (advantages are relative to the "
+                       f"group), got {g!r}")
+    if not 0 < self.clip_eps < 1:
+      raise ValueError(f"rl.clip_eps: must be in (0, 1), got {self.clip_eps!r}")
+    if not self.kl_coef >= 0:
+      raise ValueError(f"rl.kl_coef: must be >= 0, got {self.kl_coef!r}")
+    if int(self.inner_steps) < 1:
+      raise ValueError(f"rl.inner_steps: must be >= 1, got {self.inner_steps!r}")
+    if not self.lr > 0:
+      raise ValueError(f"rl.lr: must be > 0, got {self.lr!r}")
+    if self.method not in sampler_lib.LOGP_METHODS:
+      raise ValueError(f"rl.method: must be one of {sampler_lib.LOGP_METHODS} (the samplers "
+                       f"that record log-probabilities), got {self.method!r}")
+    if self.kl_coef > 0 and reference is None:
+      raise ValueError(f"rl.kl_coef: {self.kl_coef} > 0 needs a reference model, got None")
+    if reference is not None:
+      shape = lambda m: jax.tree.map(lambda x: (x.shape, x.dtype), nnx.state(m, nnx.Param))  # noqa: E731
+      if reference.cfg.vocab_size != model.cfg.vocab_size or shape(reference) != shape(model):
+        raise ValueError("rl.reference: the reference model's parameters differ in shape from "
+                         "the policy's (expected the same architecture, e.g. the SFT model)")
+
+
+def group_advantages(rewards: np.ndarray, group_size: int, scale: bool = True,
+                     eps: float = 1e-6) -> np.ndarray:
+  """float32 [R]: ``rewards`` [R] (rows grouped: prompt p's rollouts are rows p G .. p G + G - 1)
+  minus their group's mean, divided by the group's std (population) + ``eps`` when ``scale``."""
+  r_PxG = np.asarray(rewards, np.float64).reshape(-1, group_size)
+  a_PxG = r_PxG - r_PxG.mean(1, keepdims=True)
+  if scale:
+    a_PxG = a_PxG / (r_PxG.std(1, keepdims=True) + eps)
+  return a_PxG.reshape(-1).astype(np.float32)
+
+
+def token_objective(logp_new, logp_old, adv, scored, clip_eps: float, kl=None,
+                    kl_coef: float = 0.0):
+  """(loss, metrics): the clipped surrogate per token (module docstring), minus, averaged over
+  the ``scored`` (answer) tokens of the batch; all [R, n] but ``adv`` [R]."""
+  ratio_RxN = jnp.exp(logp_new - logp_old)
+  adv_Rx1 = adv[:, None]
+  surr_RxN = jnp.minimum(ratio_RxN * adv_Rx1,
+                         jnp.clip(ratio_RxN, 1 - clip_eps, 1 + clip_eps) * adv_Rx1)
+  loss_RxN = -surr_RxN
+  if kl is not None:
+    loss_RxN = loss_RxN + kl_coef * kl
+  count = jnp.maximum(jnp.sum(scored), 1)
+  mean = lambda x: jnp.sum(jnp.where(scored, x, 0.0)) / count  # noqa: E731
+  metrics = {"ratio": mean(ratio_RxN),
+             "clipped": mean((jnp.abs(ratio_RxN - 1) > clip_eps).astype(jnp.float32))}
+  if kl is not None:
+    metrics["kl"] = mean(kl)
+  return mean(loss_RxN), metrics
+
+
+def exact_kl(logits_new, logits_ref):
+  """[..]: KL(softmax(new) || softmax(ref)) summed over the vocabulary (padding ids, -inf in
+  both, contribute 0)."""
+  lp_new = jax.nn.log_softmax(logits_new, axis=-1)
+  lp_ref = jax.nn.log_softmax(logits_ref, axis=-1)
+  live = jnp.isfinite(lp_new) & jnp.isfinite(lp_ref)     # no inf - inf, in value or gradient
+  lp_new, lp_ref = jnp.where(live, lp_new, 0.0), jnp.where(live, lp_ref, 0.0)
+  return jnp.sum(jnp.where(live, jnp.exp(lp_new) * (lp_new - lp_ref), 0.0), axis=-1)
+
+
+def grpo_loss(model: AOGPT, batch: dict, *, clip_eps: float, temperature: float = 1.0,
+              reference: AOGPT | None = None, kl_coef: float = 0.0):
+  """(loss, metrics) of one batch of rollouts: ``batch`` holds tokens, order, steps, prompt,
+  old_logp [R, n] and adv [R]. Differentiable in ``model``."""
+  logits_RxNxV = likelihood.rollout_logits(model, batch["tokens"], batch["order"],
+                                           batch["steps"], batch["prompt"])
+  logp_RxN = likelihood.token_logp(logits_RxNxV, batch["tokens"], batch["order"],
+                                   batch["prompt"], temperature)
+  kl_RxN = None
+  if reference is not None and kl_coef > 0:
+    ref_RxNxV = jax.lax.stop_gradient(likelihood.rollout_logits(
+        reference, batch["tokens"], batch["order"], batch["steps"], batch["prompt"]))
+    kl_RxN = exact_kl(logits_RxNxV, ref_RxNxV)
+  scored_RxN = orders_lib.scored_ranks(batch["prompt"])
+  return token_objective(logp_RxN, batch["old_logp"], batch["adv"], scored_RxN, clip_eps,
+                         kl_RxN, kl_coef)
+
+
+class GRPO:
+  """The GRPO loop's state: the policy (updated in place), the optimizer and a frozen reference.
+  `step(key, prompts)` = rollouts, rewards, advantages and ``inner_steps`` jitted updates."""
+
+  def __init__(self, model: AOGPT, settings: GRPOSettings, *, task=None,
+               reference: AOGPT | None = None):
+    settings.validate(model, reference)
+    self.model, self.settings, self.task = model, settings, task
+    self.reward_fn = get_reward(settings.reward)
+    self.reference = reference if settings.kl_coef > 0 else None
+    chain = [optax.clip_by_global_norm(settings.max_grad_norm)] if settings.max_grad_norm else []
+    self.tx = optax.chain(*chain, optax.adamw(settings.lr, b1=0.9, b2=0.95,
+                                              weight_decay=settings.weight_decay))
+    self.graphdef, params, self.rest = nnx.split(model, nnx.Param, ...)
+    self.opt_state = self.tx.init(params)
+    self.ref_graphdef, self.ref_state = (None, None) if self.reference is None else nnx.split(
+        self.reference)
+    self._update = jax.jit(self._update_fn)
+
+  def _update_fn(self, params, rest, opt_state, ref_state, batch):
+    s = self.settings
+    ref = None if ref_state is None else nnx.merge(self.ref_graphdef, ref_state)
+
+    def loss_fn(p):
+      m = nnx.merge(self.graphdef, p, rest)
+      return grpo_loss(m, batch, clip_eps=s.clip_eps, temperature=s.temperature, reference=ref,
+                       kl_coef=s.kl_coef)
+
+    (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
+    updates, opt_state = self.tx.update(grads, opt_state, params)
+    metrics = dict(metrics, loss=loss, grad_norm=optax.tree.norm(grads))
+    return optax.apply_updates(params, updates), opt_state, metrics
+
+  def task_prompts(self, seed: int, index: int, count: int = 4) -> dict:
+    """``count`` of the task's training puzzles (``task.train_batch(seed, index, count)``)."""
+    if self.task is None:
+      raise ValueError("rl.task: task_prompts needs a task, got None")
+    return self.task.train_batch(seed, index, count)
+
+  def check_prompts(self, prompts: dict) -> None:
+    tokens, prompt = np.asarray(prompts["tokens"]), np.asarray(prompts["prompt"])
+    if tokens.ndim != 2 or tokens.shape != prompt.shape:
+      raise ValueError(f"rl.prompts: tokens {tokens.shape} and prompt {prompt.shape} must both "
+                       f"be [P, n]")
+    n = tokens.shape[1]
+    if n > self.model.cfg.block_size:
+      raise ValueError(f"rl.prompts: sequence length {n} exceeds model.block_size "
+                       f"{self.model.cfg.block_size}")
+    full = prompt.all(axis=1)
+    if full.any():
+      raise ValueError(f"rl.prompts: row {int(np.argmax(full))} is all prompt ({n} of {n} "
+                       f"positions given); expected a prompt shorter than the sequence")
+
+  def rollouts(self, key: jax.Array, prompts: dict) -> tuple[sampler_lib.Samples, dict]:
+    """G samples per prompt row (rows repeated: prompt p's are rows p G .. p G + G - 1) and the
+    repeated puzzles."""
+    self.check_prompts(prompts)
+    g = self.settings.group_size
+    rep = {k: np.repeat(np.asarray(prompts[k]), g, axis=0) for k in ("tokens", "prompt")}
+    toks = np.where(rep["prompt"], rep["tokens"], 0).astype(np.int32)
+    s = self.settings.sample_settings(toks.shape[1])
+    out = sampler_lib.generate(self.model, key, s, prompt=(toks, rep["prompt"]),
+                               return_logp=True)
+    return out, rep
+
+  def step(self, key: jax.Array, prompts: dict) -> dict[str, float]:
+    """One GRPO step on ``prompts`` ({"tokens", "prompt"} [P, n]); returns host metrics (reward:
+    the rollouts' mean reward, before the update)."""
+    s = self.settings
+    out, puzzles = self.rollouts(key, prompts)
+    rewards = np.asarray(self.reward_fn(out.tokens, puzzles, self.task), np.float64)
+    if rewards.shape != (out.tokens.shape[0],):
+      raise ValueError(f"rl.reward: returned shape {rewards.shape}; expected "
+                       f"({out.tokens.shape[0]},), one reward per rollout")
+    batch = {"tokens": jnp.asarray(out.tokens), "order": jnp.asarray(out.order),
+             "steps": jnp.asarray(out.step_of_rank), "prompt": jnp.asarray(puzzles["prompt"]),
+             "old_logp": jnp.asarray(out.logp),
+             "adv": jnp.asarray(group_advantages(rewards, s.group_size, s.scale_rewards))}
+    params = nnx.state(self.model, nnx.Param)
+    metrics = {}
+    for _ in range(int(s.inner_steps)):
+      params, self.opt_state, metrics = self._update(params, self.rest, self.opt_state,
+                                                     self.ref_state, batch)
+    nnx.update(self.model, params)
+    return dict({k: float(v) for k, v in metrics.items()}, reward=float(rewards.mean()),
+                reward_std=float(rewards.std()))
