@@ -265,3 +265,11 @@ def load(spec: str, *, target: str = "adaln", seed: int = 0):
   if tok:
     prov["tokenizer"] = tok
   return m, cfg, prov
+
+
+def load_any(spec: str, which: str = "ema", *, target: str = "adaln", seed: int = 0):
+  """Any `from_gpt.is_spec` SPEC (``causal:``, ``gpt2:``, ``l2r:``) -> (AOGPT, ModelConfig,
+  provenance)."""
+  if str(spec).startswith("causal:"):
+    return load(str(spec), target=target, seed=seed)
+  return from_gpt.load(spec, which, target=target, seed=seed)

@@ -316,16 +316,13 @@ def with_weights(cfg: model_lib.ModelConfig, flat: Mapping[str, Any], seed: int 
 
 
 def load(spec: str, which: str = "ema", *, target: str = "adaln", seed: int = 0):
-  """``gpt2:...``, ``l2r:...`` or ``causal:...`` -> (AOGPT, ModelConfig, provenance)."""
+  """``gpt2:...`` or ``l2r:...`` -> (AOGPT, ModelConfig, provenance); `from_causal.load_any`
+  also takes ``causal:...``."""
   spec = str(spec)
-  if spec.startswith("causal:"):
-    from aogpt_jax.checkpoints import from_causal  # pylint: disable=g-import-not-at-top
-    return from_causal.load(spec, target=target, seed=seed)
   if spec.startswith("gpt2:"):
     m, cfg, meta = from_gpt2(gpt2_dir(spec[len("gpt2:"):]), target=target, seed=seed)
     return m, cfg, {"source": spec, "step": None, "weights": "gpt2", **meta}
   if spec.startswith("l2r:"):
     m, cfg, meta = load_l2r(spec[len("l2r:"):], which, target=target, seed=seed)
     return m, cfg, {"source": spec, **meta}
-  raise ConversionError(f"{spec}: expected gpt2:DIR, gpt2:OWNER/REPO, causal:DIR or "
-                        f"l2r:WORKDIR")
+  raise ConversionError(f"{spec}: expected gpt2:DIR, gpt2:OWNER/REPO or l2r:WORKDIR")

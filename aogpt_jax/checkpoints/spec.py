@@ -29,6 +29,7 @@ import logging
 import os
 
 from aogpt_jax.checkpoints import convert
+from aogpt_jax.checkpoints import from_causal
 from aogpt_jax.checkpoints import from_gpt
 from aogpt_jax.checkpoints import hub
 
@@ -110,7 +111,7 @@ def load(spec: str, which: str = "ema", trust_pickle: bool = False):
                               f"got {which!r}")
   if from_gpt.is_spec(spec):
     try:
-      return from_gpt.load(spec, which)
+      return from_causal.load_any(spec, which)
     except from_gpt.ConversionError as err:
       msg = str(err)
       raise CheckpointSpecError(msg if msg.startswith(spec) else f"--checkpoint={spec}: {msg}"
