@@ -305,3 +305,42 @@ def test_defaults_are_the_published_architecture():
     cfg.replace(mlp="relu")
   with pytest.raises(ValueError, match=r"^model.rope_query: must be one of"):
     cfg.replace(rope_query="key")
+
+
+def _a2o_qwen():
+  import importlib.util
+  spec = importlib.util.spec_from_file_location("a2o_qwen", os.path.join(
+      os.path.dirname(__file__), "..", "configs", "a2o_qwen.py"))
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  return mod
+
+
+@pytest.mark.slow
+@pytest.mark.torch
+def test_a2o_qwen_tiny_converts_a_random_qwen2_and_starts_training_from_it(tmp_path):
+  """configs/a2o_qwen.py: the full recipe's model is Qwen2.5-0.5B's conversion; ``:tiny``
+  writes a random Qwen2, and a run (lr 0) starts from exactly its converted weights."""
+  pytest.importorskip("transformers")
+  from aogpt_jax import config as config_lib
+  from aogpt_jax.checkpoints import store
+  from aogpt_jax.train import loop
+  mod = _a2o_qwen()
+  big = mod.get_config("folder=/nowhere/qwen")
+  assert big.train.init_from == "causal:/nowhere/qwen?block_size=2048"
+  assert big.data.tokenizer == "causal:/nowhere/qwen" and big.model.n_kv_head == 2
+  assert (big.model.mlp_hidden, big.model.vocab_size, big.model.rope_theta) == (4864, 151936, 1e6)
+  cfg = mod.get_config(f"tiny,folder={tmp_path / 'src'}")
+  mc = config_lib.resolve(cfg)
+  want, wcfg, _ = spec_lib.load(cfg.train.init_from)
+  assert {f: getattr(mc, f) for f in from_gpt.FUNCTION_FIELDS} == {
+      f: getattr(wcfg, f) for f in from_gpt.FUNCTION_FIELDS}
+  from aogpt_jax import recipes
+  recipes.apply(cfg, {"total_steps": 1, "checkpoint_every": 1, "optimizer.lr": 0.0,
+                      "batch_size": 8, "eval_every": 0, "data.cache_dir": str(tmp_path / "c")})
+  loop.train(cfg, str(tmp_path / "run"))
+  flat = lambda m: from_gpt.flatten(nnx.to_pure_dict(nnx.state(m, nnx.Param)))
+  ref, got = flat(want), flat(store.load_model(str(tmp_path / "run"), which="params")[0])
+  assert sorted(got) == sorted(ref)
+  for k in ref:
+    np.testing.assert_array_equal(got[k], ref[k], err_msg=k)
