@@ -12,6 +12,7 @@ HLO. Nothing here allocates a parameter: every input is a `jax.ShapeDtypeStruct`
 
 from __future__ import annotations
 
+import pathlib
 import re
 import time
 
@@ -98,6 +99,25 @@ def measure(lower) -> dict:
           "collective_sources": collective_sources(hlo)}
 
 
+# Sizes that are a converted Hugging Face model (checkpoints/from_causal.py) of this shape: the
+# AO-GPT that configs/a2o_qwen.py adapts (random weights: shapes only).
+CONVERTED = {"qwen2.5-0.5b": "QWEN25_05B"}
+
+
+def converted_model(size: str) -> model_lib.ModelConfig:
+  """The AO-GPT a ``causal:`` conversion of ``size`` builds (its config.json from
+  configs/a2o_qwen.py), at block_size 2048 (the recipe's)."""
+  import importlib.util  # pylint: disable=import-outside-toplevel
+  from aogpt_jax.checkpoints import from_causal  # pylint: disable=import-outside-toplevel
+  path = pathlib.Path(__file__).resolve().parent.parent / "configs" / "a2o_qwen.py"
+  spec = importlib.util.spec_from_file_location("a2o_qwen", path)
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  hf = getattr(mod, CONVERTED[size])
+  return from_causal.model_config({**from_causal.DEFAULTS[hf["model_type"]], **hf},
+                                  block_size=2048)
+
+
 def setup(size: str, data: int, fsdp: int, tensor: int, per_device: int, seq_len: int,
           overrides: dict | None = None, devices=None):
   """(run config, model config, mesh) of the published recipe for ``size`` on this mesh."""
@@ -106,7 +126,7 @@ def setup(size: str, data: int, fsdp: int, tensor: int, per_device: int, seq_len
   recipes.apply(cfg, {"mesh.data": data, "mesh.fsdp": fsdp, "mesh.tensor": tensor,
                       "batch_size": per_device * data * fsdp, "microbatches": 1,
                       "seq_len": seq_len})
-  mc = model_lib.preset(size)
+  mc = converted_model(size) if size in CONVERTED else model_lib.preset(size)
   # The recipe's model settings (bf16, loss_chunk, remat, ...), then the caller's overrides.
   recipe = {k: v for k, v in cfg.model.items() if k != "preset" and v is not None
             and k in RECIPE_MODEL_FIELDS}

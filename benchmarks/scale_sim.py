@@ -7,6 +7,8 @@ parameter is ever allocated; each mesh runs in its own process because the fake 
 
   python benchmarks/scale_sim.py                          # Small and Medium, 5 meshes, 3 programs
   python benchmarks/scale_sim.py --sizes=small --meshes=8:data --programs=train --depth=full
+  python benchmarks/scale_sim.py --sizes=qwen2.5-0.5b --meshes=1:single --seq_len=2048 \
+      --per_device=8 --programs=train,sample     # a converted Qwen2.5-0.5B (configs/a2o_qwen.py)
   python benchmarks/scale_sim.py --sizes=small --meshes=8:fsdp \
       --variants='[{"attention_impl": "xla"}, {"attention_impl": "blockwise"}]'
 
@@ -37,7 +39,7 @@ import common  # noqa: E402
 # mesh name -> (data, fsdp, tensor)
 MESHES = {"8:data": (8, 1, 1), "8:fsdp": (1, 8, 1), "2x4:data+tensor": (2, 1, 4),
           "64:fsdp": (1, 64, 1), "256:data+fsdp": (4, 64, 1), "1:single": (1, 1, 1)}
-DEPTH = {"small": 12, "medium": 24}
+DEPTH = {"small": 12, "medium": 24, "qwen2.5-0.5b": 24}
 
 
 def compile_step(size, data, fsdp, tensor, per_device, seq_len, overrides=None) -> dict:

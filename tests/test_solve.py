@@ -62,6 +62,20 @@ def test_solve_keeps_givens_and_reports_the_verifiers_rate(model, settings):
   assert [r["output"] for r in res.rows] == [r["output"] for r in res2.rows]
 
 
+@pytest.mark.parametrize("method", ["encoder", "adaptive"])
+def test_solve_with_the_encoder_mdm(method):
+  from aogpt_jax.model import encoder as encoder_lib
+  enc = encoder_lib.make_encoder(model_lib.ModelConfig(
+      vocab_size=64, valid_vocab_size=4, block_size=16, n_layer=1, n_head=2, n_embd=32,
+      target_dim=8), rngs=nnx.Rngs(0))
+  puzzles = TASK.heldout(0, 6)
+  res = solve_lib.solve(enc, TASK, puzzles, SampleSettings(length=16, greedy=True, method=method),
+                        key=jax.random.key(0), warm=False)
+  _check_rows(res, puzzles)
+  answer = 16 - puzzles["prompt"].sum(1)
+  assert [r["steps"] for r in res.rows] == answer.tolist()     # one cell per step
+
+
 def test_early_errors_and_interval_against_hand_made_rows():
   ref = np.array([[0, 1, 2, 3], [0, 1, 2, 3]])
   given = np.array([[True, False, False, False], [False, False, True, True]])

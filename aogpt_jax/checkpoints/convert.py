@@ -14,7 +14,8 @@ embedding added to the input, head tied to ``wte`` without bias). PyTorch Linear
     python -m aogpt_jax.checkpoints.convert export --workdir WORKDIR --which ema --out DIR \\
         [--layout aogpt_jax|published]
     python -m aogpt_jax.checkpoints.convert from-gpt --spec gpt2:~/models/gpt2 --out DIR
-        # a GPT-2 (or l2r:WORKDIR) as the AO-GPT with the same L2R logits (checkpoints/from_gpt.py)
+        # a GPT-2 (or causal:DIR, l2r:WORKDIR) as the AO-GPT with the same L2R logits
+        # (checkpoints/from_gpt.py, checkpoints/from_causal.py)
 
 torch is imported lazily, only to read ``.pt`` files (requirements-extra.txt).
 """
@@ -411,9 +412,11 @@ def main(argv=None) -> None:
                         "model card README.md (architecture, training recipe, WORKDIR/eval tables)")
   exp.add_argument("--layout", default="aogpt_jax", choices=("aogpt_jax", "published"))
   gpt = sub.add_parser("from-gpt", parents=[common],
-                       help="a left-to-right GPT (gpt2:DIR, gpt2:OWNER/REPO, l2r:WORKDIR) -> an "
-                            "AO-GPT folder that computes the same logits under the L2R order")
-  gpt.add_argument("--spec", required=True, help="gpt2:DIR, gpt2:OWNER/REPO or l2r:WORKDIR")
+                       help="a left-to-right GPT (gpt2:DIR, gpt2:OWNER/REPO, causal:DIR, "
+                            "l2r:WORKDIR) -> an AO-GPT folder that computes the same logits "
+                            "under the L2R order")
+  gpt.add_argument("--spec", required=True,
+                   help="gpt2:DIR, gpt2:OWNER/REPO, causal:DIR[?block_size=N] or l2r:WORKDIR")
   gpt.add_argument("--out", required=True, help="the safetensors folder (new or empty)")
   gpt.add_argument("--which", default="ema", choices=("ema", "params"), help="l2r: weights")
   gpt.add_argument("--target", default="adaln", help="target conditioning of the AO-GPT")
@@ -473,9 +476,9 @@ def _run(a: argparse.Namespace) -> None:
 
 def _from_gpt(a: argparse.Namespace) -> None:
   """``convert from-gpt``: writes the converted AO-GPT like ``import`` does (never over files)."""
-  from aogpt_jax.checkpoints import from_gpt  # pylint: disable=g-import-not-at-top
+  from aogpt_jax.checkpoints import from_causal  # pylint: disable=g-import-not-at-top
   _check_empty_target(a.out, "--out")   # never over a run's config.json or another export
-  m, cfg, prov = from_gpt.load(a.spec, a.which, target=a.target, seed=a.seed)
+  m, cfg, prov = from_causal.load_any(a.spec, a.which, target=a.target, seed=a.seed)
   out = export_safetensors(m, a.out, meta={"source": a.spec, "which": prov.get("weights"),
                                            "iter_num": prov.get("step"), "converted_by":
                                            "python -m aogpt_jax.checkpoints.convert from-gpt"})

@@ -1,10 +1,12 @@
 """A left-to-right GPT -> an AO-GPT that computes exactly the same logits under the L2R order.
 
-Two sources (``--checkpoint`` / ``train.init_from`` / ``aogpt_jax.load`` SPECs):
+Three sources (``--checkpoint`` / ``train.init_from`` / ``aogpt_jax.load`` SPECs):
 
 * ``gpt2:DIR``: a Hugging Face GPT-2 of any size (``config.json`` + ``model.safetensors`` or a
   sharded ``model.safetensors.index.json``); ``gpt2:OWNER/REPO[@REV]`` reads the repository's
   snapshot in the local Hugging Face cache (`hub`; nothing is downloaded).
+* ``causal:DIR``: a Hugging Face Llama / Mistral / Qwen2 / Qwen3 / Gemma causal LM
+  (`from_causal`, which documents its mapping);
 * ``l2r:WORKDIR``: this project's own left-to-right run (``objective=ao``, ``model.target=none``,
   trained on ``order.name=l2r`` or a ``mixture`` with ``p_l2r=1``, e.g. ``configs/gpt2_small.py``;
   `check_l2r_run` refuses any other), its newest checkpoint (EMA weights unless
@@ -41,7 +43,7 @@ from flax import nnx
 from aogpt_jax.checkpoints import hub
 from aogpt_jax.model import aogpt as model_lib
 
-PREFIXES = ("gpt2:", "l2r:")
+PREFIXES = ("gpt2:", "l2r:", "causal:")
 TARGETS = ("adaln", "sigma_gpt", "repeat", "per_block", "none")
 GPT2_ACTIVATIONS = {"gelu_new": "tanh", "gelu_pytorch_tanh": "tanh", "gelu": "exact"}
 # What makes the added target conditioning the identity at initialisation.
@@ -50,7 +52,9 @@ IDENTITY_FIELDS = dict(zero_init_modulation=True, gate_offset=1.0, zero_init_tar
 # dtype, attention kernel, remat, dropout, initialisation): a model loaded into a run must agree.
 FUNCTION_FIELDS = ("vocab_size", "valid_vocab_size", "block_size", "n_layer", "n_head", "n_embd",
                    "target", "target_dim", "norm", "qk_norm", "bias", "mlp_ratio",
-                   "tie_embeddings", "head_bias", "gelu", "gate_offset", "rope")
+                   "tie_embeddings", "head_bias", "gelu", "gate_offset", "rope", "rope_theta",
+                   "rope_query", "learned_pos", "n_kv_head", "head_size", "qkv_bias", "mlp",
+                   "mlp_hidden", "norm_eps", "embed_scale")
 
 
 class ConversionError(ValueError):
@@ -70,31 +74,50 @@ def padded(v: int, multiple: int = 64) -> int:
 
 def gpt2_dir(body: str) -> str:
   """``gpt2:BODY`` -> a local folder: BODY itself, or OWNER/REPO[@REV] in the HF cache."""
+  return local_dir("gpt2", body, ("config.json", "model.safetensors"))
+
+
+def local_dir(prefix: str, body: str, files: tuple = ("config.json",)) -> str:
+  """``PREFIX:BODY`` -> a local folder: BODY itself, or OWNER/REPO[@REV] in the HF cache."""
   path = os.path.expanduser(body)
   if os.path.isdir(path) or body.startswith(("/", ".", "~")):
     if not os.path.isdir(path):
-      raise ConversionError(f"gpt2:{body}: no such folder ({os.path.abspath(path)})")
+      raise ConversionError(f"{prefix}:{body}: no such folder ({os.path.abspath(path)})")
     return path
   try:
-    return hub.resolve("hf:" + body, files=("config.json", "model.safetensors"))
+    return hub.resolve("hf:" + body, files=files)
   except hub.HubError as err:
-    raise ConversionError(f"gpt2:{err}".replace("gpt2:hf:", "gpt2:")) from None
+    raise ConversionError(f"{prefix}:{err}".replace(f"{prefix}:hf:", f"{prefix}:")) from None
 
 
 def read_gpt2(path: str) -> tuple[dict[str, Any], dict[str, np.ndarray], str]:
   """(config.json as a dict, tensors without the ``transformer.`` prefix, the weights file)."""
+  hf = read_config(path, "a Hugging Face GPT-2 folder holds config.json and model.safetensors")
   cfg_file = os.path.join(path, "config.json")
-  if not os.path.isfile(cfg_file):
-    raise ConversionError(f"{cfg_file}: missing; a Hugging Face GPT-2 folder holds config.json "
-                          f"and model.safetensors")
-  try:
-    with open(cfg_file) as f:
-      hf = json.load(f)
-  except ValueError as err:
-    raise ConversionError(f"{cfg_file}: not JSON ({err})") from None
   if hf.get("model_type") != "gpt2":
     raise ConversionError(f"{cfg_file}: model_type {hf.get('model_type')!r} is not 'gpt2' "
                           f"(only GPT-2 checkpoints convert)")
+  raw, where = read_weights(path, "GPT-2 weights")
+  tensors = {(k[len("transformer."):] if k.startswith("transformer.") else k): v
+             for k, v in raw.items()}
+  return hf, tensors, where
+
+
+def read_config(path: str, hint: str) -> dict[str, Any]:
+  """``path/config.json`` as a dict (``hint``: what the folder should hold, for the error)."""
+  cfg_file = os.path.join(path, "config.json")
+  if not os.path.isfile(cfg_file):
+    raise ConversionError(f"{cfg_file}: missing; {hint}")
+  try:
+    with open(cfg_file) as f:
+      return json.load(f)
+  except ValueError as err:
+    raise ConversionError(f"{cfg_file}: not JSON ({err})") from None
+
+
+def read_weights(path: str, what: str) -> tuple[dict[str, np.ndarray], str]:
+  """Every tensor of ``path/model.safetensors`` or of the shards that
+  ``model.safetensors.index.json`` names, and the file read (``what``: for the error)."""
   from safetensors.numpy import load_file  # pylint: disable=g-import-not-at-top
   single, index = (os.path.join(path, n) for n in ("model.safetensors",
                                                     "model.safetensors.index.json"))
@@ -105,8 +128,7 @@ def read_gpt2(path: str) -> tuple[dict[str, Any], dict[str, np.ndarray], str]:
       files = [os.path.join(path, s) for s in sorted(set(json.load(f)["weight_map"].values()))]
     where = index
   else:
-    raise ConversionError(f"{single}: missing (GPT-2 weights in safetensors; a .bin file is not "
-                          f"read)")
+    raise ConversionError(f"{single}: missing ({what} in safetensors; a .bin file is not read)")
   raw: dict[str, np.ndarray] = {}
   for fn in files:
     try:
@@ -114,9 +136,7 @@ def read_gpt2(path: str) -> tuple[dict[str, Any], dict[str, np.ndarray], str]:
     except Exception as err:  # pylint: disable=broad-except  (an unreadable file: one line)
       raise ConversionError(f"{fn}: not a readable safetensors file ({type(err).__name__}: "
                             f"{str(err).splitlines()[0][:200] if str(err) else ''})") from None
-  tensors = {(k[len("transformer."):] if k.startswith("transformer.") else k): v
-             for k, v in raw.items()}
-  return hf, tensors, where
+  return raw, where
 
 
 def gpt2_model_config(hf: Mapping[str, Any], *, target: str = "adaln", target_dim: int = 128,
@@ -329,7 +349,8 @@ def with_weights(cfg: model_lib.ModelConfig, flat: Mapping[str, Any], seed: int 
 
 
 def load(spec: str, which: str = "ema", *, target: str = "adaln", seed: int = 0):
-  """``gpt2:...`` or ``l2r:...`` -> (AOGPT, ModelConfig, provenance)."""
+  """``gpt2:...`` or ``l2r:...`` -> (AOGPT, ModelConfig, provenance); `from_causal.load_any`
+  also takes ``causal:...``."""
   spec = str(spec)
   if spec.startswith("gpt2:"):
     m, cfg, meta = from_gpt2(gpt2_dir(spec[len("gpt2:"):]), target=target, seed=seed)

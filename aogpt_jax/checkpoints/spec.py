@@ -9,7 +9,9 @@ SPEC is one of
 * ``hf:OWNER/REPO[@REV]/PATH``: PATH (a ``.pt`` file or a converted / Hub folder) in the
   repository's snapshot in the local Hugging Face cache; ``hf:/local/DIR[/PATH]``: a folder laid
   out like a Hub repository (see `aogpt_jax.checkpoints.hub`; nothing is downloaded at run time);
-* ``gpt2:DIR`` / ``gpt2:OWNER/REPO`` (a Hugging Face GPT-2) or ``l2r:WORKDIR`` (this project's
+* ``gpt2:DIR`` / ``gpt2:OWNER/REPO`` (a Hugging Face GPT-2), ``causal:DIR[?block_size=N]`` (a
+  Hugging Face Llama / Mistral / Qwen2 / Qwen3 / Gemma causal LM, `from_causal`; its
+  ``tokenizer.json`` becomes ``data.tokenizer=causal:DIR``) or ``l2r:WORKDIR`` (this project's
   left-to-right run): converted to the AO-GPT that computes the same logits under the L2R order
   (`aogpt_jax.checkpoints.from_gpt`).
 
@@ -27,6 +29,7 @@ import logging
 import os
 
 from aogpt_jax.checkpoints import convert
+from aogpt_jax.checkpoints import from_causal
 from aogpt_jax.checkpoints import from_gpt
 from aogpt_jax.checkpoints import hub
 
@@ -111,7 +114,7 @@ def load(spec: str, which: str | None = None, trust_pickle: bool = False):
                               f"got {which!r}")
   if from_gpt.is_spec(spec):
     try:
-      return from_gpt.load(spec, which)
+      return from_causal.load_any(spec, which)
     except from_gpt.ConversionError as err:
       msg = str(err)
       raise CheckpointSpecError(msg if msg.startswith(spec) else f"--checkpoint={spec}: {msg}"
@@ -182,7 +185,9 @@ def load_any(spec: str, which: str = "ema"):
       if k in cfg.model:
         cfg.model[k] = v
     cfg.seq_len = mc.block_size
-    if mc.valid_vocab_size in DEFAULT_TOKENIZERS:
+    if prov.get("tokenizer"):        # a converted causal LM: its own tokenizer.json
+      cfg.data.tokenizer = prov["tokenizer"]
+    elif mc.valid_vocab_size in DEFAULT_TOKENIZERS:
       cfg.data.tokenizer = DEFAULT_TOKENIZERS[mc.valid_vocab_size]
     cfg.loaded = prov
   return m, cfg

@@ -15,6 +15,9 @@ Every tokenizer has ``name`` (used in prepared-data paths), ``encode(str) -> lis
   ``tokenizers`` package (imported lazily). End-of-text is the first of ``<|endoftext|>``, ``</s>``,
   ``<eos>``, ``<|end_of_text|>``, ``[SEP]`` in its vocabulary, or the one named by a suffix
   ``?eot=TOKEN``.
+* ``causal:DIR``: the ``DIR/tokenizer.json`` of a Hugging Face causal LM folder (the model a
+  ``causal:DIR`` checkpoint converts, checkpoints/from_causal.py), as ``hf:DIR/tokenizer.json``;
+  a ``?block_size=N`` option of the checkpoint SPEC is ignored here.
 """
 
 from __future__ import annotations
@@ -205,8 +208,12 @@ def get_tokenizer(name: str) -> Tokenizer:
     return _FACTORIES[name]()
   if name.startswith("hf:") or name.partition("?")[0].endswith(".json"):
     return _hf(name)
+  if name.startswith("causal:"):
+    folder, _, query = name[len("causal:"):].partition("?")
+    eot = "?" + query if query.startswith("eot=") else ""
+    return _hf(f"hf:{pathlib.Path(folder).expanduser() / 'tokenizer.json'}{eot}")
   raise ValueError(f"data.tokenizer: unknown tokenizer {name!r}; known: {sorted(_FACTORIES)} "
-                   f"or 'hf:/path/to/tokenizer.json'")
+                   f"or 'hf:/path/to/tokenizer.json' or 'causal:/model/folder'")
 
 
 def padded_vocab_size(vocab_size: int, multiple: int = 64) -> int:

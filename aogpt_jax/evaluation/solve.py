@@ -73,15 +73,14 @@ def check_puzzles(task, puzzles: dict, settings: sampler_lib.SampleSettings) -> 
                      f"{task.vocab_size})")
 
 
-def _steps(out: sampler_lib.Samples, s: sampler_lib.SampleSettings, prompt_len) -> np.ndarray:
-  """Model steps each row took: adaptive (its own count), speculative (passes), ar (one per
-  token), the planned samplers (the plan's steps that reveal something)."""
+def _steps(out: sampler_lib.Samples) -> np.ndarray:
+  """Model steps each row took: adaptive (its own count), speculative (passes), the others (the
+  steps that wrote something: `Samples.step_of_rank`, or the encoder's plan)."""
   if out.passes is not None:
     return np.asarray(out.passes, np.int64)
-  n = out.tokens.shape[1]
-  if out.plan is None:
-    return n - np.asarray(prompt_len, np.int64)
-  m, k = np.asarray(out.plan.m), np.asarray(out.plan.k)
+  if out.step_of_rank is not None:
+    return np.asarray(out.step_of_rank).max(axis=1).astype(np.int64) + 1
+  m, k = np.asarray(out.plan.m), np.asarray(out.plan.k)     # the encoder's plan: its passes
   return np.array([len(np.unique(m[:, b][k[:, b] > 0])) for b in range(m.shape[1])])
 
 
@@ -114,7 +113,7 @@ def solve(model, task, puzzles: dict, settings: sampler_lib.SampleSettings, *,
     keep = min(bs, rows_total - start)
     outs.append(np.asarray(out.tokens)[:keep])
     order_parts.append(np.asarray(out.order)[:keep])
-    steps_parts.append(_steps(out, settings, prompt[1].sum(axis=1))[:keep])
+    steps_parts.append(_steps(out)[:keep])
   out_RxN = np.concatenate(outs)
   order_RxN = np.concatenate(order_parts)
   steps_R = np.concatenate(steps_parts)

@@ -43,11 +43,13 @@ from aogpt_jax.model.layers import (BATCH, NORMS, Dense, Embed, Norm, check_choi
 TARGETS = ("adaln", "sigma_gpt", "repeat", "per_block", "none")
 ATTENTION_PATHS = ("gather", "mask")
 GELUS = ("exact", "tanh")
+MLPS = ("gelu", "swiglu", "geglu")
+ROPE_QUERIES = ("target", "token")
 START = orders_lib.START          # slot token id meaning "the START vector"
 NO_TARGET = orders_lib.NO_TARGET  # slot target meaning "no conditioning" (zero vector)
 RESIDUAL_DTYPE = jnp.float32  # residual stream (embeddings, adds, norms) under any compute dtype
 
-# KV cache: one (k, v) pair per layer, each [batch, n_head, cache_len, head_dim].
+# KV cache: one (k, v) pair per layer, each [batch, kv_heads, cache_len, head_dim].
 KVCache = tuple[tuple[jax.Array, jax.Array], ...]
 # Per block its six adaLN tables [block_size + 1, d] (shift, scale, gate of attention and MLP),
 # then the final norm's two (`AOGPT.modulation_tables`).
@@ -70,8 +72,24 @@ class ModelConfig:
   rope: bool = False                 # also rotary embeddings: keys turned by their token's
                                      # position, queries by their TARGET position, so a score
                                      # sees the offset target - key (not in the published model)
+  rope_theta: float = 10_000.0       # the rotary base (model.rope)
+  rope_query: str = "target"         # one of ROPE_QUERIES: where model.rope turns a query: at
+                                     # its TARGET's position (the default above) or at its own
+                                     # TOKEN's (a converted Llama / Qwen: exactly the source's
+                                     # scores under L2R; the target enters through adaLN only)
+  learned_pos: bool = True           # the learned position table wpe (START row 0); False: none
+                                     # (a converted RoPE model: positions by rotation alone)
+  n_kv_head: int = 0                 # key/value heads (grouped-query attention; 0: n_head); the
+                                     # KV cache holds these heads only
+  head_size: int = 0                 # width of a head (0: n_embd // n_head; Qwen3, Gemma)
   bias: bool = True                  # biases in the linear layers (and LayerNorm)
+  qkv_bias: bool = False             # biases on q / k / v only (Qwen2), whatever ``bias`` says
+  mlp: str = "gelu"                  # one of MLPS: gelu | swiglu (silu(gate) * up) | geglu
+                                     # (gelu(gate) * up, model.gelu's variant; Gemma)
   mlp_ratio: int = 4
+  mlp_hidden: int = 0                # the MLP's hidden width (0: mlp_ratio * n_embd)
+  norm_eps: float = 1e-5             # epsilon of every norm
+  embed_scale: float = 1.0           # token embeddings multiplied by this (Gemma: sqrt(n_embd))
   tie_embeddings: bool = False       # False: separate output head
   head_bias: bool = True             # bias on the output head
   init_std: float = 0.02             # residual projections get init_std / sqrt(2L)
@@ -115,8 +133,18 @@ class ModelConfig:
         bad(f, f"must be >= 1, got {getattr(self, f)}")
     if self.valid_vocab_size > self.vocab_size:
       bad("valid_vocab_size", f"{self.valid_vocab_size} exceeds vocab_size {self.vocab_size}")
-    if self.n_embd % self.n_head:
+    for f in ("n_kv_head", "head_size", "mlp_hidden"):
+      if int(getattr(self, f)) < 0:
+        bad(f, f"must be >= 0 (0: the default width), got {getattr(self, f)}")
+    if not self.head_size and self.n_embd % self.n_head:
       bad("n_head", f"{self.n_head} heads do not divide n_embd={self.n_embd}")
+    if self.n_head % self.kv_heads:
+      bad("n_kv_head", f"{self.n_kv_head} key/value heads do not divide n_head={self.n_head}")
+    for f in ("rope_theta", "norm_eps", "embed_scale"):
+      if not float(getattr(self, f)) > 0:
+        bad(f, f"must be > 0, got {getattr(self, f)}")
+    check_choice("model.mlp", self.mlp, MLPS)
+    check_choice("model.rope_query", self.rope_query, ROPE_QUERIES)
     check_choice("model.target", self.target, TARGETS)
     check_choice("model.norm", self.norm, NORMS)
     check_choice("model.attention", self.attention, ATTENTION_PATHS)
@@ -147,7 +175,15 @@ class ModelConfig:
 
   @property
   def head_dim(self) -> int:
-    return self.n_embd // self.n_head
+    return self.head_size or self.n_embd // self.n_head
+
+  @property
+  def kv_heads(self) -> int:
+    return self.n_kv_head or self.n_head
+
+  @property
+  def mlp_width(self) -> int:
+    return self.mlp_hidden or self.mlp_ratio * self.n_embd
 
   def replace(self, **kw) -> "ModelConfig":
     unknown = sorted(set(kw) - {f.name for f in dataclasses.fields(self)})
@@ -194,7 +230,8 @@ class AOGPT(nnx.Module):
     # fp32, norms compute and return fp32, only matmul inputs are cast to ``dtype``.
     rkw = dict(ekw, dtype=RESIDUAL_DTYPE)
     self.wte = Embed(cfg.vocab_size, d, axes=("vocab", "embed"), **rkw)
-    self.wpe = Embed(cfg.block_size + 1, d, axes=(None, "embed"), **rkw)  # row 0: START
+    if cfg.learned_pos:
+      self.wpe = Embed(cfg.block_size + 1, d, axes=(None, "embed"), **rkw)  # row 0: START
     self.wnone = nnx.Param(trunc_normal(rngs.params(), (d,), std, pdt, cfg.init_truncation),
                            logical_axes=("embed",))
     if cfg.target == "adaln":
@@ -207,7 +244,8 @@ class AOGPT(nnx.Module):
       self._init_grid_positions(rngs, std, pdt)
     self.h = nnx.List([Block(cfg, rngs=rngs, dtype=dtype, param_dtype=pdt)
                        for _ in range(cfg.n_layer)])
-    self.ln_f = Norm(d, kind=cfg.norm, use_bias=cfg.bias, dtype=jnp.float32, param_dtype=pdt)
+    self.ln_f = Norm(d, kind=cfg.norm, use_bias=cfg.bias, eps=cfg.norm_eps, dtype=jnp.float32,
+                     param_dtype=pdt)
     if cfg.target == "adaln":
       self.adaLN_final = Dense(cfg.target_dim, 2 * d, axes=("cond", "mod"), rngs=rngs, std=std,
                                zero_init=cfg.zero_init_modulation, dtype=dtype, param_dtype=pdt,
@@ -274,9 +312,12 @@ class AOGPT(nnx.Module):
     if cache is not None and query is not None:
       raise ValueError("hidden_slots: query slots take no cache")
     tok = self.wte(jnp.maximum(slot_tokens, 0))
+    if cfg.embed_scale != 1.0:
+      tok = tok * jnp.asarray(cfg.embed_scale, tok.dtype)
     x = jnp.where((slot_tokens == START)[..., None], self.start_vector[...].astype(RESIDUAL_DTYPE),
                   tok)
-    x = x + self.wpe(slot_pos)
+    if cfg.learned_pos:
+      x = x + self.wpe(slot_pos)
     cond_table = None
     if cfg.target == "adaln":
       cond_table = self._cond_table()
@@ -357,7 +398,7 @@ class AOGPT(nnx.Module):
   def init_cache(self, batch: int, length: int, dtype=None) -> KVCache:
     """A zeroed KV cache with room for ``length`` slots per row."""
     cfg = self.cfg
-    shape = (batch, cfg.n_head, length, cfg.head_dim)   # heads-major (blocks.Attention)
+    shape = (batch, cfg.kv_heads, length, cfg.head_dim)   # heads-major (blocks.Attention)
     dt = jnp.dtype(dtype or cfg.dtype)
     return tuple((jnp.zeros(shape, dt), jnp.zeros(shape, dt)) for _ in range(cfg.n_layer))
 

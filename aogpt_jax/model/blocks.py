@@ -16,7 +16,7 @@ from jax.ad_checkpoint import checkpoint_name
 
 from aogpt_jax.model.attention import attention, query_mask, resolve_attention_impl
 from aogpt_jax.model.layers import (BATCH, HEADS, MLP_ACT, Dense, Embed, Norm, constrain,
-                                    dense_heads, row_set, slot_rows, take_rows)
+                                    dense_cols, dense_heads, row_set, slot_rows, take_rows)
 
 
 def dropout(x: jax.Array, rate: float, key: jax.Array | None) -> jax.Array:
@@ -41,43 +41,70 @@ def table_lookup(table: jax.Array, ids: jax.Array) -> jax.Array:
 
 
 class Attention(nnx.Module):
+  """Multi-head attention; with ``model.n_kv_head < n_head`` grouped-query attention (each
+  key/value head serves n_head / n_kv_head query heads, as Hugging Face's ``repeat_kv``): the
+  cache holds the key/value heads only, repeated for the product. ``c_attn``'s columns are
+  ``[q (n_head heads) | k (kv heads) | v (kv heads)]``."""
 
   def __init__(self, cfg, *, rngs: nnx.Rngs, dtype, param_dtype):
     d, std = cfg.n_embd, cfg.init_std
     kw = dict(rngs=rngs, use_bias=cfg.bias, dtype=dtype, param_dtype=param_dtype,
               truncation=cfg.init_truncation)
-    self.c_attn = Dense(d, 3 * d, axes=("embed", "qkv"), std=std, **kw)
-    self.c_proj = Dense(d, d, axes=("heads", "embed"), std=std / math.sqrt(2 * cfg.n_layer), **kw)
-    if cfg.qk_norm:
-      self.q_norm = Norm(cfg.head_dim, kind="rmsnorm", axes=("head_dim",), dtype=dtype)
-      self.k_norm = Norm(cfg.head_dim, kind="rmsnorm", axes=("head_dim",), dtype=dtype)
     self.n_head, self.head_dim, self.qk_norm = cfg.n_head, cfg.head_dim, cfg.qk_norm
+    self.kv_heads = cfg.kv_heads
+    qd, kvd = cfg.n_head * cfg.head_dim, cfg.kv_heads * cfg.head_dim
+    # The published layout (q, k, v of n_head heads each, n_head * head_dim = d) projects with
+    # one [d, 3, heads, head_dim] view (`dense_heads`); other shapes by column ranges.
+    self.split = qd != d or kvd != qd
+    self.c_attn = Dense(d, qd + 2 * kvd, axes=("embed", "qkv"), std=std,
+                        **dict(kw, use_bias=cfg.bias or cfg.qkv_bias))
+    self.c_proj = Dense(qd, d, axes=("heads", "embed"), std=std / math.sqrt(2 * cfg.n_layer),
+                        **kw)
+    if cfg.qk_norm:
+      nk = dict(kind="rmsnorm", eps=cfg.norm_eps, axes=("head_dim",), dtype=dtype)
+      self.q_norm = Norm(cfg.head_dim, **nk)
+      self.k_norm = Norm(cfg.head_dim, **nk)
     self.impl, self.block, self.dtype = cfg.attention_impl, cfg.attention_block, dtype
-    self.rope = cfg.rope
+    self.rope, self.rope_theta = cfg.rope, float(cfg.rope_theta)
+    self.rope_query = cfg.rope_query
+
+  def _qkv(self, x, query, mask):
+    """(q, k, v, mask): q at the query slots (all without ``query``), keys and values at all."""
+    s = x.shape[1]
+    if self.split:
+      qd = self.n_head * self.head_dim
+      q = dense_cols(self.c_attn, x if query is None else slot_rows(x, query), 0, 1,
+                     self.n_head, self.head_dim)[:, :, 0]
+      kv = dense_cols(self.c_attn, x, qd, 2, self.kv_heads, self.head_dim)
+      return (q, kv[:, :, 0], kv[:, :, 1],
+              mask if query is None else query_mask(mask, query, s))
+    if query is None:
+      qkv = dense_heads(self.c_attn, x, 3, self.n_head, self.head_dim)
+      return qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], mask
+    q = dense_heads(self.c_attn, slot_rows(x, query), 3, self.n_head, self.head_dim,
+                    slice(0, 1))[:, :, 0]
+    kv = dense_heads(self.c_attn, x, 3, self.n_head, self.head_dim, slice(1, 3))
+    return q, kv[:, :, 0], kv[:, :, 1], query_mask(mask, query, s)
 
   def __call__(self, x, *, mask, cache, write_index, query=None, mask_causal=False,
                positions=None):
     """``query`` int32 [B, G] (no cache): keys and values of every slot, the rest (queries,
     attention, projection: output [B, G, d]) at these slots only. ``mask_causal``: see
     `attention.attention`. ``positions`` (``model.rope``): (query, key) position rows [B, S]."""
-    b, s, d = x.shape
-    if query is None:
-      qkv = dense_heads(self.c_attn, x, 3, self.n_head, self.head_dim)
-      q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
-    else:
-      if cache is not None:
-        raise ValueError("Attention: query slots take no cache")
-      q = dense_heads(self.c_attn, slot_rows(x, query), 3, self.n_head, self.head_dim,
-                      slice(0, 1))[:, :, 0]
-      kv = dense_heads(self.c_attn, x, 3, self.n_head, self.head_dim, slice(1, 3))
-      k, v, mask = kv[:, :, 0], kv[:, :, 1], query_mask(mask, query, s)
+    b = x.shape[0]
+    if query is not None and cache is not None:
+      raise ValueError("Attention: query slots take no cache")
+    q, k, v, mask = self._qkv(x, query, mask)
     if self.qk_norm:
       q, k = self.q_norm(q), self.k_norm(k)
     if positions is not None:
       q_pos, k_pos = positions
-      q = rotate(q, q_pos if query is None else slot_rows(q_pos, query))
-      k = rotate(k, k_pos)
-    q, k, v = (constrain(t, (BATCH, None, HEADS, None)) for t in (q, k, v))
+      q = rotate(q, q_pos if query is None else slot_rows(q_pos, query), self.rope_theta)
+      k = rotate(k, k_pos, self.rope_theta)
+    grouped = self.kv_heads != self.n_head
+    q = constrain(q, (BATCH, None, HEADS, None))
+    if not grouped:   # grouped: the kv heads are pinned once repeated, below
+      k, v = (constrain(t, (BATCH, None, HEADS, None)) for t in (k, v))
     new_cache = None
     if cache is not None:
       # Write this block's keys and values into the preallocated cache (indices past its end
@@ -89,27 +116,38 @@ class Attention(nnx.Module):
       ck, cv = row_set(ck, write_index, k, axis=2), row_set(cv, write_index, v, axis=2)
       new_cache = (ck, cv)
       k, v = (jnp.swapaxes(c, 1, 2).astype(self.dtype) for c in (ck, cv))
+    if grouped:       # query head i reads key/value head i // (n_head / kv_heads)
+      rep = self.n_head // self.kv_heads
+      k, v = (constrain(jnp.repeat(t, rep, axis=2), (BATCH, None, HEADS, None)) for t in (k, v))
     impl = resolve_attention_impl(self.impl, self.dtype, self.head_dim,
                                   masked=not (mask is None or isinstance(mask, str)),
                                   seq_q=q.shape[1], seq_k=k.shape[1])
     y = attention(q, k, v, mask=mask, impl=impl, block=self.block, mask_causal=mask_causal)
     y = checkpoint_name(constrain(y, (BATCH, None, HEADS, None)), "attention")  # remat_policy
-    return self.c_proj(y.reshape(b, q.shape[1], d)), new_cache
+    return self.c_proj(y.reshape(b, q.shape[1], self.n_head * self.head_dim)), new_cache
 
 
 class MLP(nnx.Module):
+  """``gelu``: c_proj(gelu(c_fc(x))); gated (``swiglu`` / ``geglu``): c_fc's columns are
+  ``[gate | up]`` and the MLP is c_proj(act(gate) * up), act SiLU or GELU (model.gelu)."""
 
   def __init__(self, cfg, *, rngs: nnx.Rngs, dtype, param_dtype):
-    d, h, std = cfg.n_embd, cfg.mlp_ratio * cfg.n_embd, cfg.init_std
+    d, h, std = cfg.n_embd, cfg.mlp_width, cfg.init_std
     kw = dict(rngs=rngs, use_bias=cfg.bias, dtype=dtype, param_dtype=param_dtype,
               truncation=cfg.init_truncation)
-    self.c_fc = Dense(d, h, axes=("embed", "mlp"), std=std, **kw)
+    self.kind = cfg.mlp
+    self.c_fc = Dense(d, h if cfg.mlp == "gelu" else 2 * h, axes=("embed", "mlp"), std=std, **kw)
     self.c_proj = Dense(h, d, axes=("mlp", "embed"), std=std / math.sqrt(2 * cfg.n_layer), **kw)
     self.approximate = cfg.gelu == "tanh"
 
   def __call__(self, x):
     h = constrain(self.c_fc(x), (BATCH, None, MLP_ACT))
-    return self.c_proj(jax.nn.gelu(h, approximate=self.approximate))
+    if self.kind == "gelu":
+      return self.c_proj(jax.nn.gelu(h, approximate=self.approximate))
+    gate, up = jnp.split(h, 2, axis=-1)
+    act = (jax.nn.silu(gate) if self.kind == "swiglu"
+           else jax.nn.gelu(gate, approximate=self.approximate))
+    return self.c_proj(act * up)
 
 
 class Block(nnx.Module):
@@ -120,7 +158,8 @@ class Block(nnx.Module):
 
   def __init__(self, cfg, *, rngs: nnx.Rngs, dtype, param_dtype):
     # Norms return fp32 (the residual stream's dtype); Dense casts its input to ``dtype``.
-    nk = dict(kind=cfg.norm, use_bias=cfg.bias, dtype=jnp.float32, param_dtype=param_dtype)
+    nk = dict(kind=cfg.norm, use_bias=cfg.bias, eps=cfg.norm_eps, dtype=jnp.float32,
+              param_dtype=param_dtype)
     self.ln_1 = Norm(cfg.n_embd, **nk)
     self.attn = Attention(cfg, rngs=rngs, dtype=dtype, param_dtype=param_dtype)
     self.ln_2 = Norm(cfg.n_embd, **nk)
@@ -147,7 +186,8 @@ class Block(nnx.Module):
     rows = (lambda a: a) if query is None else (lambda a: slot_rows(a, query))
     kw = dict(mask=mask, cache=cache, write_index=write_index, query=query,
               mask_causal=mask_causal,
-              positions=(rope_positions(slot_pos, None if self.target == 'none' else slot_tgt)
+              positions=(rope_positions(slot_pos, None if self.target == 'none'
+                                        or self.attn.rope_query == 'token' else slot_tgt)
                          if self.attn.rope else None))
     if self.target == "per_block":
       x = x + table_lookup(self.wtpe.embedding[...], slot_tgt).astype(x.dtype)
@@ -198,17 +238,19 @@ def rope_positions(slot_pos: jax.Array, slot_tgt: jax.Array | None) -> tuple[jax
   """(query, key) rotary positions in the position-row numbering (START 0, position p at p + 1):
   a slot's key sits at its token's row and its query at its target's row, so each score depends
   on target - key position alone. A slot without a target (NO_TARGET; every slot when
-  ``slot_tgt`` is None: ``target='none'``, the encoder) queries from its own row."""
+  ``slot_tgt`` is None: ``target='none'``, the encoder, ``model.rope_query='token'``) queries
+  from its own row."""
   if slot_tgt is None:
     return slot_pos, slot_pos
   return jnp.where(slot_tgt < 0, slot_pos, slot_tgt + 1), slot_pos
 
 
-def rotate(x: jax.Array, pos: jax.Array) -> jax.Array:
+def rotate(x: jax.Array, pos: jax.Array, base: float = ROPE_BASE) -> jax.Array:
   """Rotary embedding of x [B, S, N, H] at positions pos int32 [B, S] (halves rotated as pairs,
-  base `ROPE_BASE`), computed in fp32 and returned in x's dtype."""
+  as Hugging Face's ``rotate_half``; ``base``: model.rope_theta), computed in fp32 and returned
+  in x's dtype."""
   half = x.shape[-1] // 2
-  freq = ROPE_BASE ** (-jnp.arange(half, dtype=jnp.float32) / half)
+  freq = 1.0 / (base ** (jnp.arange(0, 2 * half, 2, dtype=jnp.float32) / (2 * half)))
   angle = pos.astype(jnp.float32)[:, :, None, None] * freq            # [B, S, 1, H/2]
   cos, sin = jnp.cos(angle), jnp.sin(angle)
   a, b = x[..., :half].astype(jnp.float32), x[..., half:].astype(jnp.float32)

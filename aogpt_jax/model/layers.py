@@ -249,6 +249,21 @@ def dense_heads(dense: Dense, x: jax.Array, groups: int, n_head: int, head_dim: 
   return y.reshape(*x.shape[:-1], w.shape[1], n_head, head_dim)
 
 
+def dense_cols(dense: Dense, x: jax.Array, col0: int, groups: int, n_head: int,
+               head_dim: int) -> jax.Array:
+  """``dense(x)``'s columns ``[col0, col0 + groups * n_head * head_dim)`` as
+  [B, S, groups, heads, head_dim] (`dense_heads` for projections whose q, k and v differ in
+  width: grouped-query attention, heads not n_embd / n_head wide)."""
+  dt, width = dense.dtype, groups * n_head * head_dim
+  w = dense.kernel[...].astype(dt)[:, col0:col0 + width].reshape(x.shape[-1], groups, n_head,
+                                                                 head_dim)
+  w = constrain(w, (None, None, HEADS, None))
+  y = jnp.einsum("nd,dthe->nthe", x.astype(dt).reshape(-1, x.shape[-1]), w)
+  if dense.bias is not None:
+    y = y + dense.bias[...].astype(dt)[col0:col0 + width].reshape(groups, n_head, head_dim)
+  return y.reshape(*x.shape[:-1], groups, n_head, head_dim)
+
+
 def slot_rows(x: jax.Array, idx: jax.Array) -> jax.Array:
   """``x[b, idx[b, g]]``: the rows [B, G, ...] of ``x`` [B, S, ...] at the slots ``idx`` [B, G]."""
   return jnp.take_along_axis(x, idx.reshape(idx.shape + (1,) * (x.ndim - 2)), axis=1)

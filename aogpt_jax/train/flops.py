@@ -19,8 +19,9 @@ from aogpt_jax.model import aogpt as model_lib
 def matmul_params_per_token(mc: model_lib.ModelConfig) -> int:
   """Weights every token multiplies with: the block matrices and the output head (embedding
   lookups are free; the adaLN projections are counted per position in `train_flops_per_step`)."""
-  d, hidden = mc.n_embd, mc.mlp_ratio * mc.n_embd
-  per_layer = d * 3 * d + d * d + 2 * d * hidden
+  d, hidden = mc.n_embd, mc.mlp_width
+  qd, kvd = mc.n_head * mc.head_dim, mc.kv_heads * mc.head_dim
+  per_layer = d * (qd + 2 * kvd) + qd * d + (2 if mc.mlp == "gelu" else 3) * d * hidden
   return mc.n_layer * per_layer + d * mc.vocab_size
 
 
@@ -36,7 +37,7 @@ def forward_flops(mc: model_lib.ModelConfig, batch_size: int, seq_len: int,
   """
   tokens = batch_size * seq_len
   keys = (seq_len + 1) / 2 if causal else seq_len
-  flops = tokens * (2 * matmul_params_per_token(mc) + mc.n_layer * 4 * mc.n_embd * keys)
+  flops = tokens * (2 * matmul_params_per_token(mc) + mc.n_layer * 4 * mc.n_head * mc.head_dim * keys)
   if mc.target == "adaln":
     rows = min(tokens, mc.block_size + 1)
     flops += 2 * rows * mc.target_dim * mc.n_embd * (6 * mc.n_layer + 2)
