@@ -301,8 +301,6 @@ def resolve(cfg) -> model_lib.ModelConfig:
     raise ConfigError(str(e)) from None
   if cfg.seq_len < 2:
     _fail("seq_len", f"must be >= 2 (one token has no context to learn from), got {cfg.seq_len}")
-  if cfg.seq_len > mc.block_size:
-    _fail("seq_len", f"{cfg.seq_len} is longer than model.block_size={mc.block_size}")
   task = task_of(cfg)
   if task is not None:
     if cfg.seq_len != task.length:
@@ -315,6 +313,8 @@ def resolve(cfg) -> model_lib.ModelConfig:
       _fail("model.loss_chunk", f"{mc.loss_chunk}: the chunked loss scores every token; a task "
             f"trains on the tokens after its prompt (set model.loss_chunk=0)")
 
+  if cfg.seq_len > mc.block_size:
+    _fail("seq_len", f"{cfg.seq_len} is longer than model.block_size={mc.block_size}")
   if cfg.order.name not in orders_lib.names():
     _fail("order.name", f"unknown order distribution {cfg.order.name!r}; known: "
           f"{', '.join(orders_lib.names())}")

@@ -3,7 +3,8 @@
   python -m aogpt_jax.main --config=configs/sudoku.py:tiny --workdir=/tmp/sudoku     # CPU
   python -m aogpt_jax.main --config=configs/sudoku.py:tiny --workdir=/tmp/sudoku --mode=solve
 
-Arguments (``:ARG``, comma-separated): ``tiny`` (the CPU size: 4x4 grids, the tiny model),
+Arguments (``:ARG``, comma-separated): ``tiny`` (the CPU size: 6x6 grids of 14-22 givens, the
+tiny model, 1,200 steps),
 ``l2r`` (the left-to-right baseline of the same size), ``mdm`` (the encoder-only masked
 diffusion baseline). Without ``tiny``: 9x9 puzzles of 24-40 givens and an 8 x 256 model (about
 Kim et al.'s 6M parameters), for one accelerator. The position tables start as row + column +
@@ -16,8 +17,8 @@ from aogpt_jax import recipes
 def get_config(arg=None):
   return recipes.task(
       "sudoku", {"size": 9, "min_givens": 24, "max_givens": 40},
-      tiny_options={"size": 4, "min_givens": 4, "max_givens": 8},
+      tiny_options={"size": 6, "min_givens": 14, "max_givens": 22},
       model={"n_layer": 8, "n_head": 8, "n_embd": 256, "target_dim": 64,
              "position_init": "grid:9,9,3,3"},
-      tiny_model={"position_init": "grid:4,4,2,2"},
-      steps=20_000, tiny_steps=2_000, arg=arg)
+      tiny_model={"position_init": "grid:6,6,2,3"},
+      steps=20_000, tiny_steps=1_200, arg=arg)
