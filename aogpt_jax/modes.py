@@ -396,11 +396,11 @@ def solve_mode(cfg, workdir: str, checkpoint: str = "") -> dict:
   checkpoint_lib.check_writable(os.path.join(workdir, "solve"), "--workdir", keep=False)
   if checkpoint:
     from aogpt_jax.checkpoints import spec as checkpoint_spec  # pylint: disable=g-import-not-at-top
-    m, _, prov = checkpoint_spec.load(checkpoint, cfg.sample.which)
+    m, _, prov = checkpoint_spec.load(checkpoint, cfg.sample.which or None)
   else:
     _check_task(cfg, workdir)
     _check_run(cfg, workdir, "sample.method")
-    m, run_cfg = checkpoint_lib.load_model(workdir, which=cfg.sample.which)
+    m, run_cfg = checkpoint_lib.load_model(workdir, which=cfg.sample.which or "ema")
     prov = run_cfg.loaded.to_dict()
   config_lib.follow_objective(cfg)
   if m.cfg.valid_vocab_size != task.vocab_size:

@@ -103,6 +103,21 @@ def _vs_sampling(top_p: str) -> Callable[[Result], str]:
   return f
 
 
+XEON = "cpu-2core-intel-xeon.json"
+
+
+def _order_matters(j: Result) -> str:
+  """Per task: the best adaptive decoding, a random order and the L2R model, solved %."""
+  parts = []
+  for name in ("sudoku", "star_graph"):
+    f = j.r("tasks", name, "findings")
+    parts.append(f"{name.replace('_', ' ')}: AO-GPT {f['best_adaptive'].split(', ')[1]} "
+                 f"{100 * f['best_adaptive_rate']:.0f}% vs random order "
+                 f"{100 * f['random_order_rate']:.0f}% vs L2R model "
+                 f"{100 * f['l2r_model_rate']:.0f}%")
+  return "; ".join(parts) + f" ({j.r('total_s') / 60:.0f} min in all, load {j.r('load_avg_1m_start'):.0f})"
+
+
 ROWS: list[Row] = [
     ("CPU quickstart: the whole command (start-up, data, compile, training, evals, checkpoints)",
      f"quickstart/{CPU}",
@@ -204,6 +219,9 @@ ROWS: list[Row] = [
          j.r('models', 'trained', {'method': 'speculative', 'order': 'random', 'temperature': 1.0,
                                    'draft': 4, 'queries': 'taper'})),
      "python benchmarks/speculative.py --workdir=RUN"),
+    ("CPU: where the order matters, held-out 6x6 Sudoku and star graphs, greedy, the same "
+     "size for every model (solved, of 200)", f"order_matters_cpu/{XEON}", _order_matters,
+     "python benchmarks/order_matters.py"),
 ]
 
 

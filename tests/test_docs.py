@@ -52,7 +52,13 @@ SIZE = ["--config.model.rope=False",
         "--config.microbatches=1", "--config.total_steps=2", "--config.log_every=1",
         "--config.eval_every=0", "--config.checkpoint_every=0",
         "--config.eval.train_max_blocks=4", "--config.eval.batch_size=4"]
-MODE_SIZE = {"train": [], "prepare": [],
+# The task configs (configs/sudoku.py, star_graph.py) fix seq_len and block_size to the task's
+# rows: the same small model, without those two.
+TASK_CONFIGS = ("sudoku.py", "star_graph.py")
+TASK_SIZE = [a for a in SIZE if not a.startswith(("--config.seq_len", "--config.model.block_size",
+                                                  "--config.model.rope"))]
+TASK_SIZE += ["--config.task.heldout_count=4"]
+MODE_SIZE = {"train": [], "prepare": [], "solve": ["--config.solve.count=4"],
              "eval": ["--config.eval.max_blocks=4"],
              "sample": ["--config.sample.num_samples=2", "--config.sample.batch_size=2"]}
 IF_SET = {"--config.eval.ensemble_max_m=": "--config.eval.ensemble_max_m=2",
@@ -167,6 +173,9 @@ def quickstart(docs_env):
              and not any(a.startswith("--mode") for a in c))
   _run([sys.executable] + _local(cmd, root)[1:] + SIZE, root, env)
   assert (root / "aogpt_quickstart" / "checkpoints").is_dir()
+  # docs/tasks.md's snippets load /tmp/sudoku, the run its first command trains
+  _run([sys.executable, "-m", "aogpt_jax.main", f"--config={REPO}/configs/sudoku.py:tiny",
+        f"--workdir={root}/sudoku"] + TASK_SIZE, root, env)
   return root, env
 
 
@@ -218,7 +227,9 @@ def _check(argv, root, env):
   if _full_run(argv):
     extra = []
     if mod == "aogpt_jax.main":
-      extra = SIZE + MODE_SIZE[_mode(argv)]
+      task = any(a.startswith("--config=") and a.split(":")[0].endswith(TASK_CONFIGS)
+                 for a in argv)
+      extra = (TASK_SIZE if task else SIZE) + MODE_SIZE[_mode(argv)]
       extra += [v for k, v in IF_SET.items() if any(a.startswith(k) for a in argv)]
     _run([sys.executable] + _local(argv, root)[1:] + extra, root, env)
   elif mod == "aogpt_jax.main":
