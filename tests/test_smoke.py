@@ -1,6 +1,6 @@
 """The smoke subset (``python -m pytest -m smoke``): a minute or so on 2 CPU cores, touching every
 package of aogpt_jax once: config and recipes, data, model, train, checkpoints, sampling,
-evaluation, tasks (a puzzle solved), modes and main, figures.
+evaluation, tasks (a puzzle solved), posttrain, modes and main, figures.
 `test_every_package_has_a_smoke_test` keeps it that way: a new package under aogpt_jax/ needs a
 smoke test that imports it (here or marked elsewhere)."""
 
@@ -89,7 +89,7 @@ def test_evaluate_batches_in_memory():
 def test_main_knows_its_modes_and_keeps_details_off_the_console():
   import logging
   from aogpt_jax import main
-  assert set(main.MODES) == {"train", "eval", "sample", "prepare", "genppl"}
+  assert set(main.MODES) == {"train", "eval", "sample", "prepare", "genppl", "solve"}
   rec = logging.LogRecord("x", logging.INFO, "/x/aogpt_jax/train/loop.py", 1, "model: %s",
                           ("M",), None)
   rec.file_only = True
@@ -149,3 +149,17 @@ def test_task_solve_keeps_the_givens():
                     warm=False)
   out = np.array([r["output"] for r in res.rows])
   np.testing.assert_array_equal(out[puzzles["prompt"]], puzzles["tokens"][puzzles["prompt"]])
+
+
+def test_posttrain_exact_likelihood_is_minus_the_loss():
+  from flax import nnx
+  from aogpt_jax.model import aogpt, orders
+  from aogpt_jax.posttrain import likelihood
+  cfg = aogpt.preset("tiny", n_layer=1, n_embd=32, n_head=2, target_dim=8, block_size=8)
+  m = aogpt.AOGPT(cfg, rngs=nnx.Rngs(0))
+  tokens = jax.random.randint(jax.random.key(0), (2, 8), 0, cfg.valid_vocab_size)
+  order = orders.sample("uniform", jax.random.key(1), 2, 8)
+  steps = np.broadcast_to(np.arange(8), (2, 8))        # one token per step
+  logp = likelihood.sequence_logp(m, tokens, order, steps)
+  _, nll = aogpt.loss(m, tokens, order)
+  np.testing.assert_allclose(logp, -nll, atol=1e-5)
