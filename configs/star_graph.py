@@ -18,4 +18,4 @@ def get_config(arg=None):
       tiny_options={"degree": 3, "path_len": 5, "num_nodes": 24},
       model={"n_layer": 8, "n_head": 8, "n_embd": 256, "target_dim": 64},
       tiny_model={},
-      steps=20_000, tiny_steps=2_000, arg=arg)
+      steps=20_000, tiny_steps=600, arg=arg)
