@@ -69,6 +69,16 @@ def train(task: str, size: str, variant: str, workdir: pathlib.Path, steps: int 
   return {**done, "reused": not last}
 
 
+def train_curve(workdir: pathlib.Path) -> list[list[float]]:
+  """[[step, training loss on the answer cells], ...] from the run's metrics.jsonl."""
+  out = []
+  for line in (workdir / "metrics.jsonl").read_text().splitlines():
+    row = json.loads(line)
+    if "train/loss" in row:
+      out.append([row["step"], row["train/loss"]])
+  return out
+
+
 def decodings(n: int) -> list[tuple[str, str, dict]]:
   """(label, model, SampleSettings fields) of every decoding, greedy, one cell per step unless
   threshold."""
@@ -100,6 +110,7 @@ def run_task(task_name: str, args) -> dict:
     runs[label] = train(task_name, args.size, variant, wd, args.steps)
     print(f"[{task_name}] {label}: {runs[label]}", flush=True)
     models[label], cfg = aogpt_jax.load(str(wd))
+    runs[label]["curve"] = train_curve(wd)
   task = tasks.make(cfg.task.name, **cfg.task.options.to_dict())
   puzzles = task.heldout(int(cfg.task.heldout_seed), args.puzzles)
   rows = []
@@ -135,8 +146,8 @@ def plot(results: dict, path: pathlib.Path, title: str) -> None:
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
   names = list(results)
-  fig, axes = plt.subplots(len(names), 2, figsize=(13, 4.8 * len(names)), squeeze=False,
-                           gridspec_kw={"width_ratios": [1.6, 1]})
+  fig, axes = plt.subplots(len(names), 3, figsize=(18, 4.8 * len(names)), squeeze=False,
+                           gridspec_kw={"width_ratios": [1.6, 1, 1]})
   colors = {"l2r": "tab:gray", "aogpt": "tab:blue", "mdm": "tab:orange"}
   for i, name in enumerate(names):
     res = results[name]
@@ -154,8 +165,9 @@ def plot(results: dict, path: pathlib.Path, title: str) -> None:
     opts = ", ".join(f"{k}={v}" for k, v in res["options"].items()
                      if k not in ("heldout_frac", "unique", "difficulty"))
     ax.set_title(f"{name} ({opts}; {res['puzzles']} puzzles), greedy")
-    for yy, r in zip(y, rate):
-      ax.text(min(r + 2, 88), yy, f"{r:.0f}%", va="center", fontsize=8)
+    for yy, r, row in zip(y, rate, rows):
+      ax.text(min(100 * row["solved"]["high"] + 1.5, 92), yy, f"{r:.0f}%", va="center",
+              fontsize=8)
     ax = axes[i, 1]
     for model, label in (("aogpt", "AO-GPT"), ("mdm", "MDM")):
       pts = [r for r in res["decodings"] if r["model"] == model and "threshold" in r["decoding"]]
@@ -168,6 +180,17 @@ def plot(results: dict, path: pathlib.Path, title: str) -> None:
     ax.set_ylim(0, 102)
     ax.set_title("threshold decoding: solved against steps")
     ax.legend(fontsize=8, loc="lower right")
+    ax = axes[i, 2]
+    for label, run in res["train"].items():
+      curve = run.get("curve") or []
+      if curve:
+        ax.plot(*zip(*curve), color=colors[label],
+                label={"aogpt": "AO-GPT (mixture)", "l2r": "L2R model",
+                       "mdm": "MDM (ELBO bound)"}[label])
+    ax.set_xlabel("training step")
+    ax.set_ylabel("training loss per answer token (nats)")
+    ax.set_title("training curves")
+    ax.legend(fontsize=8)
   fig.suptitle(title)
   fig.tight_layout()
   fig.savefig(path, dpi=110)
