@@ -111,3 +111,28 @@ def test_memory_line_names_the_options_and_warns_over_the_device_limit():
   assert "\n" not in warn and "17.00 GiB per device" in warn and "exceeds the device's 16.00" in warn
   assert flops_lib.memory_warning(mem, 20 * 2**30) is None
   assert flops_lib.memory_warning(mem, None) is None     # CPU: limit unknown
+
+
+def test_a_full_disk_while_writing_metrics_is_one_error_naming_step_and_folder(tmp_path):
+  import errno
+  from aogpt_jax.train import metrics as metrics_lib
+  w = metrics_lib.MetricWriter(tmp_path)
+  w.write_scalars(1, {"train/loss": 1.0})
+
+  class Full:
+    def write(self, _):
+      raise OSError(errno.ENOSPC, "No space left on device")
+
+    def flush(self):
+      pass
+
+    def close(self):
+      raise OSError(errno.ENOSPC, "No space left on device")
+
+  w._jsonl = Full()
+  with pytest.raises(metrics_lib.MetricsWriteError,
+                     match=rf"^metrics: writing step 7 to {tmp_path} .*No space left on device"):
+    w.write_scalars(7, {"train/loss": 1.0})
+  w.write_scalars(8, {"train/loss": 1.0})     # nothing more is tried, nothing raised
+  w.flush()
+  w.close()

@@ -38,8 +38,14 @@ class NullWriter:
     pass
 
 
+class MetricsWriteError(OSError):
+  """Writing metrics.jsonl or the TensorBoard events failed (a full disk, a folder gone)."""
+
+
 class MetricWriter(NullWriter):
-  """A tiny clu-like writer: TensorBoard events plus WORKDIR/metrics.jsonl."""
+  """A tiny clu-like writer: TensorBoard events plus WORKDIR/metrics.jsonl. A failed write is
+  one `MetricsWriteError` naming the step and the folder; the writer then closes quietly (no
+  second report from TensorBoard's own threads at exit)."""
 
   def __init__(self, workdir: str | os.PathLike, resume_step: int | None = None):
     from tensorboardX import SummaryWriter  # imported here: only process 0 writes
@@ -52,21 +58,49 @@ class MetricWriter(NullWriter):
     self._tb = SummaryWriter(str(workdir / "tensorboard"),
                              purge_step=None if resume_step is None else resume_step + 1)
 
+  @contextlib.contextmanager
+  def _guard(self, step):
+    try:
+      yield
+    except OSError as e:
+      self._close_quietly()
+      why = e.strerror or str(e)
+      at = f" step {step}" if step is not None else ""
+      raise MetricsWriteError(
+          f"metrics: writing{at} to {self.jsonl_path.parent} (metrics.jsonl, tensorboard/) "
+          f"failed ({why}); the checkpoints saved before it are intact; free space or fix the "
+          f"folder, then rerun to resume") from None
+
+  def _close_quietly(self) -> None:
+    self.failed = True
+    for f in (self._jsonl.close, self._tb.close):
+      with contextlib.suppress(Exception):
+        f()
+
   def write_scalars(self, step: int, scalars: dict[str, float]) -> None:
+    if getattr(self, "failed", False):
+      return
     clean = {k: float(v) for k, v in scalars.items() if v is not None}
-    for k, v in clean.items():
-      self._tb.add_scalar(k, v, global_step=step)
-    line = {"step": int(step), **{k: (v if math.isfinite(v) else str(v)) for k, v in clean.items()}}
-    self._jsonl.write(json.dumps(line) + "\n")
-    self._jsonl.flush()
+    with self._guard(step):
+      for k, v in clean.items():
+        self._tb.add_scalar(k, v, global_step=step)
+      line = {"step": int(step),
+              **{k: (v if math.isfinite(v) else str(v)) for k, v in clean.items()}}
+      self._jsonl.write(json.dumps(line) + "\n")
+      self._jsonl.flush()
 
   def flush(self) -> None:
-    self._jsonl.flush()
-    self._tb.flush()
+    if not getattr(self, "failed", False):
+      with self._guard(None):
+        self._jsonl.flush()
+        self._tb.flush()
 
   def close(self) -> None:
-    self._jsonl.close()
-    self._tb.close()
+    if getattr(self, "failed", False):
+      return
+    with self._guard(None):
+      self._jsonl.close()
+      self._tb.close()
 
 
 def create_writer(workdir, resume_step: int | None = None) -> NullWriter:
