@@ -243,11 +243,12 @@ def test_full_disk_during_an_async_save_is_one_line_at_that_save(tmp_path):
   _check_one_line(p, work, max_step=8)     # the next save at the latest; not the run's end
 
 
+@pytest.mark.xfail(reason="a real full disk: which write meets it first (a checkpoint, metrics, "
+                   "train.log, orbax's own temporary files) varies from run to run; the one-line "
+                   "paths are tested deterministically (the async-save test above, "
+                   "tests/test_metrics.py); this one passed here when last run", strict=False)
 @pytest.mark.subprocess
 @pytest.mark.slow
-@pytest.mark.xfail(reason="left of #42.13: when the metrics writer (metrics.jsonl, tensorboardX) "
-                   "hits the full disk before the save does, the run ends in a bare OSError "
-                   "and tensorboardX's atexit traceback", strict=False)
 def test_real_full_disk_on_a_tiny_tmpfs_is_one_line(tmp_path):
   mnt = tmp_path / "mnt"
   mnt.mkdir()
@@ -263,7 +264,9 @@ def test_real_full_disk_on_a_tiny_tmpfs_is_one_line(tmp_path):
     lines = p.stderr.strip().splitlines()
     assert p.returncode == 1 and "Traceback" not in p.stderr, p.stderr[-5000:]
     assert "Logging error" not in p.stderr and "Event loop is closed" not in p.stderr
-    assert lines[-1].startswith("aogpt_jax: CheckpointSaveError: checkpoint: saving step "), lines
+    # whichever write meets the full disk first, the checkpoint's or the metrics'
+    assert lines[-1].startswith(("aogpt_jax: CheckpointSaveError: checkpoint: saving step ",
+                                 "aogpt_jax: MetricsWriteError: metrics: writing step ")), lines
     assert "(No space left on device)" in lines[-1]
   finally:
     subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
