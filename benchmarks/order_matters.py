@@ -129,8 +129,12 @@ def run_task(task_name: str, args) -> dict:
   adaptive = [r for r in rows if r["model"] == "aogpt" and r["settings"]["method"] == "adaptive"]
   best = max(adaptive, key=lambda r: r["solved"]["rate"])
   rand = by["AO-GPT, random order"]["solved"]["rate"]
+  mdm_best = max((r for r in rows if r["model"] == "mdm" and r["settings"]["method"] == "adaptive"),
+                 key=lambda r: r["solved"]["rate"])
   findings = {
       "best_adaptive": best["decoding"], "best_adaptive_rate": best["solved"]["rate"],
+      "mdm_best_adaptive": mdm_best["decoding"], "mdm_best_adaptive_rate": mdm_best["solved"]["rate"],
+      "mdm_random_order_rate": by["MDM, random order"]["solved"]["rate"],
       "random_order_rate": rand, "l2r_model_rate": by["L2R model"]["solved"]["rate"],
       "best_over_random": best["solved"]["rate"] / rand if rand else None,
       "speed_aogpt_vs_mdm_max_prob_ms": [by["AO-GPT, max_prob"]["ms_per_puzzle"],
@@ -155,8 +159,8 @@ def plot(results: dict, path: pathlib.Path, title: str) -> None:
     ax = axes[i, 0]
     y = range(len(rows))
     rate = [100 * r["solved"]["rate"] for r in rows]
-    err = [[100 * (r["solved"]["rate"] - r["solved"]["low"]) for r in rows],
-           [100 * (r["solved"]["high"] - r["solved"]["rate"]) for r in rows]]
+    err = [[max(0.0, 100 * (r["solved"]["rate"] - r["solved"]["low"])) for r in rows],
+           [max(0.0, 100 * (r["solved"]["high"] - r["solved"]["rate"])) for r in rows]]
     ax.barh(list(y), rate, xerr=err, color=[colors[r["model"]] for r in rows], capsize=3)
     ax.set_yticks(list(y), [r["decoding"] for r in rows])
     ax.invert_yaxis()
@@ -197,6 +201,32 @@ def plot(results: dict, path: pathlib.Path, title: str) -> None:
   print(f"wrote {path}", flush=True)
 
 
+def markdown(results: dict, machine: dict, out: dict) -> str:
+  """One table per task: every decoding's solved rate (95% interval), cell accuracy, first
+  answer cell right, steps and ms per puzzle."""
+  lines = []
+  for name, res in results.items():
+    opts = ", ".join(f"{k}={v}" for k, v in res["options"].items())
+    steps = ", ".join(f"{k} {v['total_steps']}" for k, v in res["train"].items())
+    lines += [f"**{name}** ({opts}; {res['puzzles']} held-out puzzles, greedy; training steps: "
+              f"{steps})",
+              "", "| decoding | solved | 95% interval | cell accuracy | first answer cell right "
+              "| steps | ms / puzzle |", "|---|---|---|---|---|---|---|"]
+    for r in res["decodings"]:
+      s = r["solved"]
+      lines.append(f"| {r['decoding']} | {100 * s['rate']:.1f}% | {100 * s['low']:.1f}-"
+                   f"{100 * s['high']:.1f}% | {100 * r['cell_accuracy']:.1f}% | "
+                   f"{100 * r['first_cell_accuracy']:.1f}% | {r['steps_mean']:.1f} | "
+                   f"{r['ms_per_puzzle']:.1f} |")
+    lines.append("")
+  total = out["total_s"] or out["wall_s"]
+  lines.append(f"{machine['cores']}-core {machine['cpu']} "
+               f"{'with ' + machine['accelerator'] if machine.get('accelerator') else 'CPU'}; "
+               f"{total / 60:.0f} min for training and solving, load average "
+               f"{out['load_avg_1m_start']} at the start.")
+  return "\n".join(lines) + "\n"
+
+
 def main(argv=None):
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   p.add_argument("--size", choices=sorted(SIZES), default="cpu")
@@ -225,6 +255,7 @@ def main(argv=None):
          # this command plus the training of the models it reused: the whole benchmark's time
          "total_s": None if None in earlier else wall + sum(earlier)}
   path = common.write_result(bench, args, out, out=args.out or None)
+  path.with_suffix(".md").write_text(markdown(results, machine, out))
   total = out["total_s"] or wall
   plot(results, path.with_suffix(".png"),
        f"Where the order matters ({machine['slug']}; {total / 60:.0f} min training and solving)")

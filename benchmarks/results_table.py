@@ -113,8 +113,10 @@ def _order_matters(j: Result) -> str:
     f = j.r("tasks", name, "findings")
     parts.append(f"{name.replace('_', ' ')}: AO-GPT {f['best_adaptive'].split(', ')[1]} "
                  f"{100 * f['best_adaptive_rate']:.0f}% vs random order "
-                 f"{100 * f['random_order_rate']:.0f}% vs L2R model "
-                 f"{100 * f['l2r_model_rate']:.0f}%")
+                 f"{100 * f['random_order_rate']:.0f}%, L2R model "
+                 f"{100 * f['l2r_model_rate']:.0f}%, encoder MDM "
+                 f"{f['mdm_best_adaptive'].split(', ')[1]} {100 * f['mdm_best_adaptive_rate']:.0f}%"
+                 f" / random {100 * f['mdm_random_order_rate']:.0f}%")
   return "; ".join(parts) + f" ({j.r('total_s') / 60:.0f} min in all, load {j.r('load_avg_1m_start'):.0f})"
 
 
