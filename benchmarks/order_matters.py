@@ -220,10 +220,14 @@ def markdown(results: dict, machine: dict, out: dict) -> str:
                    f"{r['ms_per_puzzle']:.1f} |")
     lines.append("")
   total = out["total_s"] or out["wall_s"]
+  loads = [r["load_avg_1m_end"] for res in results.values() for r in res["train"].values()
+           if r.get("load_avg_1m_end") is not None]
+  shared = (f"load average {min(loads):.1f}-{max(loads):.1f} at the end of each training run, "
+            if loads else "")
   lines.append(f"{machine['cores']}-core {machine['cpu']} "
                f"{'with ' + machine['accelerator'] if machine.get('accelerator') else 'CPU'}; "
-               f"{total / 60:.0f} min for training and solving, load average "
-               f"{out['load_avg_1m_start']} at the start.")
+               f"{total / 60:.0f} min for training and solving ({shared}"
+               f"{out['load_avg_1m_start']:.1f} when solving started).")
   return "\n".join(lines) + "\n"
 
 

@@ -117,7 +117,10 @@ def _order_matters(j: Result) -> str:
                  f"{100 * f['l2r_model_rate']:.0f}%, encoder MDM "
                  f"{f['mdm_best_adaptive'].split(', ')[1]} {100 * f['mdm_best_adaptive_rate']:.0f}%"
                  f" / random {100 * f['mdm_random_order_rate']:.0f}%")
-  return "; ".join(parts) + f" ({j.r('total_s') / 60:.0f} min in all, load {j.r('load_avg_1m_start'):.0f})"
+  loads = [r["load_avg_1m_end"] for name in ("sudoku", "star_graph")
+           for r in j.r("tasks", name, "train").values()]
+  return "; ".join(parts) + (f" ({j.r('total_s') / 60:.0f} min training and solving, load "
+                             f"average {min(loads):.0f}-{max(loads):.0f})")
 
 
 ROWS: list[Row] = [
