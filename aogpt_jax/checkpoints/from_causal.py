@@ -194,14 +194,7 @@ def flat_params(hf: Mapping[str, Any], tensors: Mapping[str, np.ndarray],
                      p + "self_attn.v_proj.bias": (kvd,)})
     if cfg.qk_norm:
       shapes[p + "self_attn.q_norm.weight"] = shapes[p + "self_attn.k_norm.weight"] = (hd,)
-  t = {}
-  for name, shape in shapes.items():
-    if name not in tensors:
-      raise ConversionError(f"{where}: missing tensor {name!r}")
-    if tuple(tensors[name].shape) != shape:
-      raise ConversionError(f"{where}: tensor {name!r} has shape {tuple(tensors[name].shape)}, "
-                            f"config.json implies {shape}")
-    t[name] = np.asarray(tensors[name], np.float32)
+  t = from_gpt.checked_tensors(tensors, shapes, where)
   used = set(shapes)
   if cfg.tie_embeddings and "lm_head.weight" in tensors:
     if not np.array_equal(tensors["lm_head.weight"], tensors["model.embed_tokens.weight"]):

@@ -180,6 +180,20 @@ def eot_id(hf: Mapping[str, Any]) -> int:
   return int(e) if isinstance(e, int) and 0 <= e < vocab else vocab - 1
 
 
+def checked_tensors(tensors, shapes: dict, where: str) -> dict:
+  """``{name: float32 array}`` for every name of ``shapes``, each present in ``tensors`` with
+  the shape config.json implies (a one-line `ConversionError` naming the tensor otherwise)."""
+  out = {}
+  for name, shape in shapes.items():
+    if name not in tensors:
+      raise ConversionError(f"{where}: missing tensor {name!r}")
+    if tuple(tensors[name].shape) != shape:
+      raise ConversionError(f"{where}: tensor {name!r} has shape {tuple(tensors[name].shape)}, "
+                            f"config.json implies {shape}")
+    out[name] = np.asarray(tensors[name], np.float32)
+  return out
+
+
 def gpt2_tensors(hf: Mapping[str, Any], tensors: Mapping[str, np.ndarray],
                  where: str) -> dict[str, np.ndarray]:
   """GPT-2's parameters as float32 arrays under their Hugging Face names (without the
@@ -198,14 +212,7 @@ def gpt2_tensors(hf: Mapping[str, Any], tensors: Mapping[str, np.ndarray],
     for name, i_, o in (("attn.c_attn", d, 3 * d), ("attn.c_proj", d, d),
                         ("mlp.c_fc", d, inner), ("mlp.c_proj", inner, d)):
       shapes[p + name + ".weight"], shapes[p + name + ".bias"] = (i_, o), (o,)
-  out = {}
-  for name, shape in shapes.items():
-    if name not in tensors:
-      raise ConversionError(f"{where}: missing tensor {name!r}")
-    if tuple(tensors[name].shape) != shape:
-      raise ConversionError(f"{where}: tensor {name!r} has shape {tuple(tensors[name].shape)}, "
-                            f"config.json implies {shape}")
-    out[name] = np.asarray(tensors[name], np.float32)
+  out = checked_tensors(tensors, shapes, where)
   used = set(shapes)
   if "lm_head.weight" in tensors:
     if not np.array_equal(tensors["lm_head.weight"], tensors["wte.weight"]):
