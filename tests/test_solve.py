@@ -107,8 +107,7 @@ def test_solve_mode_on_a_short_task_run(tmp_path):
   base = ["python", "-m", "aogpt_jax.main", "--config=configs/sudoku.py:tiny", f"--workdir={wd}",
           "--config.model.n_layer=1", "--config.model.n_embd=32", "--config.model.n_head=2",
           "--config.model.target_dim=8", "--config.batch_size=8", "--config.eval_every=0",
-          "--config.log_every=2", "--config.task.heldout_count=8",
-          "--config.task.options.min_givens=5"]
+          "--config.log_every=2", "--config.task.heldout_count=8"]
   base[0] = sys.executable
   trainer_helpers.run(base + ["--config.total_steps=4", "--config.checkpoint_every=4"],
                       tmp_path / "train.log")
@@ -124,7 +123,7 @@ def test_solve_mode_on_a_short_task_run(tmp_path):
   summary = json.loads((wd / "solve" / "solve.json").read_text())
   assert len(rows) == 6 and summary["summary"]["rows"] == 6
   assert summary["provenance"]["model"]["step"] == 4
-  task = tasks.make("sudoku", size=4, min_givens=5, max_givens=8)
+  task = tasks.make("sudoku", size=6, min_givens=14, max_givens=22)   # configs/sudoku.py:tiny
   puzzles = task.heldout(0, 6)
   out = np.array([r["output"] for r in rows])
   np.testing.assert_array_equal(out[puzzles["prompt"]], puzzles["tokens"][puzzles["prompt"]])
@@ -140,6 +139,6 @@ def test_solve_mode_on_a_short_task_run(tmp_path):
   assert [json.loads(r)["given"] for r in file_rows] == [r["given"] for r in rows]
   # Another task than the run's: one line.
   bad = pathlib.Path(tmp_path / "bad.log")
-  p = trainer_helpers.start(solve + ["--config.task.options.size=6"], bad)
+  p = trainer_helpers.start(solve + ["--config.task.options.max_givens=20"], bad)
   assert p.wait(timeout=300) == 1
   assert "task.options: the run in" in bad.read_text().strip().splitlines()[-1]
