@@ -95,14 +95,14 @@ def solve(model, task, puzzles: dict, settings: sampler_lib.SampleSettings, *,
   key = jax.random.key(0) if key is None else sampler_lib.as_key(key)
   ref_RxN = np.asarray(puzzles["tokens"], np.int32)
   given_RxN = np.asarray(puzzles["prompt"], bool)
-  rows_total, n = ref_RxN.shape
+  rows_total = len(ref_RxN)
   bs = max(1, min(int(batch_size), rows_total))
   outs, order_parts, steps_parts, times = [], [], [], []
   for start in range(0, rows_total, bs):
     idx = np.arange(start, start + bs) % rows_total       # the last batch wraps (one shape)
     prompt = (np.where(given_RxN[idx], ref_RxN[idx], 0), given_RxN[idx])
 
-    def run(idx=idx, prompt=prompt, start=start):
+    def run(prompt=prompt, start=start):
       return jax.block_until_ready(sampler_lib.generate(model, key, settings, prompt=prompt,
                                                         sample_offset=start))
     if warm and start == 0:
