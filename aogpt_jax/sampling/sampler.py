@@ -428,7 +428,7 @@ def sample_batch(model: AOGPT, p: Prepared, pl: schedules.StepPlan | None, s: Sa
     order, steps, step_of_rank, logits = logits
     return Samples(np.asarray(toks), np.asarray(order), None,
                    None if logits is None else np.asarray(logits), np.asarray(steps),
-                   np.asarray(step_of_rank))
+                   step_of_rank=np.asarray(step_of_rank))
   if s.method == "speculative":
     passes, trace = logits
     trace = None if trace is None else {k: np.asarray(v) for k, v in trace.items()}
