@@ -129,7 +129,7 @@ def test_bad_mode_and_config_errors_exit_with_a_message(cache_dir, tmp_path):
   assert p.returncode != 0 and "--mode=dance: unknown mode; known: eval, genppl, prepare, sample, solve, train" in p.stderr
   p = subprocess.run(args + ["--mode=smaple"], **kw)   # one line, no usage text
   assert p.returncode == 1 and p.stderr.strip().splitlines() == [
-      "aogpt_jax: --mode=smaple: unknown mode; known: eval, genppl, prepare, sample, train; "
+      "aogpt_jax: --mode=smaple: unknown mode; known: eval, genppl, prepare, sample, solve, train; "
       "did you mean --mode=sample?"], p.stderr[-2000:]
   file = tmp_path / "a_file"
   file.write_text("x")
