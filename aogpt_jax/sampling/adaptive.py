@@ -251,11 +251,11 @@ def score_probs(logits, draw: Draw):
   return jax.nn.softmax(logits.astype(jnp.float32) / jnp.float32(t), axis=-1)
 
 
-def plackett_luce_logp(z_BxQ):
-  """[B, Q]: ``z[j] - logsumexp(z[j:])``: the log-probability that item j is drawn j-th given
-  items 0..j-1 were drawn before it, for the logits ``z`` [B, Q] in drawn order (items never drawn
-  last, at `NEVER`)."""
-  return z_BxQ - jax.lax.cumlogsumexp(z_BxQ, axis=1, reverse=True)
+def plackett_luce_logp(z):
+  """[..., Q]: ``z[j] - logsumexp(z[j:])``: the log-probability that item j is drawn j-th given
+  items 0..j-1 were drawn before it, for the logits ``z`` [..., Q] in drawn order (items never
+  drawn last, at `NEVER`)."""
+  return z - jax.lax.cumlogsumexp(z, axis=z.ndim - 1, reverse=True)
 
 
 def policy_logits(scores, valid, tau: float):
