@@ -53,10 +53,10 @@ CASES = [     # the first in the fast subset
 
 
 @pytest.mark.parametrize("kw", CASES)
-def test_recorded_logp_equals_the_recomputed(model, kw, monkeypatch):
+def test_recorded_logp_equals_the_recomputed(model, kw):
   """`Samples.logp` / ``model_logp`` equal `sequence_logp` (at the sampling temperature / at 1),
-  `Samples.order_logp` equals `order_logp` and `token_and_order_logp` (one pass, and split over
-  passes), for the cached sampler and its uncached reference (the same samples)."""
+  `Samples.order_logp` equals `order_logp` (a pass per step) and `token_and_order_logp` (one
+  pass, and two steps a pass), for the cached sampler and its uncached reference (the same samples)."""
   pmask = _prompt()[1]
   scored = np.asarray(orders_lib.scored_ranks(pmask))
   tau, temp = kw.get("policy_temperature", 0.0), kw.get("temperature", 1.0)
@@ -74,9 +74,9 @@ def test_recorded_logp_equals_the_recomputed(model, kw, monkeypatch):
   seq = lambda t: np.asarray(likelihood.sequence_logp(*args, temperature=t))  # noqa: E731
   okw = dict(policy=kw["policy"], policy_temperature=tau, temperature=temp)
   olp = np.asarray(likelihood.order_logp(*args, **okw))
-  tl, ol, _ = likelihood.token_and_order_logp(*args, **okw, max_steps=out.passes.max())
-  monkeypatch.setattr(likelihood, "ORDER_PASS_SLOTS", N + 2 * N)     # two steps per pass
-  _, split, _ = likelihood.token_and_order_logp(*args, **okw, max_steps=5)
+  tl, ol, _ = likelihood.token_and_order_logp(*args, **okw, max_steps=out.passes.max(),
+                                              steps_per_pass=out.passes.max())     # one pass
+  _, split, _ = likelihood.token_and_order_logp(*args, **okw, max_steps=5, steps_per_pass=2)
   diffs = {"logp": np.abs(out.logp - seq(temp)).max(),
            "model_logp": np.abs(out.model_logp - seq(1.0)).max(),
            "order_logp": np.abs(out.order_logp - olp).max(),

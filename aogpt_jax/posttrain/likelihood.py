@@ -116,9 +116,6 @@ def sequence_logp(model: AOGPT, tokens: jax.Array, order: jax.Array, steps: jax.
 
 # ------------------------------------------------------------------- the order's log-probability
 
-ORDER_PASS_SLOTS = 2048   # slots per pass of `order_pass` (more steps: consecutive passes)
-
-
 @struct.dataclass
 class StepQueries:
   """The queries of `order_pass`, T steps x W candidates: query (t, j) is a copy of rank-slot
@@ -148,13 +145,17 @@ def step_queries(steps: jax.Array, scored: jax.Array, max_steps: int, width: int
 
 def order_pass(model: AOGPT, tokens: jax.Array, order: jax.Array, steps: jax.Array,
                prompt: jax.Array | None = None, *, max_steps: int | None = None,
-               width: int | None = None):
+               width: int | None = None, steps_per_pass: int | None = None):
   """(logits [B, T, W, V], `StepQueries`): the model's conditional at every candidate of every
   step: query (t, j) targets the position of rank start[t] + j, seeing the ranks of steps
   before t (invalid queries: garbage). T = ``max_steps`` (None: n) steps per row at most, W =
-  ``width`` (None: n) candidates per step (at least the row's answer length). Teacher-forced
-  over n + T W slots: one pass when that is at most `ORDER_PASS_SLOTS`, else consecutive passes
-  over as many steps each as fit (the same numbers). Arguments as `sequence_logp`."""
+  ``width`` (None: n) candidates per step (at least the row's answer length).
+
+  Cost: teacher-forced passes over the n rank-slots plus ``steps_per_pass`` = c steps' queries
+  (c W slots), T / c of them (`jax.lax.map`; c = T: ONE pass of n + T W slots). The same numbers
+  for every c; the attention costs (T / c) (n + c W)^2, least at c W = n, so None takes
+  c = max(1, n // W): about T passes of 2n slots at W = n, T times `sequence_logp`'s one pass of
+  2n (6x6 Sudoku, n = 36 at one cell per step: 36 passes of 72 slots)."""
   b, n = tokens.shape
   check_length(model.cfg, n)
   t, w = int(max_steps or n), int(width or n)
@@ -164,7 +165,7 @@ def order_pass(model: AOGPT, tokens: jax.Array, order: jax.Array, steps: jax.Arr
   tgt_BxTxW = jnp.where(sq.valid, orders_lib.slot_target(order, rank_BxTxW.reshape(b, -1))
                         .reshape(b, t, w), NO_TARGET)
   m_BxTxW = jnp.where(sq.valid, sq.start[:, :, None], 0)
-  per = max(1, min(t, (ORDER_PASS_SLOTS - n) // w))          # steps per pass
+  per = max(1, min(t, int(steps_per_pass or n // w)))          # steps per pass
   passes = -(-t // per)
   pad = lambda x, v: jnp.pad(x, ((0, 0), (0, passes * per - t), (0, 0)), constant_values=v)  # noqa: E731
   chunks = lambda x: jnp.moveaxis(x.reshape(b, passes, per * w), 1, 0)  # noqa: E731
@@ -213,27 +214,30 @@ def order_logp_of(logits: jax.Array, sq: StepQueries, order: jax.Array, *, polic
 def order_logp(model: AOGPT, tokens: jax.Array, order: jax.Array, steps: jax.Array,
                prompt: jax.Array | None = None, *, policy: str, policy_temperature: float,
                temperature: float = 1.0, max_steps: int | None = None,
-               width: int | None = None) -> jax.Array:
+               width: int | None = None, steps_per_pass: int | None = None) -> jax.Array:
   """float32 [B, n] in rank layout: the exact log-probability that the stochastic adaptive
   policy (``policy``, ``policy_temperature`` tau > 0; `sampling.adaptive`) chose each rank's
   position, as recorded in `Samples.order_logp`: with step s (frontier m_s) writing ranks
   m_s.., ``order_logp[b, r] = z(order[r]) - logsumexp(z(order[r']) for r' >= r)``, z = the
   policy's score at step s / tau (Plackett-Luce over the candidates still unwritten, minus
   those drawn earlier in the step); 0 at the prompt and when tau = 0. Scores on
-  ``softmax(logits / temperature)`` (the sampling temperature). Cost: `order_pass` (T x W
-  query slots: 1,332 slots for a 6x6 Sudoku at one cell per step; a 9x9 one at T = W = 81 runs
-  in four passes). Traceable and differentiable in the model's parameters."""
-  logits, sq = order_pass(model, tokens, order, steps, prompt, max_steps=max_steps, width=width)
+  ``softmax(logits / temperature)`` (the sampling temperature). Cost: `order_pass`'s (T W query
+  slots; ``max_steps``, ``width``, ``steps_per_pass`` are its). Traceable and differentiable in
+  the model's parameters."""
+  logits, sq = order_pass(model, tokens, order, steps, prompt, max_steps=max_steps, width=width,
+                          steps_per_pass=steps_per_pass)
   return order_logp_of(logits, sq, order, policy=policy, policy_temperature=policy_temperature,
                        temperature=temperature)
 
 
 def token_and_order_logp(model: AOGPT, tokens, order, steps, prompt=None, *, policy: str,
                          policy_temperature: float, temperature: float = 1.0,
-                         max_steps: int | None = None, width: int | None = None):
+                         max_steps: int | None = None, width: int | None = None,
+                         steps_per_pass: int | None = None):
   """(`sequence_logp`, `order_logp`, the rank logits [B, n, V]) from ONE `order_pass`: each
   rank's own query is among its step's candidates."""
-  logits, sq = order_pass(model, tokens, order, steps, prompt, max_steps=max_steps, width=width)
+  logits, sq = order_pass(model, tokens, order, steps, prompt, max_steps=max_steps, width=width,
+                          steps_per_pass=steps_per_pass)
   rl_BxNxV = rank_logits(logits, sq)
   return (token_logp(rl_BxNxV, tokens, order, prompt, temperature),
           order_logp_of(logits, sq, order, policy=policy, policy_temperature=policy_temperature,
