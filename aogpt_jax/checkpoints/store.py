@@ -4,7 +4,8 @@ A checkpoint is a folder per step (written to a temporary name and renamed when 
 killed run never leaves a half-written step behind) holding the items::
 
     params, opt_state, ema (when EMA is on), train ({step, rng}), data (the grain iterator,
-    one file per process), meta (JSON: the resolved config of the run that wrote it)
+    one file per process; none in a post-training run), meta (JSON: the resolved config of the
+    run that wrote it)
 
 Once a save has finished, ``<step>/aogpt_sha256.json`` records the size and sha256 of every file
 of the step; restoring checks them first. Resuming takes the newest readable step; one whose
@@ -280,7 +281,8 @@ class Checkpointer:
   def save(self, step: int, state: dict, data_iter, meta: dict) -> None:
     items = {k: ocp.args.StandardSave(state[k]) for k in STATE_ITEMS if k in state}
     items["train"] = ocp.args.StandardSave({"step": state["step"], "rng": state["rng"]})
-    items["data"] = grain.checkpoint.CheckpointSave(data_iter)
+    if data_iter is not None:   # None: a run without a data iterator (post-training)
+      items["data"] = grain.checkpoint.CheckpointSave(data_iter)
     items["meta"] = ocp.args.JsonSave(meta)
     self.wait()
     self._saving = step
@@ -310,7 +312,7 @@ class Checkpointer:
 
   def restore_latest(self, abstract_state: dict, data_iter, meta: dict):
     """``(step, state)`` from the newest readable compatible checkpoint (the data iterator is
-    set to its saved position), or None when there is none."""
+    set to its saved position; None: a run without one), or None when there is none."""
     def read(step):
       verified = verify_manifest(self.directory / str(step))
       saved = self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
@@ -319,7 +321,8 @@ class Checkpointer:
                for k in STATE_ITEMS if k in abstract_state}
       items["train"] = ocp.args.StandardRestore(
           {"step": abstract_state["step"], "rng": abstract_state["rng"]})
-      items["data"] = grain.checkpoint.CheckpointRestore(data_iter)
+      if data_iter is not None:
+        items["data"] = grain.checkpoint.CheckpointRestore(data_iter)
       try:
         r = self.manager.restore(step, args=ocp.args.Composite(**items))
       except Exception as e:  # noqa: BLE001
