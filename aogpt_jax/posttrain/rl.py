@@ -99,15 +99,15 @@ def build(cfg, mc) -> "GRPOAlgorithm":
   model = train_loop.load_init(cfg, mc)
   reference = load_reference(cfg, model)
   try:
-    settings.validate(model, reference)
-    solve_lib.check_puzzles(task, task.train_batch(int(cfg.seed), 0, 1),
-                            eval_settings(settings, task))
+    algorithm = GRPOAlgorithm(model, settings, task, reference, prompts=prompts,
+                              ema_decay=float(d), seed=int(cfg.seed),
+                              heldout=task.heldout(int(cfg.task.heldout_seed),
+                                                   int(cfg.task.heldout_count)))
+    algorithm.trainer.check_prompts(task.train_batch(int(cfg.seed), 0, prompts))
+    solve_lib.check_puzzles(task, algorithm.heldout, eval_settings(settings, task))
   except ValueError as err:
     raise ConfigError(str(err) if str(err).startswith("rl.") else f"rl: {err}") from None
-  return GRPOAlgorithm(model, settings, task, reference, prompts=prompts,
-                       ema_decay=float(d), seed=int(cfg.seed),
-                       heldout=task.heldout(int(cfg.task.heldout_seed),
-                                            int(cfg.task.heldout_count)))
+  return algorithm
 
 
 def eval_settings(settings: grpo.GRPOSettings, task):
