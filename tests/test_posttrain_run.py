@@ -214,3 +214,17 @@ def test_command_line_runs_and_sigterm_saves(sft, tmp_path):
   assert p.returncode == 0, p.stderr[-3000:]
   assert f"rl finished: updates {saved[0]}-{saved[0] + 1}" in p.stderr + p.stdout
   assert "--mode=solve" in p.stderr + p.stdout
+
+
+def test_a_checkpoint_older_than_the_rl_group_resumes_without_warnings(caplog):
+  cfg = tu.tiny_config("/nonexistent")
+  meta = store.run_meta(cfg, config_lib.resolve(cfg))
+  old = json.loads(json.dumps(meta))
+  del old["config"]["rl"]                  # written before the group existed
+  with caplog.at_level(logging.WARNING):
+    store.check_compatible(old, meta, "old")
+  assert not caplog.records
+  cfg.rl.lr = 0.5                          # a changed value is still reported
+  with caplog.at_level(logging.WARNING):
+    store.check_compatible(old, store.run_meta(cfg, config_lib.resolve(cfg)), "old")
+  assert "rl.lr: '<absent>' -> 0.5" in caplog.text

@@ -43,6 +43,7 @@ from flax import nnx
 from ml_collections import config_dict
 
 from aogpt_jax import config as config_lib
+from aogpt_jax import config_groups
 from aogpt_jax.errors import _root, one_line
 from aogpt_jax.model import aogpt as model_lib
 
@@ -216,6 +217,9 @@ def check_compatible(saved: dict, current: dict, where: str) -> None:
       continue                  # a model field added since, at its default: the same model
     if a == "<absent>" and key in _ADDED_KEYS and b == _ADDED_KEYS[key]:
       continue                  # a key added since, at its default
+    if a == "<absent>" and key.split(".", 1)[0] in config_groups.OWNERS and b == _group_default(
+        key):
+      continue                  # a key of a config group (rl.*, ...) added since, at its default
     structural = (key in _STREAM_KEYS or
                   (key.startswith("model.") and key.split(".", 1)[1] not in _FREE_MODEL_FIELDS
                    and key != "model.preset"))
@@ -237,6 +241,13 @@ def check_compatible(saved: dict, current: dict, where: str) -> None:
         f"new --workdir")
   if harmless:
     logging.warning("resuming from %s with changed settings: %s", where, "; ".join(harmless))
+
+
+def _group_default(key: str):
+  """The default of ``key`` in its config group (`config_groups`), or a marker for none."""
+  group, _, name = key.partition(".")
+  defaults = config_groups.groups().get(group)
+  return defaults.get(name, "<no default>") if defaults is not None else "<no default>"
 
 
 class Checkpointer:
