@@ -150,48 +150,64 @@ class TextPairs(base.Task):
                split: str = "train", prompt_key: str = "prompt", response_key: str = "response",
                tokenizer: str = "byte", length: int = 64, heldout_frac: float = 0.1,
                truncate: bool = False, limit: int = 0):
+    self.response_key = str(response_key)
+    self._setup(path, dataset, data_files, split, prompt_key, (self.response_key,), tokenizer,
+                length, heldout_frac, truncate, limit)
+
+  def _setup(self, path, dataset, data_files, split, prompt_key, answer_keys, tokenizer, length,
+             heldout_frac, truncate, limit) -> None:
+    """Reads and encodes the examples: ``self.rows[key]`` int32 [E, n] for each of
+    ``answer_keys`` (``self.tokens`` the first), ``self.prompt`` bool [E, n], the split."""
+    name = self.name
     self.path, self.dataset, self.data_files, self.split = (str(path), str(dataset),
                                                             str(data_files), str(split))
-    self.prompt_key, self.response_key = str(prompt_key), str(response_key)
-    self.length = base.check_int(NAME, "length", length, 2)
-    self.limit = base.check_int(NAME, "limit", limit, 0)
-    self.heldout_frac = base.check_frac(NAME, heldout_frac)
+    self.prompt_key = str(prompt_key)
+    self.length = base.check_int(name, "length", length, 2)
+    self.limit = base.check_int(name, "limit", limit, 0)
+    self.heldout_frac = base.check_frac(name, heldout_frac)
     if not isinstance(truncate, bool):
-      raise ValueError(f"task {NAME!r}: truncate={truncate!r}; expected True or False")
+      raise ValueError(f"task {name!r}: truncate={truncate!r}; expected True or False")
     self.truncate = truncate
     self.tokenizer_name = str(tokenizer)
     try:
       self.tokenizer = tokenizers_lib.get_tokenizer(self.tokenizer_name)
     except (ValueError, OSError, ImportError) as e:
-      raise ValueError(f"task {NAME!r}: tokenizer={tokenizer!r}: {e}") from None
+      raise ValueError(f"task {name!r}: tokenizer={tokenizer!r}: {e}") from None
     self.vocab_size = int(self.tokenizer.vocab_size)
     self.pad_id = int(self.tokenizer.eot_id)
-    examples = read_examples((self.prompt_key, self.response_key), path=self.path,
+    examples = read_examples((self.prompt_key, *answer_keys), path=self.path,
                              dataset=self.dataset, data_files=self.data_files, split=self.split,
-                             limit=self.limit)
-    self.tokens, self.prompt = self._encode(examples)
+                             limit=self.limit, what=name)
+    self.rows = {}
+    for key in answer_keys:
+      self.rows[key], self.prompt = self._encode(examples, key)
+    self.tokens = self.rows[answer_keys[0]]
     held = prompt_heldout([ex[self.prompt_key] for _, ex in examples], self.heldout_frac)
     self.train_index, self.heldout_index = np.flatnonzero(~held), np.flatnonzero(held)
     src = self.path or self.dataset
     for side, idx in (("training", self.train_index), ("held-out", self.heldout_index)):
       if not len(idx):
-        raise ValueError(f"task {NAME!r}: {src}: none of its {len(examples)} examples falls on "
+        raise ValueError(f"task {name!r}: {src}: none of its {len(examples)} examples falls on "
                          f"the {side} side of heldout_frac={self.heldout_frac}; expected more "
                          f"examples (distinct prompts) or another heldout_frac")
     self._perms: dict[tuple[int, int], np.ndarray] = {}
 
-  def _encode(self, examples) -> tuple[np.ndarray, np.ndarray]:
-    rows = [encode_pair(self.tokenizer, ex[self.prompt_key], ex[self.response_key], self.length,
+  def _encode(self, examples, key: str) -> tuple[np.ndarray, np.ndarray]:
+    rows = [encode_pair(self.tokenizer, ex[self.prompt_key], ex[key], self.length,
                         pad_id=self.pad_id, truncate=self.truncate, where=where)
             for where, ex in examples]
     return np.stack([r[0] for r in rows]), np.stack([r[1] for r in rows])
 
-  def options(self) -> dict:
+  def _source_options(self) -> dict:
     return {"path": self.path, "dataset": self.dataset, "data_files": self.data_files,
-            "split": self.split, "prompt_key": self.prompt_key,
-            "response_key": self.response_key, "tokenizer": self.tokenizer_name,
-            "length": self.length, "heldout_frac": self.heldout_frac,
-            "truncate": self.truncate, "limit": self.limit}
+            "split": self.split, "prompt_key": self.prompt_key}
+
+  def _row_options(self) -> dict:
+    return {"tokenizer": self.tokenizer_name, "length": self.length,
+            "heldout_frac": self.heldout_frac, "truncate": self.truncate, "limit": self.limit}
+
+  def options(self) -> dict:
+    return {**self._source_options(), "response_key": self.response_key, **self._row_options()}
 
   @property
   def examples(self) -> int:
@@ -223,16 +239,21 @@ class TextPairs(base.Task):
   def heldout(self, seed: int, count: int) -> dict[str, np.ndarray]:
     """At most ``count`` held-out examples (the set is finite), in an order drawn from
     ``seed``; ``heldout(seed, k)`` is a prefix of ``heldout(seed, m)``, ``k <= m``."""
-    perm = base.seeds(0x4E1D, 0x5F7, seed).permutation(len(self.heldout_index))
-    idx = self.heldout_index[perm[:int(count)]]
+    idx = self.heldout_indices(seed, count)
     return {"tokens": self.tokens[idx].copy(), "prompt": self.prompt[idx].copy()}
+
+  def heldout_indices(self, seed: int, count: int) -> np.ndarray:
+    """int [<= count]: the example indices of ``heldout(seed, count)``."""
+    perm = base.seeds(0x4E1D, 0x5F7, seed).permutation(len(self.heldout_index))
+    return self.heldout_index[perm[:int(count)]]
 
   def load(self, path: str, limit: int | None = None) -> dict[str, np.ndarray]:
     """``--mode=solve`` with ``solve.puzzles=FILE``: a JSONL file of this task's keys, encoded
     as its rows."""
-    examples = read_examples((self.prompt_key, self.response_key), path=path,
-                             limit=int(limit or 0))
-    tokens, prompt = self._encode(examples)
+    key = next(iter(self.rows))
+    examples = read_examples((self.prompt_key, key), path=path, limit=int(limit or 0),
+                             what=self.name)
+    tokens, prompt = self._encode(examples, key)
     return {"tokens": tokens, "prompt": prompt}
 
   def _response_end(self, ref: np.ndarray, prompt: np.ndarray) -> np.ndarray:
@@ -268,3 +289,41 @@ class TextPairs(base.Task):
       return self.text(tokens_row, np.zeros(np.asarray(tokens_row).size, bool))[1]
     p, r = self.text(tokens_row, prompt_row)
     return f"prompt: {p}\nresponse: {r}"
+
+
+@base.register("preferences")
+class TextPreferences(TextPairs):
+  """``tasks.make("preferences", path=FILE.jsonl, ...)``: ``{"prompt", "chosen", "rejected"}``
+  lines (``chosen_key`` / ``rejected_key``), each response encoded as `encode_pair` does. As a
+  task its rows are the CHOSEN responses (SFT on them, held-out loss, ``--mode=solve`` against
+  them); `preferences` gives both for DPO. Split and batches as ``pairs``."""
+
+  def __init__(self, path: str = "", dataset: str = "", data_files: str = "",
+               split: str = "train", prompt_key: str = "prompt", chosen_key: str = "chosen",
+               rejected_key: str = "rejected", tokenizer: str = "byte", length: int = 64,
+               heldout_frac: float = 0.1, truncate: bool = False, limit: int = 0):
+    self.chosen_key, self.rejected_key = str(chosen_key), str(rejected_key)
+    if self.chosen_key == self.rejected_key:
+      raise ValueError(f"task {self.name!r}: chosen_key and rejected_key are both "
+                       f"{chosen_key!r}; expected two fields")
+    self._setup(path, dataset, data_files, split, prompt_key,
+                (self.chosen_key, self.rejected_key), tokenizer, length, heldout_frac, truncate,
+                limit)
+
+  def options(self) -> dict:
+    return {**self._source_options(), "chosen_key": self.chosen_key,
+            "rejected_key": self.rejected_key, **self._row_options()}
+
+  def _triples(self, idx: np.ndarray) -> dict[str, np.ndarray]:
+    return {"chosen": self.rows[self.chosen_key][idx].copy(),
+            "rejected": self.rows[self.rejected_key][idx].copy(),
+            "prompt": self.prompt[idx].copy()}
+
+  def preferences(self, seed: int, index: int, batch: int) -> dict[str, np.ndarray]:
+    """Training pairs ``{"chosen", "rejected": int32 [B, n], "prompt": bool [B, n]}``: the
+    examples of ``train_batch(seed, index, batch)``."""
+    return self._triples(self.train_indices(seed, index, batch))
+
+  def heldout_preferences(self, seed: int, count: int) -> dict[str, np.ndarray]:
+    """The held-out pairs of ``heldout(seed, count)``."""
+    return self._triples(self.heldout_indices(seed, count))
