@@ -14,6 +14,8 @@ Each takes ``(config, workdir)``, like `train.loop.train`, and reads its own con
 * ``--mode=solve``: solves the ``task``'s puzzles (``solve.puzzles``: its held-out split or a
   file) with the ``sample`` settings, checks them with the task's verifier and writes
   WORKDIR/solve/<solve.name>.jsonl, .json and .md (evaluation/solve.py).
+* ``--mode=rl``: GRPO from ``train.init_from`` on the ``task``'s puzzles with the ``rl`` group,
+  checkpointed and resumable like training (posttrain/rl.py, docs/post_training.md).
 """
 
 from __future__ import annotations
@@ -438,3 +440,9 @@ def _check_task(cfg, workdir: str) -> None:
       raise ConfigError(f"task.{key}: the run in {workdir} trained with task.{key}="
                         f"{theirs.get(key)!r}, this config asks {ours[key]!r}; use the run's "
                         f"config file")
+
+
+def rl_mode(cfg, workdir: str) -> dict:
+  """``--mode=rl``: GRPO as a run (`aogpt_jax.posttrain.rl`)."""
+  from aogpt_jax.posttrain import rl  # pylint: disable=g-import-not-at-top
+  return rl.rl_mode(cfg, workdir)
