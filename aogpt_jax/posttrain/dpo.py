@@ -48,7 +48,9 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import nnx
+from ml_collections import config_dict
 
+from aogpt_jax import config_groups
 from aogpt_jax.model import orders as orders_lib
 from aogpt_jax.model.aogpt import AOGPT
 from aogpt_jax.posttrain import likelihood
@@ -88,6 +90,29 @@ class DPOSettings:
                          "(expected the same architecture, e.g. the SFT model it starts from)")
 
 
+# The ``dpo`` config group (``--mode=dpo``, posttrain/dpo_run.py): every field of DPOSettings,
+# plus the run's own keys.
+RUN_KEYS = {"pairs": 16,        # preference pairs per update
+            "reference": "",    # the frozen reference: a WORKDIR or SPEC; "" = the starting weights
+            "ema_decay": 0.0}   # EMA of the weights (0: none); the held-out eval uses it
+
+
+def dpo_config() -> config_dict.ConfigDict:
+  c = config_dict.ConfigDict()
+  for f in dataclasses.fields(DPOSettings):
+    c[f.name] = f.default
+  for k, v in RUN_KEYS.items():
+    c[k] = v
+  return c
+
+
+config_groups.register("dpo", dpo_config)
+
+
+def settings_from_config(group) -> DPOSettings:
+  return DPOSettings(**{f.name: group[f.name] for f in dataclasses.fields(DPOSettings)})
+
+
 # ----------------------------------------------------------------------------- likelihoods
 
 
@@ -117,16 +142,23 @@ def sequence_logps(model: AOGPT, tokens: jax.Array, prompt: jax.Array,
   return logp_MBxN.sum(-1).reshape(m, b).mean(0)
 
 
-def dpo_objective(pi_chosen, pi_rejected, ref_chosen, ref_rejected, beta: float):
-  """(loss, metrics) from the four sequence log-likelihoods [B] (module docstring)."""
+def dpo_rows(pi_chosen, pi_rejected, ref_chosen, ref_rejected, beta: float) -> dict:
+  """Per pair [B]: loss, accuracy (margin > 0), margin (beta times the difference of the
+  log-ratios), chosen_reward, rejected_reward (beta times each log-ratio), chosen_logp,
+  rejected_logp (the policy's), from the four sequence log-likelihoods [B]."""
   r_chosen_B = beta * (pi_chosen - ref_chosen)
   r_rejected_B = beta * (pi_rejected - ref_rejected)
   z_B = r_chosen_B - r_rejected_B
-  loss = -jnp.mean(jax.nn.log_sigmoid(z_B))
-  metrics = {"accuracy": jnp.mean((z_B > 0).astype(jnp.float32)), "margin": jnp.mean(z_B),
-             "chosen_reward": jnp.mean(r_chosen_B), "rejected_reward": jnp.mean(r_rejected_B),
-             "chosen_logp": jnp.mean(pi_chosen), "rejected_logp": jnp.mean(pi_rejected)}
-  return loss, metrics
+  return {"loss": -jax.nn.log_sigmoid(z_B), "accuracy": (z_B > 0).astype(jnp.float32),
+          "margin": z_B, "chosen_reward": r_chosen_B, "rejected_reward": r_rejected_B,
+          "chosen_logp": pi_chosen, "rejected_logp": pi_rejected}
+
+
+def dpo_objective(pi_chosen, pi_rejected, ref_chosen, ref_rejected, beta: float):
+  """(loss, metrics): `dpo_rows` averaged over the pairs (module docstring)."""
+  rows = dpo_rows(pi_chosen, pi_rejected, ref_chosen, ref_rejected, beta)
+  metrics = {k: jnp.mean(v) for k, v in rows.items()}
+  return metrics.pop("loss"), metrics
 
 
 def both(batch: dict, orders_MxBxN: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
@@ -136,15 +168,21 @@ def both(batch: dict, orders_MxBxN: jax.Array) -> tuple[jax.Array, jax.Array, ja
           jnp.concatenate([orders_MxBxN, orders_MxBxN], axis=1))
 
 
-def dpo_loss(model: AOGPT, reference: AOGPT, batch: dict, orders_MxBxN: jax.Array,
-             beta: float):
-  """(loss, metrics) of a batch of pairs under the given orders; differentiable in ``model``
-  (the reference is under stop_gradient)."""
+def pair_logps(model: AOGPT, reference: AOGPT, batch: dict, orders_MxBxN: jax.Array):
+  """(policy chosen, policy rejected, reference chosen, reference rejected), each [B]; the
+  reference under stop_gradient."""
   tokens, prompt, orders2 = both(batch, orders_MxBxN)
   b = batch["chosen"].shape[0]
   pi_2B = sequence_logps(model, tokens, prompt, orders2)
   ref_2B = jax.lax.stop_gradient(sequence_logps(reference, tokens, prompt, orders2))
-  return dpo_objective(pi_2B[:b], pi_2B[b:], ref_2B[:b], ref_2B[b:], beta)
+  return pi_2B[:b], pi_2B[b:], ref_2B[:b], ref_2B[b:]
+
+
+def dpo_loss(model: AOGPT, reference: AOGPT, batch: dict, orders_MxBxN: jax.Array,
+             beta: float):
+  """(loss, metrics) of a batch of pairs under the given orders; differentiable in ``model``
+  (the reference gets no gradient)."""
+  return dpo_objective(*pair_logps(model, reference, batch, orders_MxBxN), beta)
 
 
 # ----------------------------------------------------------------------------- pairs
@@ -228,15 +266,18 @@ class DPO:
                                               weight_decay=settings.weight_decay))
     self.graphdef, params, self.rest = nnx.split(model, nnx.Param, ...)
     self.ref_graphdef, self.ref_state = nnx.split(self.reference)
-    self.opt_state = self.tx.init(params)
+    self.opt_state = self.tx.init(nnx.to_pure_dict(params))   # params: nnx.to_pure_dict trees
     self._update = jax.jit(self.update_fn)
-    self._metrics = jax.jit(self.metrics_fn)
+    self._rows = jax.jit(self.rows_fn)
+
+  def _merged(self, params, rest, ref_state, batch, key, orders_MxBxN=None):
+    if orders_MxBxN is None:
+      orders_MxBxN = pair_orders(key, batch["prompt"], self.settings.order, self.settings.orders)
+    return (nnx.merge(self.graphdef, params, rest), nnx.merge(self.ref_graphdef, ref_state),
+            batch, orders_MxBxN)
 
   def _loss(self, params, rest, ref_state, batch, key):
-    s = self.settings
-    orders_MxBxN = pair_orders(key, batch["prompt"], s.order, s.orders)
-    return dpo_loss(nnx.merge(self.graphdef, params, rest),
-                    nnx.merge(self.ref_graphdef, ref_state), batch, orders_MxBxN, s.beta)
+    return dpo_loss(*self._merged(params, rest, ref_state, batch, key), self.settings.beta)
 
   def update_fn(self, params, rest, opt_state, ref_state, batch, key):
     """(params, opt_state, metrics): one AdamW update on ``batch`` (traceable)."""
@@ -246,9 +287,16 @@ class DPO:
     metrics = dict(metrics, loss=loss, grad_norm=optax.tree.norm(grads))
     return optax.apply_updates(params, updates), opt_state, metrics
 
-  def metrics_fn(self, params, rest, ref_state, batch, key):
-    loss, metrics = self._loss(params, rest, ref_state, batch, key)
-    return dict(metrics, loss=loss)
+  def update(self, params, opt_state, pairs: dict, key: jax.Array):
+    """One jitted update of ``params`` (an ``nnx.to_pure_dict`` tree) on device ``pairs``:
+    (params, opt_state, device metrics of the batch before the update)."""
+    return self._update(params, self.rest, opt_state, self.ref_state, pairs, key)
+
+  def rows_fn(self, params, rest, ref_state, batch, key, orders_MxBxN=None):
+    """`dpo_rows` of ``batch`` under ``params`` (traceable); the orders drawn from ``key``
+    unless given."""
+    return dpo_rows(*pair_logps(*self._merged(params, rest, ref_state, batch, key,
+                                              orders_MxBxN)), self.settings.beta)
 
   def device_pairs(self, pairs: dict) -> dict:
     check_pairs(pairs, self.model.cfg.block_size, self.model.cfg.valid_vocab_size)
@@ -259,15 +307,22 @@ class DPO:
   def step(self, pairs: dict, key: jax.Array | None = None) -> dict[str, float]:
     """One update on ``pairs``; host metrics of the batch BEFORE the update."""
     key = jax.random.key(0) if key is None else key
-    params = nnx.state(self.model, nnx.Param)
-    params, self.opt_state, metrics = self._update(params, self.rest, self.opt_state,
-                                                   self.ref_state, self.device_pairs(pairs), key)
+    params = nnx.to_pure_dict(nnx.state(self.model, nnx.Param))
+    params, self.opt_state, metrics = self.update(params, self.opt_state,
+                                                  self.device_pairs(pairs), key)
     nnx.update(self.model, params)
     return {k: float(v) for k, v in metrics.items()}
 
-  def evaluate(self, pairs: dict, key: jax.Array | None = None, params=None) -> dict[str, float]:
-    """The metrics of ``pairs`` under the current policy (or ``params``), no update."""
+  def evaluate(self, pairs: dict, key: jax.Array | None = None, params=None,
+               per_row: bool = False, orders=None) -> dict:
+    """The metrics of ``pairs`` under the current policy (or ``params``), no update: their
+    means (floats), or with ``per_row`` the `dpo_rows` arrays [B]. ``orders`` [M, B, n]: these
+    orders instead of ones drawn from ``key`` (`pair_orders`)."""
     key = jax.random.key(0) if key is None else key
-    params = nnx.state(self.model, nnx.Param) if params is None else params
-    out = self._metrics(params, self.rest, self.ref_state, self.device_pairs(pairs), key)
-    return {k: float(v) for k, v in out.items()}
+    params = nnx.to_pure_dict(nnx.state(self.model, nnx.Param)) if params is None else params
+    if not isinstance(pairs["chosen"], jax.Array):   # host pairs: checked and moved
+      pairs = self.device_pairs(pairs)
+    rows = jax.device_get(self._rows(params, self.rest, self.ref_state, pairs, key, orders))
+    if per_row:
+      return {k: np.asarray(v, np.float64) for k, v in rows.items()}
+    return {k: float(np.mean(v)) for k, v in rows.items()}

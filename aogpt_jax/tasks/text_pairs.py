@@ -29,6 +29,9 @@ verify: "solved" (every response token, end-of-text padding included, is the ref
 the prompt kept), "answer_match" (the response up to the reference's first end-of-text and that
 end-of-text right: what follows it is ignored), "cell_accuracy" (the fraction of response tokens
 right), "givens_kept".
+
+``preferences`` (`TextPreferences`): ``{"prompt", "chosen", "rejected"}`` lines for DPO
+(posttrain/dpo.py), each response encoded as above; as a task its rows are the chosen ones.
 """
 
 from __future__ import annotations
