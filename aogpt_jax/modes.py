@@ -16,6 +16,8 @@ Each takes ``(config, workdir)``, like `train.loop.train`, and reads its own con
   WORKDIR/solve/<solve.name>.jsonl, .json and .md (evaluation/solve.py).
 * ``--mode=rl``: GRPO from ``train.init_from`` on the ``task``'s puzzles with the ``rl`` group,
   checkpointed and resumable like training (posttrain/rl.py, docs/post_training.md).
+* ``--mode=dpo``: DPO from ``train.init_from`` on the ``task``'s preference pairs with the
+  ``dpo`` group, on the same run loop (posttrain/dpo_run.py, docs/post_training.md).
 """
 
 from __future__ import annotations
@@ -462,3 +464,9 @@ def rl_mode(cfg, workdir: str) -> dict:
   """``--mode=rl``: GRPO as a run (`aogpt_jax.posttrain.rl`)."""
   from aogpt_jax.posttrain import rl  # pylint: disable=g-import-not-at-top
   return rl.rl_mode(cfg, workdir)
+
+
+def dpo_mode(cfg, workdir: str) -> dict:
+  """``--mode=dpo``: DPO as a run (`aogpt_jax.posttrain.dpo_run`)."""
+  from aogpt_jax.posttrain import dpo_run  # pylint: disable=g-import-not-at-top
+  return dpo_run.dpo_mode(cfg, workdir)

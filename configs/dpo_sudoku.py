@@ -1,0 +1,42 @@
+"""DPO on the 6x6 / 9x9 Sudoku task, from a configs/sudoku.py run (docs/post_training.md).
+
+  python -m aogpt_jax.main --config=configs/sudoku.py:tiny --workdir=/tmp/sudoku      # SFT
+  python -m aogpt_jax.main --config=configs/dpo_sudoku.py:tiny --workdir=/tmp/sudoku_dpo \
+      --config.train.init_from=/tmp/sudoku --mode=dpo
+
+The task, the model and ``:ARG`` are configs/sudoku.py's (``tiny``: the CPU size); the run starts
+from the weights of ``train.init_from`` (the sudoku run's WORKDIR: its EMA weights), which are
+also the frozen reference, and takes ``total_steps`` DPO updates of ``dpo.pairs`` pairs: chosen =
+a training puzzle's solution, rejected = the same grid with one or two answer cells changed (it
+breaks a rule). ``dpo.order``: ``l2r`` (the exact log-likelihood of the answer left to right) or
+``random`` (the mean over ``dpo.orders`` random orders: an estimate). The held-out eval reports
+the preference accuracy and margin on ``task.heldout_count`` held-out pairs; ``--mode=solve``
+solves the held-out puzzles with the run's weights.
+"""
+
+import importlib.util
+import pathlib
+
+from aogpt_jax import recipes
+
+
+def _sudoku(arg):
+  path = pathlib.Path(__file__).with_name("sudoku.py")
+  spec = importlib.util.spec_from_file_location("_aogpt_sudoku_config", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config(arg)
+
+
+def get_config(arg=None):
+  c = _sudoku(arg)
+  small = "tiny" in [t.strip() for t in (arg or "").split(",")]
+  return recipes.apply(c, {
+      "train.init_from": "/tmp/sudoku" if small else "",
+      "total_steps": 100 if small else 1000,
+      "log_every": 10, "eval_every": 50 if small else 200,
+      "checkpoint_every": 50 if small else 200,
+      "task.heldout_count": 128 if small else 256,
+      "dpo.pairs": 32 if small else 64, "dpo.beta": 0.1, "dpo.order": "l2r",
+      "dpo.lr": 1e-4 if small else 3e-5, "dpo.max_changes": 2, "dpo.ema_decay": 0.9,
+  })
