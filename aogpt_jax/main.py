@@ -138,13 +138,10 @@ def _config_arg(argv) -> str | None:
 def _load_config_file(spec: str):
   """The config of ``--config=FILE[:ARG]`` (only to name a bad override's key; None if it
   cannot be loaded)."""
-  import importlib.util  # pylint: disable=g-import-not-at-top
+  from aogpt_jax import recipes  # pylint: disable=g-import-not-at-top
   path, _, arg = spec.partition(":")
   try:
-    module_spec = importlib.util.spec_from_file_location("_aogpt_config", path)
-    module = importlib.util.module_from_spec(module_spec)
-    module_spec.loader.exec_module(module)
-    return module.get_config(arg) if arg else module.get_config()
+    return recipes.config_file(path, arg)
   except Exception:  # noqa: BLE001 - the file's own error is reported by the caller
     return None
 

@@ -14,29 +14,16 @@ the preference accuracy and margin on ``task.heldout_count`` held-out pairs; ``-
 solves the held-out puzzles with the run's weights.
 """
 
-import importlib.util
 import pathlib
 
 from aogpt_jax import recipes
 
 
-def _sudoku(arg):
-  path = pathlib.Path(__file__).with_name("sudoku.py")
-  spec = importlib.util.spec_from_file_location("_aogpt_sudoku_config", path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config(arg)
-
-
 def get_config(arg=None):
-  c = _sudoku(arg)
+  c = recipes.config_file(pathlib.Path(__file__).with_name("sudoku.py"), arg)
   small = "tiny" in [t.strip() for t in (arg or "").split(",")]
+  recipes.post_training(c, small, steps=1000, tiny_steps=100)
   return recipes.apply(c, {
-      "train.init_from": "/tmp/sudoku" if small else "",
-      "total_steps": 100 if small else 1000,
-      "log_every": 10, "eval_every": 50 if small else 200,
-      "checkpoint_every": 50 if small else 200,
-      "task.heldout_count": 128 if small else 256,
       "dpo.pairs": 32 if small else 64, "dpo.beta": 0.1, "dpo.order": "l2r",
       "dpo.lr": 1e-4 if small else 3e-5, "dpo.max_changes": 2, "dpo.ema_decay": 0.9,
   })

@@ -24,31 +24,15 @@ import time
 
 import jax
 import numpy as np
-from flax import nnx
 
 from aogpt_jax import config as config_lib
 from aogpt_jax.posttrain import dpo
 from aogpt_jax.posttrain import run as run_lib
-from aogpt_jax.train import loop as train_loop
 from aogpt_jax.train import sharding as sharding_lib
 
 ConfigError = config_lib.ConfigError
 METRICS = ("loss", "accuracy", "margin", "chosen_reward", "rejected_reward", "chosen_logp",
            "rejected_logp")
-
-
-def load_reference(cfg, start_model):
-  """``dpo.reference`` (a WORKDIR or SPEC), or a copy of the starting weights when ""."""
-  spec = str(cfg.dpo.reference or "")
-  if not spec:
-    return nnx.merge(*nnx.split(start_model))   # a copy: the policy is updated in place
-  from aogpt_jax.checkpoints import spec as spec_lib  # pylint: disable=g-import-not-at-top
-  try:
-    ref, _ = spec_lib.load_any(spec)
-  except (ValueError, OSError) as err:
-    msg = str(err).splitlines()[0] if str(err) else type(err).__name__
-    raise ConfigError(f"dpo.reference: {msg}") from None
-  return ref
 
 
 def build(cfg, mc) -> "DPOAlgorithm":
@@ -60,23 +44,17 @@ def build(cfg, mc) -> "DPOAlgorithm":
   g = cfg.dpo
   if not isinstance(g.pairs, int) or isinstance(g.pairs, bool) or g.pairs < 1:
     raise ConfigError(f"dpo.pairs: must be an integer >= 1, got {g.pairs!r}")
-  d = g.ema_decay
-  if not isinstance(d, (int, float)) or isinstance(d, bool) or not 0 <= d < 1:
-    raise ConfigError(f"dpo.ema_decay: must be in [0, 1) (0: no EMA), got {d!r}")
+  d = run_lib.check_ema_decay(g.ema_decay, "dpo.ema_decay")
   try:
     settings = dpo.settings_from_config(g)
   except TypeError as err:
     raise ConfigError(f"dpo: {err}") from None
-  dp = int(np.prod(sharding_lib.mesh_shape(cfg, jax.device_count())[:2]))
+  dp = run_lib.data_parallel(cfg)
   if g.pairs % dp:
     raise ConfigError(f"dpo.pairs: {g.pairs} pairs must split evenly over the {dp} "
                       f"data-parallel devices (mesh.data * mesh.fsdp)")
-  if not cfg.train.init_from:
-    raise ConfigError("train.init_from: --mode=dpo starts from a trained model; set it to the "
-                      "run's WORKDIR or a --checkpoint SPEC (e.g. /tmp/sudoku, trained by "
-                      "configs/sudoku.py:tiny)")
-  model = train_loop.load_init(cfg, mc)
-  reference = load_reference(cfg, model)
+  model = run_lib.starting_model(cfg, mc, "dpo")
+  reference = run_lib.load_reference(str(g.reference or ""), model, "dpo.reference")
   try:
     settings.validate(model, reference)
     seed = int(cfg.seed)

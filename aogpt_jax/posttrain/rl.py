@@ -29,7 +29,6 @@ from aogpt_jax.evaluation import solve as solve_lib
 from aogpt_jax.posttrain import grpo
 from aogpt_jax.posttrain import run as run_lib
 from aogpt_jax.posttrain import settings as settings_lib
-from aogpt_jax.train import loop as train_loop
 from aogpt_jax.train import sharding as sharding_lib
 
 ConfigError = config_lib.ConfigError
@@ -52,15 +51,7 @@ def load_reference(cfg, start_model):
       raise ConfigError(f"rl.reference: {spec!r} is used only by the KL term, and rl.kl_coef is "
                         f"0; set rl.kl_coef > 0 or leave rl.reference \"\"")
     return None
-  if not spec:
-    return nnx.merge(*nnx.split(start_model))   # a copy: the policy is updated in place
-  from aogpt_jax.checkpoints import spec as spec_lib  # pylint: disable=g-import-not-at-top
-  try:
-    ref, _ = spec_lib.load_any(spec)
-  except (ValueError, OSError) as err:
-    msg = str(err).splitlines()[0] if str(err) else type(err).__name__
-    raise ConfigError(f"rl.reference: {msg}") from None
-  return ref
+  return run_lib.load_reference(spec, start_model, "rl.reference")
 
 
 def build(cfg, mc) -> "GRPOAlgorithm":
@@ -71,9 +62,7 @@ def build(cfg, mc) -> "GRPOAlgorithm":
                       "and its verifier the reward); configs/rl_sudoku.py sets one")
   rl = cfg.rl
   prompts = _int(rl, "prompts", 1)
-  d = rl.ema_decay
-  if not isinstance(d, (int, float)) or isinstance(d, bool) or not 0 <= d < 1:
-    raise ConfigError(f"rl.ema_decay: must be in [0, 1) (0: no EMA), got {d!r}")
+  d = run_lib.check_ema_decay(rl.ema_decay, "rl.ema_decay")
   try:
     settings = settings_lib.grpo_settings(rl)
     grpo.get_reward(settings.reward)
@@ -81,9 +70,7 @@ def build(cfg, mc) -> "GRPOAlgorithm":
       raise ValueError(f"rl.steps: must be an integer >= 1 (sampling steps per rollout), got "
                        f"{settings.steps!r}")
     if isinstance(settings.group_size, int) and settings.group_size >= 2:
-      devices = jax.device_count()
-      mesh = sharding_lib.mesh_shape(cfg, devices)
-      dp = mesh[0] * mesh[1]
+      dp = run_lib.data_parallel(cfg)
       if (prompts * settings.group_size) % dp:
         raise ConfigError(f"rl.prompts: {prompts} prompts x rl.group_size {settings.group_size} "
                           f"rollouts must split evenly over the {dp} data-parallel devices "
@@ -92,11 +79,7 @@ def build(cfg, mc) -> "GRPOAlgorithm":
     raise
   except (ValueError, TypeError) as err:
     raise ConfigError(str(err) if str(err).startswith("rl.") else f"rl: {err}") from None
-  if not cfg.train.init_from:
-    raise ConfigError("train.init_from: --mode=rl starts from a trained model; set it to the "
-                      "run's WORKDIR or a --checkpoint SPEC (e.g. /tmp/sudoku, trained by "
-                      "configs/sudoku.py:tiny)")
-  model = train_loop.load_init(cfg, mc)
+  model = run_lib.starting_model(cfg, mc, "rl")
   reference = load_reference(cfg, model)
   try:
     algorithm = GRPOAlgorithm(model, settings, task, reference, prompts=prompts,

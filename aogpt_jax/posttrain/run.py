@@ -80,6 +80,43 @@ def check_loop_config(cfg, mode: str) -> None:
                                  f"{jax.process_count()})")
 
 
+def check_ema_decay(value, key: str) -> float:
+  """``key`` (an EMA decay) as a float in [0, 1) (0: no EMA), or a one-line ConfigError."""
+  if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 <= value < 1:
+    raise config_lib.ConfigError(f"{key}: must be in [0, 1) (0: no EMA), got {value!r}")
+  return float(value)
+
+
+def data_parallel(cfg) -> int:
+  """How many devices the run's batch rows split over (mesh.data * mesh.fsdp)."""
+  shape = sharding_lib.mesh_shape(cfg, jax.device_count())
+  return int(shape[0] * shape[1])
+
+
+def starting_model(cfg, mc, mode: str):
+  """``train.init_from``, required by every post-training mode: the model it names, checked
+  against the run's model (`train.loop.load_init`)."""
+  if not cfg.train.init_from:
+    raise config_lib.ConfigError(
+        f"train.init_from: --mode={mode} starts from a trained model; set it to the run's "
+        f"WORKDIR or a --checkpoint SPEC (e.g. /tmp/sudoku, trained by configs/sudoku.py:tiny)")
+  return train_loop.load_init(cfg, mc)
+
+
+def load_reference(spec: str, start_model, key: str):
+  """A frozen reference model: ``spec`` (a WORKDIR or SPEC, read errors one line naming
+  ``key``), or a copy of ``start_model``'s weights when ``spec`` is ""."""
+  if not spec:
+    return nnx.merge(*nnx.split(start_model))   # a copy: the policy is updated in place
+  from aogpt_jax.checkpoints import spec as spec_lib  # pylint: disable=g-import-not-at-top
+  try:
+    ref, _ = spec_lib.load_any(spec)
+  except (ValueError, OSError) as err:
+    msg = str(err).splitlines()[0] if str(err) else type(err).__name__
+    raise config_lib.ConfigError(f"{key}: {msg}") from None
+  return ref
+
+
 def run_meta(cfg, mc, algorithm: Algorithm, mode: str) -> dict:
   """The checkpoints' meta: the trainer's (`store.run_meta`), with the algorithm's EMA and the
   mode that wrote them."""
