@@ -7,8 +7,8 @@
 ``--config`` is an ml_collections config file with an optional ``:arg`` passed to its
 ``get_config(arg)``; every field can be overridden as ``--config.a.b=value``. ``--mode`` picks a
 function from `MODES` (each takes ``(config, workdir)``): train (`train.loop`), and eval, sample,
-genppl and prepare (`modes`). ``jax.distributed.initialize()`` runs first when the config
-(``distributed.enabled``) or the environment (AOGPT_DISTRIBUTED=1) asks for it.
+genppl, prepare, solve, rl and dpo (`modes`). ``jax.distributed.initialize()`` runs first when
+the config (``distributed.enabled``) or the environment (AOGPT_DISTRIBUTED=1) asks for it.
 
 Bad input (a missing config file, a misspelt key, a bad ``:arg``, a bad value, an unwritable
 folder, a non-finite loss) ends the run with one line on stderr and exit status 1; ``--verbose``
@@ -64,6 +64,8 @@ MODES: dict[str, Callable[..., object]] = {
     "prepare": modes.prepare_mode,
     "genppl": modes.genppl_mode,
     "solve": modes.solve_mode,
+    "rl": modes.rl_mode,
+    "dpo": modes.dpo_mode,
 }
 
 
@@ -136,13 +138,10 @@ def _config_arg(argv) -> str | None:
 def _load_config_file(spec: str):
   """The config of ``--config=FILE[:ARG]`` (only to name a bad override's key; None if it
   cannot be loaded)."""
-  import importlib.util  # pylint: disable=g-import-not-at-top
+  from aogpt_jax import recipes  # pylint: disable=g-import-not-at-top
   path, _, arg = spec.partition(":")
   try:
-    module_spec = importlib.util.spec_from_file_location("_aogpt_config", path)
-    module = importlib.util.module_from_spec(module_spec)
-    module_spec.loader.exec_module(module)
-    return module.get_config(arg) if arg else module.get_config()
+    return recipes.config_file(path, arg)
   except Exception:  # noqa: BLE001 - the file's own error is reported by the caller
     return None
 

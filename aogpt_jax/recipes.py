@@ -222,6 +222,32 @@ def task(name: str, options: dict[str, Any], *, tiny_options: dict[str, Any],
   return c
 
 
+def config_file(path, arg: str | None = None) -> config_dict.ConfigDict:
+  """``get_config(arg)`` (``get_config()`` when ``arg`` is None or "") of the config file at
+  ``path``: how one config file builds on another (configs/rl_sudoku.py on configs/sudoku.py)."""
+  import importlib.util  # pylint: disable=g-import-not-at-top
+  import pathlib  # pylint: disable=g-import-not-at-top
+  full = pathlib.Path(path)
+  spec = importlib.util.spec_from_file_location(f"_aogpt_config_{full.stem}", full)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config(arg) if arg else module.get_config()
+
+
+def post_training(cfg: config_dict.ConfigDict, small: bool, *, steps: int, tiny_steps: int,
+                  tiny_init_from: str = "/tmp/sudoku") -> config_dict.ConfigDict:
+  """The loop settings of a post-training run (``--mode=rl`` / ``dpo``) on a task run's config:
+  ``total_steps`` updates, logs, evals, checkpoints and ``train.init_from`` (``small``: the
+  WORKDIR the docs train first; else the user sets it)."""
+  return apply(cfg, {
+      "train.init_from": tiny_init_from if small else "",
+      "total_steps": tiny_steps if small else steps,
+      "log_every": 10, "eval_every": 50 if small else 200,
+      "checkpoint_every": 50 if small else 200,
+      "task.heldout_count": 128 if small else 256,
+  })
+
+
 # The baselines of a task run (`task`): the same size, data and budget.
 TASK_VARIANTS: dict[str, dict[str, Any]] = {
     # GPT-style: the cells after the givens left to right; solved in that order.

@@ -58,9 +58,16 @@ TASK_CONFIGS = ("sudoku.py", "star_graph.py")
 TASK_SIZE = [a for a in SIZE if not a.startswith(("--config.seq_len", "--config.model.block_size",
                                                   "--config.model.rope"))]
 TASK_SIZE += ["--config.task.heldout_count=4"]
+# The fine-tuning configs (configs/sft_text.py) start from the quickstart workdir
+# (train.init_from): its model (SIZE's), their own seq_len (the task's rows).
+FINETUNE_CONFIGS = ("sft_text.py",)
+FINETUNE_SIZE = [a for a in SIZE if not a.startswith("--config.seq_len")]
+FINETUNE_SIZE += ["--config.task.heldout_count=4"]
 MODE_SIZE = {"train": [], "prepare": [], "solve": ["--config.solve.count=4"],
              "eval": ["--config.eval.max_blocks=4"],
-             "sample": ["--config.sample.num_samples=2", "--config.sample.batch_size=2"]}
+             "sample": ["--config.sample.num_samples=2", "--config.sample.batch_size=2"],
+             "rl": ["--config.rl.prompts=2", "--config.rl.group_size=2"],
+             "dpo": ["--config.dpo.pairs=2"]}
 IF_SET = {"--config.eval.ensemble_max_m=": "--config.eval.ensemble_max_m=2",
           "--config.eval.elbo_samples=": "--config.eval.elbo_samples=2",
           "--config.eval.num_orders=": "--config.eval.num_orders=2"}
@@ -227,9 +234,9 @@ def _check(argv, root, env):
   if _full_run(argv):
     extra = []
     if mod == "aogpt_jax.main":
-      task = any(a.startswith("--config=") and a.split(":")[0].endswith(TASK_CONFIGS)
-                 for a in argv)
-      extra = (TASK_SIZE if task else SIZE) + MODE_SIZE[_mode(argv)]
+      config = next(a for a in argv if a.startswith("--config=")).split(":")[0]
+      extra = (TASK_SIZE if config.endswith(TASK_CONFIGS) else FINETUNE_SIZE
+               if config.endswith(FINETUNE_CONFIGS) else SIZE) + MODE_SIZE[_mode(argv)]
       extra += [v for k, v in IF_SET.items() if any(a.startswith(k) for a in argv)]
     _run([sys.executable] + _local(argv, root)[1:] + extra, root, env)
   elif mod == "aogpt_jax.main":

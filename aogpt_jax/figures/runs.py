@@ -3,7 +3,6 @@ cost, training (or resuming) them in this process, and reading their metrics bac
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import pathlib
@@ -30,10 +29,7 @@ def load_config_file(path: str, arg: str):
   if not full.is_file():
     raise FileNotFoundError(f"{path}: config file not found under {REPO} (the figures need the "
                             f"repository's configs/ folder: run from a source checkout)")
-  spec = importlib.util.spec_from_file_location(f"_figure_config_{full.stem}", full)
-  mod = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(mod)
-  return mod.get_config(arg)
+  return recipes.config_file(full, arg)
 
 
 def run_config(run: registry.Run, size: str, data: dict[str, Any] | None = None):

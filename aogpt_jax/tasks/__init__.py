@@ -9,11 +9,12 @@ part, a train / held-out split that shares no instance, and rule-based checkers.
 
 `base` has the interface (`base.Task`), the registry and the split; `sudoku` (sizes 4, 6, 9; a
 solver; outside puzzles from CSV, text or ``datasets``), `star_graph` (Bachmann & Nagarajan
-2024's path-star graphs, where left to right fails). A new task: a `base.Task` subclass
-decorated with ``@tasks.register("name")`` in a module imported here.
+2024's path-star graphs, where left to right fails), `text_pairs` (``pairs``: prompt /
+response text from JSONL or ``datasets``, supervised fine-tuning's data). A new task: a
+`base.Task` subclass decorated with ``@tasks.register("name")`` in a module imported here.
 """
 
 from aogpt_jax.tasks.base import REGISTRY, Task, make, names, register
-from aogpt_jax.tasks import sudoku, star_graph  # noqa: E402  (they register their tasks)
+from aogpt_jax.tasks import sudoku, star_graph, text_pairs  # noqa: E402  (they register)
 
-__all__ = ["REGISTRY", "Task", "make", "names", "register", "sudoku", "star_graph"]
+__all__ = ["REGISTRY", "Task", "make", "names", "register", "sudoku", "star_graph", "text_pairs"]

@@ -1,0 +1,27 @@
+"""GRPO on the 6x6 / 9x9 Sudoku task, from a configs/sudoku.py run (docs/post_training.md).
+
+  python -m aogpt_jax.main --config=configs/sudoku.py:tiny --workdir=/tmp/sudoku      # SFT
+  python -m aogpt_jax.main --config=configs/rl_sudoku.py:tiny --workdir=/tmp/sudoku_rl \
+      --config.train.init_from=/tmp/sudoku --mode=rl
+
+The task, the model and ``:ARG`` are configs/sudoku.py's (``tiny``: the CPU size); the run starts
+from the weights of ``train.init_from`` (the sudoku run's WORKDIR: its EMA weights) and takes
+``total_steps`` GRPO updates of ``rl.prompts`` training puzzles x ``rl.group_size`` rollouts, the
+reward ``solved`` (the verifier), rollouts in random order one cell per step; the held-out eval
+solves ``task.heldout_count`` held-out puzzles greedily with the same sampler.
+"""
+
+import pathlib
+
+from aogpt_jax import recipes
+
+
+def get_config(arg=None):
+  c = recipes.config_file(pathlib.Path(__file__).with_name("sudoku.py"), arg)
+  small = "tiny" in [t.strip() for t in (arg or "").split(",")]
+  recipes.post_training(c, small, steps=1000, tiny_steps=200)
+  return recipes.apply(c, {
+      "rl.reward": "solved", "rl.group_size": 8, "rl.prompts": 8 if small else 32,
+      "rl.lr": 1e-4 if small else 3e-5, "rl.steps": c.seq_len, "rl.order": "random",
+      "rl.method": "diffusion", "rl.ema_decay": 0.9,
+  })
