@@ -18,6 +18,14 @@ conditionals at token t, summed over the vocabulary (no k3 estimator: both condi
 exact). ``inner_steps`` > 1 reuses a batch of rollouts for several updates (PPO-style; the
 clip then matters).
 
+``likelihood="mean_field"`` replaces both log-likelihoods by d1's one-step mean-field estimate
+(`estimators.mean_field_logp`: every answer token given the prompt only), as diffu-GRPO does:
+``logp_old`` is then that estimate recomputed at rollout time (one extra pass without
+gradients; the sampler's records are exact), the KL uses the mean-field conditionals, and
+``prompt_mask`` > 0 drops each prompt token from the context with that probability (d1: 0.15),
+a fresh draw for each inner update, shared by its old and new values. It exists to measure what
+the estimate costs (benchmarks/post_training.py); the exact default is what AO-GPT offers.
+
 Rewards are a registry (`REWARDS`, `register_reward`) of ``fn(tokens, puzzles, task) -> [R]``
 float: ``tokens`` int [R, n] the rollouts (original order), ``puzzles`` the prompts' rows
 repeated per rollout (``{"tokens", "prompt"}`` [R, n], the task's reference answers in
@@ -54,8 +62,9 @@ from flax import nnx
 
 from aogpt_jax.model import orders as orders_lib
 from aogpt_jax.model.aogpt import AOGPT
-from aogpt_jax.posttrain import likelihood
+from aogpt_jax.posttrain import estimators, likelihood
 from aogpt_jax.sampling import sampler as sampler_lib
+from aogpt_jax.sampling import schedules
 
 RewardFn = Callable[[np.ndarray, dict, Any], np.ndarray]
 REWARDS: dict[str, RewardFn] = {}
@@ -110,6 +119,8 @@ class GRPOSettings:
   order: Any = "random"            # sampling: generation order
   method: str = "diffusion"        # diffusion | ar | uncached (the samplers that record logp)
   temperature: float = 1.0
+  likelihood: str = "exact"        # exact | mean_field (d1's one-step estimate, for comparison)
+  prompt_mask: float = 0.0         # mean_field: d1's random prompt masking probability (0.15)
 
   def sample_settings(self, length: int) -> sampler_lib.SampleSettings:
     return sampler_lib.SampleSettings(length=length, steps=min(int(self.steps), length),
@@ -119,6 +130,13 @@ class GRPOSettings:
   def validate(self, model: AOGPT, reference: AOGPT | None = None) -> None:
     """One-line ValueErrors naming the key, before anything compiles."""
     get_reward(self.reward)
+    estimators.check_estimator(self.likelihood)
+    if not 0 <= self.prompt_mask < 1:
+      raise ValueError(f"rl.prompt_mask: must be in [0, 1), got {self.prompt_mask!r}")
+    if self.prompt_mask > 0 and self.likelihood != "mean_field":
+      raise ValueError(f"rl.prompt_mask: {self.prompt_mask} > 0 masks the prompt of the "
+                       f"mean-field estimate; expected rl.likelihood='mean_field', got "
+                       f"{self.likelihood!r}")
     g = self.group_size
     if isinstance(g, bool) or not isinstance(g, int) or g < 2:
       raise ValueError(f"rl.group_size: must be an int >= 2 (advantages are relative to the "
@@ -185,17 +203,19 @@ def exact_kl(logits_new, logits_ref):
 
 
 def grpo_loss(model: AOGPT, batch: dict, *, clip_eps: float, temperature: float = 1.0,
-              reference: AOGPT | None = None, kl_coef: float = 0.0):
+              reference: AOGPT | None = None, kl_coef: float = 0.0, estimator: str = "exact"):
   """(loss, metrics) of one batch of rollouts: ``batch`` holds tokens, order, steps, prompt,
-  old_logp [R, n] and adv [R]. Differentiable in ``model``."""
-  logits_RxNxV = likelihood.rollout_logits(model, batch["tokens"], batch["order"],
-                                           batch["steps"], batch["prompt"])
+  old_logp [R, n], adv [R] and optionally keep [R, n] (mean_field's kept prompt positions).
+  ``estimator``: exact or mean_field (`estimators`). Differentiable in ``model``."""
+  logits_of = lambda m: estimators.rollout_logits(  # noqa: E731
+      m, batch["tokens"], batch["order"], batch["steps"], batch["prompt"], estimator=estimator,
+      keep=batch.get("keep"))
+  logits_RxNxV = logits_of(model)
   logp_RxN = likelihood.token_logp(logits_RxNxV, batch["tokens"], batch["order"],
                                    batch["prompt"], temperature)
   kl_RxN = None
   if reference is not None and kl_coef > 0:
-    ref_RxNxV = jax.lax.stop_gradient(likelihood.rollout_logits(
-        reference, batch["tokens"], batch["order"], batch["steps"], batch["prompt"]))
+    ref_RxNxV = jax.lax.stop_gradient(logits_of(reference))
     kl_RxN = exact_kl(logits_RxNxV, ref_RxNxV)
   scored_RxN = orders_lib.scored_ranks(batch["prompt"])
   return token_objective(logp_RxN, batch["old_logp"], batch["adv"], scored_RxN, clip_eps,
@@ -220,6 +240,8 @@ class GRPO:
     self.ref_graphdef, self.ref_state = (None, None) if self.reference is None else nnx.split(
         self.reference)
     self._update = jax.jit(self._update_fn)
+    self._estimate = jax.jit(self._estimate_fn)
+    self._plan_sizes = None
 
   def _update_fn(self, params, rest, opt_state, ref_state, batch):
     s = self.settings
@@ -228,12 +250,23 @@ class GRPO:
     def loss_fn(p):
       m = nnx.merge(self.graphdef, p, rest)
       return grpo_loss(m, batch, clip_eps=s.clip_eps, temperature=s.temperature, reference=ref,
-                       kl_coef=s.kl_coef)
+                       kl_coef=s.kl_coef, estimator=s.likelihood)
 
     (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
     updates, opt_state = self.tx.update(grads, opt_state, params)
     metrics = dict(metrics, loss=loss, grad_norm=optax.tree.norm(grads))
     return optax.apply_updates(params, updates), opt_state, metrics
+
+  def _estimate_fn(self, params, rest, batch):
+    m = nnx.merge(self.graphdef, params, rest)
+    return estimators.estimate_logp(m, batch["tokens"], batch["order"], batch["steps"],
+                                    batch["prompt"], estimator=self.settings.likelihood,
+                                    keep=batch.get("keep"), temperature=self.settings.temperature)
+
+  def estimate_logp(self, batch: dict) -> jax.Array:
+    """[R, n]: the current policy's log-likelihood of ``batch``'s rollouts (tokens, order,
+    steps, prompt, optional keep) under the settings' estimator, without gradients."""
+    return self._estimate(nnx.state(self.model, nnx.Param), self.rest, batch)
 
   def task_prompts(self, seed: int, index: int, count: int = 4) -> dict:
     """``count`` of the task's training puzzles (``task.train_batch(seed, index, count)``)."""
@@ -263,9 +296,22 @@ class GRPO:
     rep = {k: np.repeat(np.asarray(prompts[k]), g, axis=0) for k in ("tokens", "prompt")}
     toks = np.where(rep["prompt"], rep["tokens"], 0).astype(np.int32)
     s = self.settings.sample_settings(toks.shape[1])
-    out = sampler_lib.generate(self.model, key, s, prompt=(toks, rep["prompt"]),
-                               return_logp=True)
-    return out, rep
+    if s.method in sampler_lib.PLANLESS_METHODS:
+      out = sampler_lib.generate(self.model, key, s, prompt=(toks, rep["prompt"]),
+                                 return_logp=True)
+      return out, rep
+    # One compiled sampler for every batch: the plan's static sizes (passes, block, queries,
+    # prefill) depend on the batch's prompt lengths; they are kept at the largest seen so far,
+    # so a run compiles only while they still grow (the samples do not depend on them).
+    p = sampler_lib.prepare(self.model.cfg, key, s, prompt=(toks, rep["prompt"]))
+    if self._plan_sizes is None:
+      block = sampler_lib.plan([p], method=s.method)[0].block
+      self._plan_sizes = dict(block=block, min_passes=0, min_queries=1, min_prefill=0)
+    first = schedules.plan_steps(p.counts, p.prompt_len, **self._plan_sizes)
+    self._plan_sizes.update(min_passes=first.steps, min_queries=first.queries,
+                            min_prefill=first.prefill)
+    pl = schedules.plan_steps(p.counts, p.prompt_len, **self._plan_sizes)
+    return sampler_lib.sample_batch(self.model, p, pl, s, return_logp=True), rep
 
   def step(self, key: jax.Array, prompts: dict) -> dict[str, float]:
     """One GRPO step on ``prompts`` ({"tokens", "prompt"} [P, n]); returns host metrics (reward:
@@ -280,11 +326,20 @@ class GRPO:
              "steps": jnp.asarray(out.step_of_rank), "prompt": jnp.asarray(puzzles["prompt"]),
              "old_logp": jnp.asarray(out.logp),
              "adv": jnp.asarray(group_advantages(rewards, s.group_size, s.scale_rewards))}
+    keys = jax.random.split(jax.random.fold_in(key, 1), int(s.inner_steps))
+    batches = []
+    for i in range(int(s.inner_steps)):           # the old values, all before the first update
+      b = dict(batch)
+      if s.likelihood != "exact":
+        if s.prompt_mask > 0:
+          b["keep"] = estimators.prompt_keep(keys[i], b["prompt"], s.prompt_mask)
+        b["old_logp"] = self.estimate_logp(b)
+      batches.append(b)
     params = nnx.state(self.model, nnx.Param)
     metrics = {}
-    for _ in range(int(s.inner_steps)):
+    for b in batches:
       params, self.opt_state, metrics = self._update(params, self.rest, self.opt_state,
-                                                     self.ref_state, batch)
+                                                     self.ref_state, b)
     nnx.update(self.model, params)
     return dict({k: float(v) for k, v in metrics.items()}, reward=float(rewards.mean()),
                 reward_std=float(rewards.std()))
