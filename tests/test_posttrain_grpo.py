@@ -95,7 +95,10 @@ def test_loss_gradient_with_exact_kl_equals_a_finite_difference(task):
     (dict(reward="nope"), "rl.reward: unknown reward 'nope'"),
     (dict(group_size=1), "rl.group_size: must be an int >= 2"),
     (dict(kl_coef=0.1), "rl.kl_coef: 0.1 > 0 needs a reference model"),
-    (dict(method="adaptive"), "rl.method: must be one of"),
+    (dict(method="speculative"), "rl.method: must be one of"),
+    (dict(policy_temperature=0.5), "rl.policy_temperature: a stochastic order policy needs"),
+    (dict(method="adaptive", policy="confidence", policy_temperature=0.5),
+     "rl.policy: .confidence. cannot be stochastic"),
 ])
 def test_bad_settings_are_one_line_errors(task, kw, match):
   with pytest.raises(ValueError, match=match) as e:

@@ -171,4 +171,4 @@ def test_recording_draws_the_same_tokens_and_is_refused_where_not_recorded(model
   assert plain.logp is None and plain.step_of_rank is not None
   with pytest.raises(ValueError, match="return_logp: recorded for sample.method in"):
     sampler.generate(model, jax.random.key(0), sampler.SampleSettings(
-        length=N, steps=4, method="adaptive"), batch=2, return_logp=True)
+        length=N, method="speculative"), batch=2, return_logp=True)

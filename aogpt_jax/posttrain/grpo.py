@@ -26,6 +26,14 @@ gradients; the sampler's records are exact), the KL uses the mean-field conditio
 a fresh draw for each inner update, shared by its old and new values. It exists to measure what
 the estimate costs (benchmarks/post_training.py); the exact default is what AO-GPT offers.
 
+``method="adaptive"`` rolls out with an adaptive ``policy``. A deterministic policy's order is
+taken as given (the ratio is the tokens'). A stochastic one (``policy_temperature`` > 0,
+`sampling.adaptive`) draws the order, and the ratio of token t becomes the joint probability of
+writing that token at that position at that step: ``exp((logp_new + order_logp_new) -
+(logp_old + order_logp_old))`` with `likelihood.order_logp` (exact, in the same pass as the
+tokens': `likelihood.token_and_order_logp`), so GRPO trains the order too. The KL term stays
+the tokens'. (The mean-field estimate is for diffusion rollouts: it has no order term.)
+
 Rewards are a registry (`REWARDS`, `register_reward`) of ``fn(tokens, puzzles, task) -> [R]``
 float: ``tokens`` int [R, n] the rollouts (original order), ``puzzles`` the prompts' rows
 repeated per rollout (``{"tokens", "prompt"}`` [R, n], the task's reference answers in
@@ -63,6 +71,7 @@ from flax import nnx
 from aogpt_jax.model import orders as orders_lib
 from aogpt_jax.model.aogpt import AOGPT
 from aogpt_jax.posttrain import estimators, likelihood
+from aogpt_jax.sampling import adaptive as adaptive_lib
 from aogpt_jax.sampling import sampler as sampler_lib
 from aogpt_jax.sampling import schedules
 
@@ -117,15 +126,28 @@ class GRPOSettings:
   max_grad_norm: float = 1.0       # 0: no clipping
   steps: int = 64                  # sampling: steps per rollout (parallel generation below n)
   order: Any = "random"            # sampling: generation order
-  method: str = "diffusion"        # diffusion | ar | uncached (the samplers that record logp)
+  method: str = "diffusion"        # diffusion | ar | uncached | adaptive (record logp)
   temperature: float = 1.0
   likelihood: str = "exact"        # exact | mean_field (d1's one-step estimate, for comparison)
   prompt_mask: float = 0.0         # mean_field: d1's random prompt masking probability (0.15)
+  policy: str = "max_prob"         # adaptive: the order policy (sampling.adaptive)
+  policy_temperature: float = 0.0  # adaptive: > 0 a stochastic policy, its order trained too
+
+  @property
+  def trains_order(self) -> bool:
+    """Whether the ratio includes the order's log-probability (a stochastic adaptive policy)."""
+    return self.method == "adaptive" and self.policy_temperature > 0
 
   def sample_settings(self, length: int) -> sampler_lib.SampleSettings:
-    return sampler_lib.SampleSettings(length=length, steps=min(int(self.steps), length),
-                                      order=self.order, method=self.method,
-                                      temperature=float(self.temperature))
+    adaptive = self.method == "adaptive"
+    return sampler_lib.SampleSettings(
+        length=length, steps=min(int(self.steps), length), order=self.order, method=self.method,
+        temperature=float(self.temperature), policy=str(self.policy),
+        policy_temperature=float(self.policy_temperature) if adaptive else 0.0)
+
+  def order_steps(self, length: int) -> int:
+    """The most steps a rollout takes (`likelihood.order_pass`'s T)."""
+    return length if self.policy == "threshold" else min(int(self.steps), length)
 
   def validate(self, model: AOGPT, reference: AOGPT | None = None) -> None:
     """One-line ValueErrors naming the key, before anything compiles."""
@@ -137,6 +159,9 @@ class GRPOSettings:
       raise ValueError(f"rl.prompt_mask: {self.prompt_mask} > 0 masks the prompt of the "
                        f"mean-field estimate; expected rl.likelihood='mean_field', got "
                        f"{self.likelihood!r}")
+    if self.likelihood == "mean_field" and self.trains_order:
+      raise ValueError("rl.likelihood: 'mean_field' has no order term; a stochastic order "
+                       "policy (rl.policy_temperature > 0) needs rl.likelihood='exact'")
     g = self.group_size
     if isinstance(g, bool) or not isinstance(g, int) or g < 2:
       raise ValueError(f"rl.group_size: must be an int >= 2 (advantages are relative to the "
@@ -152,6 +177,12 @@ class GRPOSettings:
     if self.method not in sampler_lib.LOGP_METHODS:
       raise ValueError(f"rl.method: must be one of {sampler_lib.LOGP_METHODS} (the samplers "
                        f"that record log-probabilities), got {self.method!r}")
+    if self.method == "adaptive":
+      adaptive_lib.check_stochastic(self.policy, self.policy_temperature, None, key="rl")
+    elif self.policy_temperature != 0:
+      raise ValueError(f"rl.policy_temperature: a stochastic order policy needs "
+                       f"rl.method='adaptive', got {self.policy_temperature!r} with "
+                       f"method={self.method!r}")
     if self.kl_coef > 0 and reference is None:
       raise ValueError(f"rl.kl_coef: {self.kl_coef} > 0 needs a reference model, got None")
     if reference is not None:
@@ -203,16 +234,25 @@ def exact_kl(logits_new, logits_ref):
 
 
 def grpo_loss(model: AOGPT, batch: dict, *, clip_eps: float, temperature: float = 1.0,
-              reference: AOGPT | None = None, kl_coef: float = 0.0, estimator: str = "exact"):
+              reference: AOGPT | None = None, kl_coef: float = 0.0, order: dict | None = None,
+              estimator: str = "exact"):
   """(loss, metrics) of one batch of rollouts: ``batch`` holds tokens, order, steps, prompt,
   old_logp [R, n], adv [R] and optionally keep [R, n] (mean_field's kept prompt positions).
-  ``estimator``: exact or mean_field (`estimators`). Differentiable in ``model``."""
+  ``order``: the stochastic policy's `likelihood.order_logp` keywords (policy,
+  policy_temperature, max_steps): ``logp_new`` then adds the order's log-probability (one
+  `likelihood.order_pass`), and ``old_logp`` must hold the recorded sum. ``estimator``: exact or
+  mean_field (`estimators`; without ``order``). Differentiable in ``model``."""
+  args = (batch["tokens"], batch["order"], batch["steps"], batch["prompt"])
   logits_of = lambda m: estimators.rollout_logits(  # noqa: E731
-      m, batch["tokens"], batch["order"], batch["steps"], batch["prompt"], estimator=estimator,
-      keep=batch.get("keep"))
-  logits_RxNxV = logits_of(model)
-  logp_RxN = likelihood.token_logp(logits_RxNxV, batch["tokens"], batch["order"],
-                                   batch["prompt"], temperature)
+      m, *args, estimator=estimator, keep=batch.get("keep"))
+  if order is None:
+    logits_RxNxV = logits_of(model)
+    logp_RxN = likelihood.token_logp(logits_RxNxV, batch["tokens"], batch["order"],
+                                     batch["prompt"], temperature)
+  else:
+    logp_RxN, olp_RxN, logits_RxNxV = likelihood.token_and_order_logp(
+        model, *args, temperature=temperature, **order)
+    logp_RxN = logp_RxN + olp_RxN
   kl_RxN = None
   if reference is not None and kl_coef > 0:
     ref_RxNxV = jax.lax.stop_gradient(logits_of(reference))
@@ -250,7 +290,8 @@ class GRPO:
     def loss_fn(p):
       m = nnx.merge(self.graphdef, p, rest)
       return grpo_loss(m, batch, clip_eps=s.clip_eps, temperature=s.temperature, reference=ref,
-                       kl_coef=s.kl_coef, estimator=s.likelihood)
+                       kl_coef=s.kl_coef, order=self._order_kw(batch["tokens"].shape[1]),
+                       estimator=s.likelihood)
 
     (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
     updates, opt_state = self.tx.update(grads, opt_state, params)
@@ -267,6 +308,13 @@ class GRPO:
     """[R, n]: the current policy's log-likelihood of ``batch``'s rollouts (tokens, order,
     steps, prompt, optional keep) under the settings' estimator, without gradients."""
     return self._estimate(nnx.state(self.model, nnx.Param), self.rest, batch)
+
+  def _order_kw(self, length: int) -> dict | None:
+    s = self.settings
+    if not s.trains_order:
+      return None
+    return dict(policy=s.policy, policy_temperature=float(s.policy_temperature),
+                max_steps=s.order_steps(length))
 
   def task_prompts(self, seed: int, index: int, count: int = 4) -> dict:
     """``count`` of the task's training puzzles (``task.train_batch(seed, index, count)``)."""
@@ -324,7 +372,8 @@ class GRPO:
                        f"({out.tokens.shape[0]},), one reward per rollout")
     batch = {"tokens": jnp.asarray(out.tokens), "order": jnp.asarray(out.order),
              "steps": jnp.asarray(out.step_of_rank), "prompt": jnp.asarray(puzzles["prompt"]),
-             "old_logp": jnp.asarray(out.logp),
+             "old_logp": jnp.asarray(out.logp if out.order_logp is None else
+                                     out.logp + out.order_logp),
              "adv": jnp.asarray(group_advantages(rewards, s.group_size, s.scale_rewards))}
     keys = jax.random.split(jax.random.fold_in(key, 1), int(s.inner_steps))
     batches = []

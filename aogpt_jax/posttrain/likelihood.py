@@ -33,8 +33,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from flax import struct
+
+from aogpt_jax.model import layers
 from aogpt_jax.model import orders as orders_lib
-from aogpt_jax.model.aogpt import AOGPT, check_length
+from aogpt_jax.model.aogpt import AOGPT, NO_TARGET, check_length
+from aogpt_jax.sampling import adaptive as adaptive_lib
 
 NO_PROMPT_STEP = -1     # the step value of prompt ranks (any value < every answer step works)
 
@@ -48,18 +52,23 @@ def frontier(steps: jax.Array, scored: jax.Array) -> jax.Array:
   return jnp.sum(eff_BxN[:, None, :] < eff_BxN[:, :, None], axis=-1, dtype=jnp.int32)
 
 
-def likelihood_slots(tokens: jax.Array, order: jax.Array, m: jax.Array):
-  """The slots of the teacher-forced pass (module docstring): tokens, position rows, targets
-  [B, 2n] and the mask [B, 2n, 2n]; ``m`` [B, n] from `frontier`."""
-  n = order.shape[1]
+def likelihood_slots(tokens: jax.Array, order: jax.Array, m: jax.Array,
+                     targets: jax.Array | None = None):
+  """The slots of a teacher-forced pass: the n rank-slots (causal), then G query slots, query g
+  a copy of rank-slot ``m[b, g]`` with target position ``targets[b, g]`` (None: ``order``, G =
+  n: the pass of the module docstring; NO_TARGET: a padding query) that sees rank-slots
+  0..m-1 and itself. Returns tokens, position rows, targets [B, n + G] and the mask
+  [B, n + G, n + G]; ``m`` [B, G] (`frontier` for the module's pass)."""
+  n, g = order.shape[1], m.shape[1]
   rtok_BxN, rpos_BxN = orders_lib.rank_slots(order, tokens, orders_lib.all_ranks(order))
-  qtok_BxN, qpos_BxN = orders_lib.rank_slots(order, tokens, m)
-  tok_BxF = jnp.concatenate([rtok_BxN, qtok_BxN], axis=1)
-  pos_BxF = jnp.concatenate([rpos_BxN, qpos_BxN], axis=1)
-  tgt_BxF = jnp.concatenate([order, order], axis=1).astype(jnp.int32)
-  a_F = jnp.arange(2 * n, dtype=jnp.int32)
+  qtok_BxG, qpos_BxG = orders_lib.rank_slots(order, tokens, m)
+  tok_BxF = jnp.concatenate([rtok_BxN, qtok_BxG], axis=1)
+  pos_BxF = jnp.concatenate([rpos_BxN, qpos_BxG], axis=1)
+  tgt_BxF = jnp.concatenate([order, order if targets is None else targets],
+                            axis=1).astype(jnp.int32)
+  a_F = jnp.arange(n + g, dtype=jnp.int32)
   row_1xFx1, col_1x1xF = a_F[None, :, None], a_F[None, None, :]
-  lim_BxFx1 = jnp.concatenate([jnp.zeros_like(m), m], axis=1)[:, :, None]
+  lim_BxFx1 = jnp.concatenate([jnp.zeros((order.shape[0], n), m.dtype), m], axis=1)[:, :, None]
   rank_rows_1xFxF = (row_1xFx1 < n) & (col_1x1xF <= row_1xFx1)
   query_rows_BxFxF = (row_1xFx1 >= n) & ((col_1x1xF < lim_BxFx1) | (col_1x1xF == row_1xFx1))
   return tok_BxF, pos_BxF, tgt_BxF, rank_rows_1xFxF | query_rows_BxFxF
@@ -105,8 +114,135 @@ def sequence_logp(model: AOGPT, tokens: jax.Array, order: jax.Array, steps: jax.
   return token_logp(logits_BxNxV, tokens, order, prompt, temperature)
 
 
+# ------------------------------------------------------------------- the order's log-probability
+
+ORDER_PASS_SLOTS = 2048   # slots per pass of `order_pass` (more steps: consecutive passes)
+
+
+@struct.dataclass
+class StepQueries:
+  """The queries of `order_pass`, T steps x W candidates: query (t, j) is a copy of rank-slot
+  ``start[t]`` (the frontier of the row's t-th step) with target rank ``start[t] + j``."""
+  start: jax.Array     # int32 [B, T]: first rank of step t (n: the row has no step t)
+  valid: jax.Array     # bool [B, T, W]: start[t] + j < n (a candidate still unwritten at t)
+  step: jax.Array      # int32 [B, n]: t of each rank (-1 at the prompt)
+  slot: jax.Array      # int32 [B, n]: j of each rank's own query at its step (r - start[t])
+
+
+def step_queries(steps: jax.Array, scored: jax.Array, max_steps: int, width: int) -> StepQueries:
+  """The `StepQueries` of a rollout (``steps`` as `sequence_logp`'s, ``scored`` its answer
+  ranks); a row's steps beyond ``max_steps`` or candidates beyond ``width`` are dropped
+  (`check_rollout` refuses such rows on the host)."""
+  b, n = steps.shape
+  m_BxN = frontier(steps, scored)
+  r_1xN = jnp.arange(n, dtype=jnp.int32)[None, :]
+  first_BxN = scored & (m_BxN == r_1xN)                       # the first rank of its step
+  t_BxN = jnp.where(scored, jnp.cumsum(first_BxN, axis=1, dtype=jnp.int32) - 1, -1)
+  start_BxT = layers.row_set(jnp.full((b, max_steps), n, jnp.int32),
+                             jnp.where(first_BxN, t_BxN, max_steps),
+                             jnp.broadcast_to(r_1xN, (b, n)))
+  j_W = jnp.arange(width, dtype=jnp.int32)
+  return StepQueries(start=start_BxT, valid=start_BxT[:, :, None] + j_W < n, step=t_BxN,
+                     slot=jnp.where(scored, r_1xN - m_BxN, 0))
+
+
+def order_pass(model: AOGPT, tokens: jax.Array, order: jax.Array, steps: jax.Array,
+               prompt: jax.Array | None = None, *, max_steps: int | None = None,
+               width: int | None = None):
+  """(logits [B, T, W, V], `StepQueries`): the model's conditional at every candidate of every
+  step: query (t, j) targets the position of rank start[t] + j, seeing the ranks of steps
+  before t (invalid queries: garbage). T = ``max_steps`` (None: n) steps per row at most, W =
+  ``width`` (None: n) candidates per step (at least the row's answer length). Teacher-forced
+  over n + T W slots: one pass when that is at most `ORDER_PASS_SLOTS`, else consecutive passes
+  over as many steps each as fit (the same numbers). Arguments as `sequence_logp`."""
+  b, n = tokens.shape
+  check_length(model.cfg, n)
+  t, w = int(max_steps or n), int(width or n)
+  prompt = jnp.zeros((b, n), bool) if prompt is None else prompt
+  sq = step_queries(steps, orders_lib.scored_ranks(prompt), t, w)
+  rank_BxTxW = jnp.minimum(sq.start[:, :, None] + jnp.arange(w, dtype=jnp.int32), n - 1)
+  tgt_BxTxW = jnp.where(sq.valid, orders_lib.slot_target(order, rank_BxTxW.reshape(b, -1))
+                        .reshape(b, t, w), NO_TARGET)
+  m_BxTxW = jnp.where(sq.valid, sq.start[:, :, None], 0)
+  per = max(1, min(t, (ORDER_PASS_SLOTS - n) // w))          # steps per pass
+  passes = -(-t // per)
+  pad = lambda x, v: jnp.pad(x, ((0, 0), (0, passes * per - t), (0, 0)), constant_values=v)  # noqa: E731
+  chunks = lambda x: jnp.moveaxis(x.reshape(b, passes, per * w), 1, 0)  # noqa: E731
+
+  def one(args):
+    m_BxG, tgt_BxG = args
+    tok, pos, tgt, mask = likelihood_slots(tokens, order, m_BxG, tgt_BxG)
+    query_BxG = jnp.broadcast_to(jnp.arange(n, n + per * w, dtype=jnp.int32), (b, per * w))
+    hidden_BxGxD, _ = model.hidden_slots(tok, pos, tgt, mask=mask, query=query_BxG)
+    return model.head(hidden_BxGxD, tgt_BxG)
+
+  args = (chunks(pad(m_BxTxW, 0)), chunks(pad(tgt_BxTxW, NO_TARGET)))
+  logits = one(jax.tree.map(lambda x: x[0], args))[None] if passes == 1 else jax.lax.map(one, args)
+  logits_BxTxWxV = jnp.moveaxis(logits, 0, 1).reshape(b, passes * per, w, -1)[:, :t]
+  return logits_BxTxWxV, sq
+
+
+def rank_logits(logits: jax.Array, sq: StepQueries) -> jax.Array:
+  """[B, n, V]: from `order_pass`'s logits, each rank's own query (its token's conditional, as
+  `rollout_logits`; meaningless at the prompt)."""
+  b, t, w, v = logits.shape
+  flat_BxN = jnp.maximum(sq.step, 0) * w + jnp.minimum(sq.slot, w - 1)
+  return jnp.take_along_axis(logits.reshape(b, t * w, v), flat_BxN[..., None], axis=1)
+
+
+def order_logp_of(logits: jax.Array, sq: StepQueries, order: jax.Array, *, policy: str,
+                  policy_temperature: float, temperature: float = 1.0) -> jax.Array:
+  """`order_logp` from `order_pass`'s outputs."""
+  b, t, w, _ = logits.shape
+  if not policy_temperature > 0:
+    return jnp.zeros(order.shape, jnp.float32)
+  probs_BxTxWxV = jax.nn.softmax(logits.astype(jnp.float32) / jnp.float32(temperature), axis=-1)
+  rank_BxTxW = jnp.minimum(sq.start[:, :, None] + jnp.arange(w, dtype=jnp.int32),
+                           order.shape[1] - 1)
+  pos_BxTxW = orders_lib.slot_target(order, rank_BxTxW.reshape(b, -1)).reshape(b, t, w)
+  fn = adaptive_lib.get(policy)
+  scores_BxTxW = jax.vmap(lambda p, x, i: fn(p, None, x, i, None), in_axes=(1, 1, 0),
+                          out_axes=1)(probs_BxTxWxV, pos_BxTxW, jnp.arange(t, dtype=jnp.int32))
+  pl_BxTxW = adaptive_lib.plackett_luce_logp(
+      adaptive_lib.policy_logits(scores_BxTxW, sq.valid, policy_temperature))
+  flat_BxN = jnp.maximum(sq.step, 0) * w + jnp.minimum(sq.slot, w - 1)
+  got_BxN = jnp.take_along_axis(pl_BxTxW.reshape(b, t * w), flat_BxN, axis=1)
+  return jnp.where(sq.step >= 0, got_BxN, 0.0)
+
+
+def order_logp(model: AOGPT, tokens: jax.Array, order: jax.Array, steps: jax.Array,
+               prompt: jax.Array | None = None, *, policy: str, policy_temperature: float,
+               temperature: float = 1.0, max_steps: int | None = None,
+               width: int | None = None) -> jax.Array:
+  """float32 [B, n] in rank layout: the exact log-probability that the stochastic adaptive
+  policy (``policy``, ``policy_temperature`` tau > 0; `sampling.adaptive`) chose each rank's
+  position, as recorded in `Samples.order_logp`: with step s (frontier m_s) writing ranks
+  m_s.., ``order_logp[b, r] = z(order[r]) - logsumexp(z(order[r']) for r' >= r)``, z = the
+  policy's score at step s / tau (Plackett-Luce over the candidates still unwritten, minus
+  those drawn earlier in the step); 0 at the prompt and when tau = 0. Scores on
+  ``softmax(logits / temperature)`` (the sampling temperature). Cost: `order_pass` (T x W
+  query slots: 1,332 slots for a 6x6 Sudoku at one cell per step; a 9x9 one at T = W = 81 runs
+  in four passes). Traceable and differentiable in the model's parameters."""
+  logits, sq = order_pass(model, tokens, order, steps, prompt, max_steps=max_steps, width=width)
+  return order_logp_of(logits, sq, order, policy=policy, policy_temperature=policy_temperature,
+                       temperature=temperature)
+
+
+def token_and_order_logp(model: AOGPT, tokens, order, steps, prompt=None, *, policy: str,
+                         policy_temperature: float, temperature: float = 1.0,
+                         max_steps: int | None = None, width: int | None = None):
+  """(`sequence_logp`, `order_logp`, the rank logits [B, n, V]) from ONE `order_pass`: each
+  rank's own query is among its step's candidates."""
+  logits, sq = order_pass(model, tokens, order, steps, prompt, max_steps=max_steps, width=width)
+  rl_BxNxV = rank_logits(logits, sq)
+  return (token_logp(rl_BxNxV, tokens, order, prompt, temperature),
+          order_logp_of(logits, sq, order, policy=policy, policy_temperature=policy_temperature,
+                        temperature=temperature), rl_BxNxV)
+
+
 def check_rollout(tokens, order, steps, prompt=None, *, vocab_size: int | None = None,
-                  block_size: int | None = None) -> None:
+                  block_size: int | None = None, max_steps: int | None = None,
+                  width: int | None = None) -> None:
   """One-line ValueErrors for host arrays before anything compiles: shapes [B, n], each order
   row a permutation with the prompt first, steps non-decreasing after the prompt, tokens in the
   vocabulary, n within the model's block size."""
@@ -139,3 +275,12 @@ def check_rollout(tokens, order, steps, prompt=None, *, vocab_size: int | None =
     row = int(np.argmax(drop.any(1)))
     raise ValueError(f"rollout.steps: row {row} decreases along the answer ranks; expected "
                      f"the step of each rank, non-decreasing in generation order")
+  if max_steps is not None or width is not None:       # `order_pass`'s static sizes
+    for b_, sc in enumerate(scored):
+      count = len(np.unique(steps[b_, sc]))
+      if max_steps is not None and count > max_steps:
+        raise ValueError(f"rollout.steps: row {b_} has {count} steps, more than max_steps="
+                         f"{max_steps}")
+      if width is not None and sc.sum() > width:
+        raise ValueError(f"rollout.prompt: row {b_} has {int(sc.sum())} answer positions, more "
+                         f"than width={width}")

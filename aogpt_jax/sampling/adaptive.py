@@ -13,8 +13,22 @@ candidate whose largest probability is at least ``threshold`` (at least one per 
 of steps adapts).
 
 A policy is a heuristic: the samples are NOT drawn from the model's joint distribution (except
-for ``random``, which is the diffusion sampler with a random order). Policies are registered
-functions (`register`)::
+for ``random``, which is the diffusion sampler with a random order).
+
+Stochastic policies (``policy_temperature`` tau > 0). The k positions a step commits are drawn
+without replacement from ``softmax(scores / tau)`` over the step's candidates (Plackett-Luce,
+by Gumbel-top-k: float64 Gumbel noise keyed by row, step and position) and committed in the
+drawn order; the exact log-probability of each choice is recorded (`Samples.order_logp`):
+``scores[j] / tau - logsumexp(scores / tau over the candidates not drawn before j)``. The scores
+are those of a *recomputable* policy (`register(..., recomputable=True)`: a function of the
+probabilities and positions only, not of the drawn tokens or keys: ``max_prob``, ``margin``,
+``entropy``, ``threshold``) on ``softmax(logits / temperature)`` in float32, the draw
+distribution without the top-p cut (a discontinuous function of the logits), so
+`posttrain.likelihood.order_logp` recomputes them exactly, with gradients. Every masked position
+is a candidate (``candidates`` must be None). At tau -> 0 the draw is the deterministic policy's
+order (top-p 1).
+
+Policies are registered functions (`register`)::
 
     fn(probs, tokens, positions, step, keys) -> scores
     probs      float32 [B, Q, V]  the distribution each candidate's token was drawn from (after
@@ -38,11 +52,14 @@ S = Q + C, K cache length n + Q, V vocabulary, T steps.
 from __future__ import annotations
 
 import dataclasses
+import math
+import numbers
 from typing import Callable
 
 import jax
 import jax.numpy as jnp
 
+from aogpt_jax.model import layers
 from aogpt_jax.model import orders as orders_lib
 from aogpt_jax.model.aogpt import AOGPT, NO_TARGET
 from aogpt_jax.sampling import tokens as tokens_lib
@@ -51,22 +68,32 @@ from aogpt_jax.sampling.state import Draw
 
 PolicyFn = Callable[..., jax.Array]
 _POLICIES: dict[str, PolicyFn] = {}
-# Streams of a row's adaptive key (`tokens.POLICY_STREAM`): candidate subsets, policy keys.
-CANDIDATE_STREAM, SCORE_STREAM = 0, 1
+_RECOMPUTABLE: set[str] = set()
+# Streams of a row's adaptive key (`tokens.POLICY_STREAM`): candidate subsets, policy keys, the
+# stochastic policy's Gumbel noise.
+CANDIDATE_STREAM, SCORE_STREAM, GUMBEL_STREAM = 0, 1, 2
+# A score that never wins (a NaN score, a non-candidate) in the stochastic policy's softmax:
+# finite, so its log-probabilities and their gradients stay finite where they are unused.
+NEVER = -1e30
 
 
-def register(name: str) -> Callable[[PolicyFn], PolicyFn]:
+def register(name: str, recomputable: bool = False) -> Callable[[PolicyFn], PolicyFn]:
   """Registers ``fn(probs, tokens, positions, step, keys) -> scores`` as policy ``name``.
 
   ``scores`` must be float [B, Q], one per row and candidate (another shape raises a ValueError
   naming the policy when the sampler is traced, before compiling). A NaN score ranks last, as
   -inf: the step commits it only when it must commit that many, after every scored candidate
-  (ties by position), and every position is still written exactly once."""
+  (ties by position), and every position is still written exactly once. ``recomputable``: the
+  scores depend on ``probs``, ``positions`` and ``step`` only (``tokens`` and ``keys`` are None
+  when `posttrain.likelihood.order_logp` recomputes them): the policy may be stochastic
+  (``policy_temperature`` > 0)."""
 
   def deco(fn: PolicyFn) -> PolicyFn:
     if name in _POLICIES:
       raise ValueError(f"adaptive policy {name!r} is already registered")
     _POLICIES[name] = fn
+    if recomputable:
+      _RECOMPUTABLE.add(name)
     return fn
 
   return deco
@@ -82,7 +109,44 @@ def get(name: str) -> PolicyFn:
   return _POLICIES[name]
 
 
-@register("max_prob")
+def recomputable() -> list[str]:
+  """The policies whose scores a teacher-forced pass recomputes (they may be stochastic)."""
+  return sorted(_RECOMPUTABLE)
+
+
+def check_settings(policy: str, candidates, threshold, policy_temperature) -> None:
+  """One-line ValueErrors for the adaptive ``sample.*`` settings."""
+  get(policy)          # raises naming the known policies
+  c = candidates
+  if c is not None and (isinstance(c, bool) or not isinstance(c, numbers.Integral) or c < 1):
+    raise ValueError(f"sample.candidates: must be None (every masked position) or an int >= 1, "
+                     f"got {c!r}")
+  t = threshold
+  if isinstance(t, bool) or not isinstance(t, numbers.Real) or not 0 < t <= 1:
+    raise ValueError(f"sample.threshold: must be a number in (0, 1], got {t!r}")
+  check_stochastic(policy, policy_temperature, candidates)
+
+
+def check_stochastic(policy: str, policy_temperature, candidates, key: str = "sample") -> None:
+  """One-line ValueErrors for ``{key}.policy_temperature`` and what it needs (every masked
+  position a candidate, a recomputable policy)."""
+  t = policy_temperature
+  if isinstance(t, bool) or not isinstance(t, numbers.Real) or not (math.isfinite(t) and t >= 0):
+    raise ValueError(f"{key}.policy_temperature: must be a finite number >= 0 (0: the "
+                     f"deterministic policy), got {t!r}")
+  if t == 0:
+    return
+  get(policy)
+  if policy not in _RECOMPUTABLE:
+    raise ValueError(f"{key}.policy: {policy!r} cannot be stochastic (policy_temperature={t}): "
+                     f"its scores depend on the drawn tokens or keys; use one of "
+                     f"{', '.join(recomputable())}")
+  if candidates:
+    raise ValueError(f"{key}.candidates: the stochastic policy (policy_temperature={t}) draws "
+                     f"from every masked position; leave candidates unset, got {candidates!r}")
+
+
+@register("max_prob", recomputable=True)
 def max_prob(probs, tokens, positions, step, keys):
   """The largest probability of the candidate's distribution (MaskGIT / LLaDA confidence)."""
   return jnp.max(probs, axis=-1)
@@ -94,14 +158,14 @@ def confidence(probs, tokens, positions, step, keys):
   return jnp.take_along_axis(probs, tokens[..., None], axis=-1)[..., 0]
 
 
-@register("margin")
+@register("margin", recomputable=True)
 def margin(probs, tokens, positions, step, keys):
   """Top-1 minus top-2 probability (Dream's ``topk_margin``)."""
   top = jax.lax.top_k(probs, 2)[0]
   return top[..., 0] - top[..., 1]
 
 
-@register("entropy")
+@register("entropy", recomputable=True)
 def entropy(probs, tokens, positions, step, keys):
   """Minus the entropy: the lowest-entropy candidates first (Dream's ``entropy``)."""
   return jnp.sum(jnp.where(probs > 0, probs * jnp.log(jnp.where(probs > 0, probs, 1.0)), 0.0),
@@ -114,7 +178,7 @@ def random(probs, tokens, positions, step, keys):
   return position_uniforms(keys, positions)
 
 
-@register("threshold")
+@register("threshold", recomputable=True)
 def threshold(probs, tokens, positions, step, keys):
   """Scores as ``max_prob``; the sampler commits every candidate whose score is at least
   ``threshold`` (at least one per step; Fast-dLLM's parallel decoding)."""
@@ -139,6 +203,7 @@ class AdaptiveShape:
   policy: str
   threshold: float      # ``threshold`` policy only
   cached: bool = True   # False: the uncached reference (full forward per step)
+  policy_temperature: float = 0.0   # tau > 0: positions drawn from softmax(scores / tau)
 
 
 def _candidates(masked_BxN, ckeys_B, q: int, subset: bool):
@@ -159,7 +224,7 @@ def _choose(scores_BxQ, cand_BxQ, valid_BxQ, count_B):
   """Indices [B, Q] of the candidates in commit order (score descending, NaN as -inf, then
   position ascending; non-candidates last) and how many are committed [B]."""
   q = scores_BxQ.shape[1]
-  s_BxQ = scores_BxQ.astype(jnp.float32)
+  s_BxQ = scores_BxQ.astype(jnp.promote_types(scores_BxQ.dtype, jnp.float32))
   # NaN sorts after +inf, so a NaN candidate would rank behind the non-candidates (positions
   # already written); as -inf it ties with them and the second key puts it first.
   s_BxQ = jnp.where(jnp.isnan(s_BxQ), -jnp.inf, s_BxQ)
@@ -177,6 +242,40 @@ def policy_probs(logits, draw: Draw):
   x = tokens_lib.filter_logits(logits, temperature=draw.temperature, top_p=draw.top_p,
                                top_p_rule=draw.top_p_rule)
   return jax.nn.softmax(x, axis=-1).astype(jnp.float32)
+
+
+def score_probs(logits, draw: Draw):
+  """float32 [..., V]: the stochastic policy's probabilities, ``softmax(logits / temperature)``
+  (temperature 1 when greedy; no top-p), as `posttrain.likelihood.order_logp` recomputes them."""
+  t = 1.0 if draw.greedy else draw.temperature
+  return jax.nn.softmax(logits.astype(jnp.float32) / jnp.float32(t), axis=-1)
+
+
+def plackett_luce_logp(z):
+  """[..., Q]: ``z[j] - logsumexp(z[j:])``: the log-probability that item j is drawn j-th given
+  items 0..j-1 were drawn before it, for the logits ``z`` [..., Q] in drawn order (items never
+  drawn last, at `NEVER`)."""
+  return z - jax.lax.cumlogsumexp(z, axis=z.ndim - 1, reverse=True)
+
+
+def policy_logits(scores, valid, tau: float):
+  """float32 [..]: the stochastic policy's logits ``scores / tau`` (NaN and non-candidates:
+  `NEVER`)."""
+  s = scores.astype(jnp.float32)
+  return jnp.where(valid & ~jnp.isnan(s), s / jnp.float32(tau), NEVER)
+
+
+def gumbel_choice(scores_BxQ, cand_BxQ, valid_BxQ, count_B, gkeys_B, tau: float):
+  """The stochastic policy's commit order (`_choose`'s outputs) and the log-probability of each
+  choice [B, Q] in commit order: Gumbel-top-k on ``scores / tau`` (float64 noise keyed by row and
+  position: a Plackett-Luce draw without replacement)."""
+  z_BxQ = policy_logits(scores_BxQ, valid_BxQ, tau)
+  u_BxQ = jax.vmap(lambda k, p: jax.vmap(lambda q: jax.random.uniform(
+      jax.random.fold_in(k, q), (), jnp.float64, minval=jnp.finfo(jnp.float64).tiny))(p))(
+          gkeys_B, cand_BxQ)
+  g_BxQ = jnp.where(valid_BxQ, z_BxQ.astype(jnp.float64) - jnp.log(-jnp.log(u_BxQ)), -jnp.inf)
+  idx_BxQ, k_B = _choose(g_BxQ, cand_BxQ, valid_BxQ, count_B)
+  return idx_BxQ, k_B, plackett_luce_logp(jnp.take_along_axis(z_BxQ, idx_BxQ, axis=1))
 
 
 def _move_slot(cache, src_B, dst_B):
@@ -211,37 +310,42 @@ def adaptive_loop(order0, tokens0, prompt_len, tok_keys, counts, adapt_keys, *,
   """The step loop both adaptive samplers share; only the forward differs. Each step: the
   candidates (`_candidates`), their logits ``forward(extra, order, tokens, masked, m, cand,
   valid) -> (logits [B, Q, V], extra)``, the token draw (key by position), the policy's scores,
-  the commit (`_choose`: counts, or ``threshold``), then ``on_commit(extra, idx, k, m) ->
-  extra``. Returns (tokens [B, n], order [B, n], steps per row [B], step_of_rank int32 [B, n]:
-  the step at which rank r was written, -1 for prompt ranks, per-step query logits
-  [max_steps, B, Q, V] if ``draw.debug`` else None)."""
+  the commit (`_choose`, or `gumbel_choice` for a stochastic policy: counts, or ``threshold``),
+  then ``on_commit(extra, idx, k, m) -> extra``. Returns (tokens [B, n], order [B, n], steps
+  per row [B], step_of_rank int32 [B, n]: the step at which rank r was written, -1 for prompt
+  ranks, per-step query logits [max_steps, B, Q, V] if ``draw.debug`` else None, and if
+  ``draw.logp`` the record float32 [B, n, 3] in ORIGINAL order: each written token's
+  `tokens.drawn_logp` (drawn, model) and the log-probability of the choice of its position
+  (0 for a deterministic policy and at the prompt), else None)."""
   batch, n = order0.shape
   q = shape.queries
   policy = get(shape.policy)
+  tau = shape.policy_temperature
   rows_B = jnp.arange(batch)
   ckeys_B = tokens_lib.stream(adapt_keys, CANDIDATE_STREAM)
   skeys_B = tokens_lib.stream(adapt_keys, SCORE_STREAM)
+  gkeys_B = tokens_lib.stream(adapt_keys, GUMBEL_STREAM)
   m0_B = prompt_len.astype(jnp.int32)
   in_prompt_BxN = jnp.zeros((batch, n), bool).at[rows_B[:, None], order0].set(
       jnp.arange(n)[None, :] < m0_B[:, None])
   dbg = jnp.zeros((shape.max_steps, batch, q, vocab), jnp.float32) if draw.debug else None
+  rec = jnp.zeros((batch, n, 3), jnp.float32) if draw.logp else None
+  fold = lambda keys, i: jax.vmap(lambda k: jax.random.fold_in(k, i))(keys)  # noqa: E731
 
   def cond(state):
     i, _, _, _, masked_BxN = state[:5]
     return (i < shape.max_steps) & jnp.any(masked_BxN)
 
   def body(state):
-    i, extra, tokens_BxN, order_BxN, masked_BxN, m_B, steps_B, sor_BxN, dbg = state
-    step_ckeys = jax.vmap(lambda k: jax.random.fold_in(k, i))(ckeys_B)
-    step_skeys = jax.vmap(lambda k: jax.random.fold_in(k, i))(skeys_B)
-    cand_BxQ, valid_BxQ = _candidates(masked_BxN, step_ckeys, q, shape.candidates > 0)
+    i, extra, tokens_BxN, order_BxN, masked_BxN, m_B, steps_B, sor_BxN, dbg, rec = state
+    cand_BxQ, valid_BxQ = _candidates(masked_BxN, fold(ckeys_B, i), q, shape.candidates > 0)
     logits_BxQxV, extra = forward(extra, order_BxN, tokens_BxN, masked_BxN, m_B, cand_BxQ,
                                   valid_BxQ)
     new_BxQ = tokens_lib.sample_tokens(
         logits_BxQxV, tokens_lib.token_keys(tok_keys, cand_BxQ), temperature=draw.temperature,
         top_p=draw.top_p, top_p_rule=draw.top_p_rule, greedy=draw.greedy)
-    probs_BxQxV = policy_probs(logits_BxQxV, draw)
-    scores_BxQ = policy(probs_BxQxV, new_BxQ, cand_BxQ, i, step_skeys)
+    probs_BxQxV = (score_probs if tau > 0 else policy_probs)(logits_BxQxV, draw)
+    scores_BxQ = policy(probs_BxQxV, new_BxQ, cand_BxQ, i, fold(skeys_B, i))
     check_scores(scores_BxQ, shape.policy, batch, q)
     if shape.policy == "threshold":
       sure_B = jnp.sum(valid_BxQ & (jnp.max(probs_BxQxV, axis=-1) >= shape.threshold), axis=1)
@@ -249,7 +353,12 @@ def adaptive_loop(order0, tokens0, prompt_len, tok_keys, counts, adapt_keys, *,
     else:
       count_B = jnp.where(i < counts.shape[1],
                           counts[:, jnp.minimum(i, counts.shape[1] - 1)], 0)
-    idx_BxQ, k_B = _choose(scores_BxQ, cand_BxQ, valid_BxQ, count_B)
+    if tau > 0:
+      idx_BxQ, k_B, olp_BxQ = gumbel_choice(scores_BxQ, cand_BxQ, valid_BxQ, count_B,
+                                            fold(gkeys_B, i), tau)
+    else:
+      idx_BxQ, k_B = _choose(scores_BxQ, cand_BxQ, valid_BxQ, count_B)
+      olp_BxQ = jnp.zeros(idx_BxQ.shape, jnp.float32)
     j_1xQ = jnp.arange(q, dtype=jnp.int32)[None, :]
     take_BxQ = j_1xQ < k_B[:, None]
     pos_BxQ = jnp.take_along_axis(cand_BxQ, idx_BxQ, axis=1)        # in commit order
@@ -263,13 +372,19 @@ def adaptive_loop(order0, tokens0, prompt_len, tok_keys, counts, adapt_keys, *,
     extra = on_commit(extra, idx_BxQ, k_B, m_B)
     if dbg is not None:
       dbg = dbg.at[i].set(logits_BxQxV)
+    if rec is not None:
+      lp_BxQx2 = jnp.take_along_axis(tokens_lib.drawn_logp(
+          logits_BxQxV, new_BxQ, temperature=draw.temperature, top_p=draw.top_p,
+          top_p_rule=draw.top_p_rule, greedy=draw.greedy), idx_BxQ[..., None], axis=1)
+      rec = layers.row_set(rec, at_BxQ, jnp.concatenate([lp_BxQx2, olp_BxQ[..., None]], -1))
     return (i + 1, extra, tokens_BxN, order_BxN, masked_BxN, m_B + k_B, steps_B + (k_B > 0),
-            sor_BxN, dbg)
+            sor_BxN, dbg, rec)
 
   state = (jnp.int32(0), extra0, tokens0, order0, ~in_prompt_BxN, m0_B, jnp.zeros_like(m0_B),
-           jnp.full((batch, n), -1, jnp.int32), dbg)
-  _, _, tokens_BxN, order_BxN, _, _, steps_B, sor_BxN, dbg = jax.lax.while_loop(cond, body, state)
-  return tokens_BxN, order_BxN, steps_B, sor_BxN, dbg
+           jnp.full((batch, n), -1, jnp.int32), dbg, rec)
+  _, _, tokens_BxN, order_BxN, _, _, steps_B, sor_BxN, dbg, rec = jax.lax.while_loop(
+      cond, body, state)
+  return tokens_BxN, order_BxN, steps_B, sor_BxN, dbg, rec
 
 
 def sample_adaptive(model: AOGPT, order0, tokens0, prompt_len, tok_keys, counts, adapt_keys, *,
@@ -277,7 +392,7 @@ def sample_adaptive(model: AOGPT, order0, tokens0, prompt_len, tok_keys, counts,
   """Traced body of the adaptive sampler. ``order0`` [B, n]: prompt positions first (ranks <
   prompt_len; the rest is overwritten as positions are chosen); ``counts`` int32 [B, T] commits
   per step (unused by ``threshold``); ``adapt_keys`` [B]. Returns `adaptive_loop`'s (tokens,
-  order, steps, step_of_rank, logits)."""
+  order, steps, step_of_rank, logits, record)."""
   batch, n = order0.shape
   q, c = shape.queries, shape.catchup
   cache_len = n + q

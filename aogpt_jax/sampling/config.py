@@ -24,6 +24,8 @@ def sample_config() -> ml_collections.ConfigDict:
                                    # threshold (or a registered one)
       candidates=0,                # adaptive: positions queried per step (0: every masked one)
       threshold=0.9,               # adaptive, policy=threshold: commit max prob >= this
+      policy_temperature=0.0,      # adaptive: > 0 draws the positions from softmax(scores / it)
+                                   # (max_prob | margin | entropy | threshold; exact order logp)
       num_samples=8,
       batch_size=8,
       length=0,                    # 0: the length the run trained on (its seq_len), else
@@ -78,7 +80,8 @@ def settings_from_config(c: ml_collections.ConfigDict, cfg: ModelConfig,
                         draft_queries=str(c.get("draft_queries", "taper")),
                         policy=str(c.get("policy", "max_prob")),
                         candidates=parse_candidates(c.get("candidates", 0)),
-                        threshold=float(c.get("threshold", 0.9)))
+                        threshold=float(c.get("threshold", 0.9)),
+                        policy_temperature=float(c.get("policy_temperature", 0.0)))
 
 
 def parse_candidates(value) -> int | None:

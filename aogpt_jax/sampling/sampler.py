@@ -72,7 +72,7 @@ MIN_TEMPERATURE = 1e-6
 # Methods that run one full (uncached) forward per step: one pass per step, no block choice.
 FULL_FORWARD_METHODS = ("uncached", "encoder")
 # Methods that record each drawn token's log-probabilities (`generate(..., return_logp=True)`).
-LOGP_METHODS = ("diffusion", "uncached", "ar")
+LOGP_METHODS = ("diffusion", "uncached", "ar", "adaptive")
 
 
 def uses_steps(method: str, policy: str = "max_prob") -> bool:
@@ -99,6 +99,8 @@ class SampleSettings:
   policy: str = "max_prob"              # adaptive: a registered policy (sampling.adaptive)
   candidates: Any = None                # adaptive: None (every masked position) or C >= 1
   threshold: float = 0.9                # adaptive, policy="threshold": commit max prob >= this
+  policy_temperature: float = 0.0       # adaptive: tau > 0 draws the positions from
+                                        # softmax(scores / tau) (sampling.adaptive)
 
   @property
   def num_steps(self) -> int:
@@ -137,14 +139,12 @@ class SampleSettings:
     if self.method == "adaptive":
       if encoder_model.is_encoder(cfg):      # the encoder's adaptive sampler needs [MASK]
         encoder_model.encoder_config(cfg)
-      adaptive_lib.get(self.policy)          # raises naming the known policies
-      c = self.candidates
-      if c is not None and (isinstance(c, bool) or not isinstance(c, numbers.Integral) or c < 1):
-        raise ValueError(f"sample.candidates: must be None (every masked position) or an int "
-                         f">= 1, got {c!r}")
-      t = self.threshold
-      if isinstance(t, bool) or not isinstance(t, numbers.Real) or not 0 < t <= 1:
-        raise ValueError(f"sample.threshold: must be a number in (0, 1], got {t!r}")
+      adaptive_lib.check_settings(self.policy, self.candidates, self.threshold,
+                                  self.policy_temperature)
+    elif self.policy_temperature != 0:
+      raise ValueError(f"sample.policy_temperature: a stochastic order policy is for "
+                       f"sample.method='adaptive', got {self.policy_temperature!r} with "
+                       f"method={self.method!r}")
     if uses_steps(self.method, self.policy) and not 1 <= self.num_steps <= self.length:
       raise ValueError(f"sample.steps: must be in [1, length={self.length}], got {self.steps}")
     check_choice("sample.schedule", self.schedule, schedules.SCHEDULES)
@@ -210,6 +210,10 @@ class Samples:
   # int32 [B, n]: the step (0, 1, ... over the steps that write something) that wrote each
   # rank, -1 at the prompt's ranks (diffusion, uncached, ar, adaptive; None for the others).
   step_of_rank: np.ndarray | None = None
+  # adaptive with return_logp=True, float32 [B, n] rank layout: the log-probability of the
+  # choice of each rank's position (the stochastic policy's Plackett-Luce draw,
+  # `posttrain.likelihood.order_logp`); 0 at the prompt and for a deterministic policy.
+  order_logp: np.ndarray | None = None
 
 
 def planned_step_of_rank(counts: np.ndarray, prompt_len: np.ndarray) -> np.ndarray:
@@ -334,14 +338,15 @@ def adaptive_shape(p: Prepared, s: SampleSettings, *, block: int | None = None,
   return adaptive_lib.AdaptiveShape(
       queries=q, catchup=catchup, prefill=0 if encoder else int(p.prompt_len.max(initial=0)),
       max_steps=max(1, min(max_steps, n)), candidates=int(s.candidates or 0),
-      policy=str(s.policy), threshold=float(s.threshold), cached=cached)
+      policy=str(s.policy), threshold=float(s.threshold), cached=cached,
+      policy_temperature=float(s.policy_temperature))
 
 
-def _with_record(toks, logits, rec_BxNx2, order):
-  """(tokens, logits) as before, or (tokens, (logits, the record in rank layout [2, B, n]))."""
-  if rec_BxNx2 is None:
+def _with_record(toks, logits, rec_BxNxK, order):
+  """(tokens, logits) as before, or (tokens, (logits, the record in rank layout [K, B, n]))."""
+  if rec_BxNxK is None:
     return toks, logits
-  return toks, (logits, jnp.moveaxis(orders_lib.permute(rec_BxNx2, order), -1, 0))
+  return toks, (logits, jnp.moveaxis(orders_lib.permute(rec_BxNxK, order), -1, 0))
 
 
 @model_jit.jit("kind", "shape", "draw", "draft", "queries")
@@ -349,7 +354,8 @@ def sampler_program(model, order, tokens0, prompt_len, tok_keys, passes: Passes 
                     kind: str, shape: PassShape | None, draw: Draw, draft, queries=None):
   """Every sampler behind one jit: ``kind`` (sample.method) picks it; ``shape`` (planned
   methods), ``draw`` and ``draft`` (speculative) are static. With ``draw.logp`` (LOGP_METHODS)
-  the second output is (logits, log-probabilities [2, B, n] in rank layout)."""
+  the second output is (logits, log-probabilities [2, B, n] in rank layout; adaptive: [3, B, n],
+  the third the order's))."""
   if kind == "ar":
     return _with_record(*ar_lib.sample_ar(model, tokens0, prompt_len, tok_keys, shape.prefill,
                                           draw), order)
@@ -361,9 +367,9 @@ def sampler_program(model, order, tokens0, prompt_len, tok_keys, passes: Passes 
   if kind == "adaptive":      # the encoder MDM's (target 'none') or the AO-GPT's
     fn = (encoder_lib.sample_adaptive_encoder if encoder_model.is_encoder(model.cfg)
           else adaptive_lib.sample_adaptive)
-    toks, order, steps, step_of_rank, logits = fn(model, order, tokens0, prompt_len, tok_keys,
-                                                  *passes, shape=shape, draw=draw)
-    return toks, (order, steps, step_of_rank, logits)
+    toks, order, steps, step_of_rank, logits, rec_BxNx3 = fn(
+        model, order, tokens0, prompt_len, tok_keys, *passes, shape=shape, draw=draw)
+    return _with_record(toks, (order, steps, step_of_rank, logits), rec_BxNx3, order)
   if kind == "diffusion":
     return _with_record(*diffusion.sample_cached(model, order, tokens0, prompt_len, tok_keys,
                                                  passes, shape, draw), order)
@@ -408,10 +414,13 @@ def compile_sampler(model: AOGPT, p: Prepared, pl: schedules.StepPlan | None,
     return model_jit.compile_ahead(sampler_program, model, *args, **kw)
 
 
-def check_return_logp(s: SampleSettings, return_logp: bool) -> None:
+def check_return_logp(s: SampleSettings, return_logp: bool, cfg: ModelConfig | None = None):
   if return_logp and s.method not in LOGP_METHODS:
     raise ValueError(f"return_logp: recorded for sample.method in {LOGP_METHODS}, got "
                      f"{s.method!r}")
+  if return_logp and cfg is not None and encoder_model.is_encoder(cfg):
+    raise ValueError("return_logp: recorded for the AO-GPT decoder; the encoder MDM "
+                     "(model.target='none') has no exact likelihood of its rollouts")
 
 
 def sample_batch(model: AOGPT, p: Prepared, pl: schedules.StepPlan | None, s: SampleSettings,
@@ -419,16 +428,21 @@ def sample_batch(model: AOGPT, p: Prepared, pl: schedules.StepPlan | None, s: Sa
                  return_logp: bool = False) -> Samples:
   """``adaptive``: the adaptive sampler's static sizes (None: `adaptive_shape` of ``p``).
   ``return_logp``: fill `Samples.logp` and ``model_logp`` (LOGP_METHODS)."""
-  check_return_logp(s, return_logp)
+  check_return_logp(s, return_logp, model.cfg)
   args, kw = program_args(p, pl, s, debug, adaptive, encoder_model.is_encoder(model.cfg),
                           return_logp)
   with tokens_lib.exact_sampling():
     toks, logits = model_jit.call(sampler_program, model, *args, **kw)
   if s.method == "adaptive":
+    lp = [None] * 3
+    if return_logp:
+      logits, lp = logits
+      lp = np.asarray(lp)
     order, steps, step_of_rank, logits = logits
     return Samples(np.asarray(toks), np.asarray(order), None,
                    None if logits is None else np.asarray(logits), np.asarray(steps),
-                   step_of_rank=np.asarray(step_of_rank))
+                   logp=lp[0], model_logp=lp[1], step_of_rank=np.asarray(step_of_rank),
+                   order_logp=lp[2])
   if s.method == "speculative":
     passes, trace = logits
     trace = None if trace is None else {k: np.asarray(v) for k, v in trace.items()}
@@ -456,11 +470,12 @@ def generate(model: AOGPT, key: jax.Array, s: SampleSettings, *, prompt=None,
   per forward pass (None: chosen by a cost model; the samples do not depend on it). ``debug``
   returns every pass's query logits. ``reference`` (adaptive only): the uncached reference, a
   full explicit-mask forward per step (the test oracle; the same samples). ``return_logp``
-  (diffusion, uncached, ar): also record every drawn token's log-probability, under the
-  distribution drawn from and the model's own (`Samples.logp`, ``model_logp``; a log-softmax
-  per query, plus a second top-p cut-off when top-p < 1), with ``step_of_rank``: the rollout's
-  exact likelihood, as `posttrain.likelihood.sequence_logp` recomputes it."""
-  check_return_logp(s, return_logp)
+  (LOGP_METHODS, the AO-GPT decoder): also record every drawn token's log-probability, under
+  the distribution drawn from and the model's own (`Samples.logp`, ``model_logp``; a
+  log-softmax per query, plus a second top-p cut-off when top-p < 1), with ``step_of_rank``:
+  the rollout's exact likelihood, as `posttrain.likelihood.sequence_logp` recomputes it;
+  adaptive: also ``order_logp``, the stochastic policy's choices (`likelihood.order_logp`)."""
+  check_return_logp(s, return_logp, model.cfg)
   p = prepare(model.cfg, key, s, prompt=prompt, batch=batch, sample_offset=sample_offset)
   if s.method == "adaptive":
     encoder = encoder_model.is_encoder(model.cfg)
@@ -468,7 +483,7 @@ def generate(model: AOGPT, key: jax.Array, s: SampleSettings, *, prompt=None,
       raise ValueError("generate: reference=True is the AO-GPT adaptive sampler's uncached twin; "
                        "the encoder's adaptive sampler has no cache (leave reference=False)")
     shape = adaptive_shape(p, s, block=block, cached=not reference, encoder=encoder)
-    return sample_batch(model, p, None, s, debug=debug, adaptive=shape)
+    return sample_batch(model, p, None, s, debug=debug, adaptive=shape, return_logp=return_logp)
   if reference:
     raise ValueError("generate: reference=True is for sample.method='adaptive' (the uncached "
                      "twin of 'diffusion' is method='uncached')")
