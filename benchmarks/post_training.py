@@ -35,24 +35,47 @@ import common
 import order_matters
 
 SIZES = {
-    "cpu": dict(size="cpu", train_steps=600, updates=120, prompts=8, group=8, lr=3e-4,
-                eval_at=(30, 60, 90, 120), puzzles=200, error_rows=64, overrides={}),
+    "cpu": dict(size="cpu", train_steps=600, updates=60, prompts=8, group=8, lr=1e-4,
+                eval_at=(20, 40, 60), puzzles=200, error_rows=64, overrides={},
+                sampler="max_prob", runs=("exact", "mean_field")),
     "accel": dict(size="accel", train_steps=4000, updates=400, prompts=32, group=16, lr=1e-4,
-                  eval_at=(100, 200, 300, 400), puzzles=1000, error_rows=512, overrides={}),
+                  eval_at=(100, 200, 300, 400), puzzles=1000, error_rows=512, overrides={},
+                  sampler="max_prob", runs=("exact", "mean_field", "order_policy")),
     # seconds: a one-layer model, a few updates, a handful of puzzles (tests/test_benchmarks.py)
-    "test": dict(size="cpu", train_steps=2, updates=2, prompts=2, group=2, lr=3e-4, eval_at=(2,),
+    "test": dict(size="cpu", train_steps=2, updates=2, prompts=2, group=2, lr=1e-4, eval_at=(2,),
                  puzzles=4, error_rows=4, overrides={"model.n_layer": 1, "model.n_embd": 32,
                                                      "model.n_head": 2, "batch_size": 8,
-                                                     "eval.batch_size": 8}),
+                                                     "eval.batch_size": 8},
+                 sampler="max_prob", runs=("exact", "mean_field", "order_policy")),
 }
-ESTIMATORS = (("exact", 0.0), ("mean_field", 0.15))   # (GRPOSettings.likelihood, prompt_mask)
+POLICY_TEMPERATURE = 0.1     # the stochastic order policy: softmax(max_prob scores / 0.1)
+# GRPO's sampler (token temperature 1, one cell per step): name -> GRPOSettings fields, and the
+# held-out decodings measured along the way (greedy, and as GRPO draws).
+SAMPLERS = {
+    "random": (dict(method="diffusion", order="random"),
+               ("random order, greedy", "random order, T=1")),
+    "max_prob": (dict(method="adaptive", policy="max_prob"), ("max_prob, greedy", "max_prob, T=1")),
+}
+# The GRPO runs: name -> GRPOSettings fields. Same seeds, prompts and rollout keys for each.
+RUNS = {
+    "exact": dict(likelihood="exact"),
+    "mean_field": dict(likelihood="mean_field", prompt_mask=0.15),
+    "order_policy": dict(likelihood="exact", method="adaptive", policy="max_prob",
+                         policy_temperature=POLICY_TEMPERATURE),
+}
+POLICY_DECODERS = ("max_prob, greedy", f"max_prob order at tau={POLICY_TEMPERATURE}, greedy")
 
 
 def decoders(n: int) -> dict[str, dict]:
-  """Held-out decodings: GRPO's sampler greedily and as drawn, and the best fixed heuristic."""
+  """Held-out decodings, one cell per step: a random order and the best fixed heuristic
+  (max_prob: the cell the model is surest of), greedily and at token temperature 1, and the
+  stochastic order policy's orders with greedy tokens."""
   return {"random order, greedy": dict(method="diffusion", order="random", steps=n, greedy=True),
           "random order, T=1": dict(method="diffusion", order="random", steps=n),
-          "max_prob, greedy": dict(method="adaptive", policy="max_prob", steps=n, greedy=True)}
+          "max_prob, greedy": dict(method="adaptive", policy="max_prob", steps=n, greedy=True),
+          "max_prob, T=1": dict(method="adaptive", policy="max_prob", steps=n),
+          POLICY_DECODERS[1]: dict(method="adaptive", policy="max_prob", steps=n, greedy=True,
+                                   policy_temperature=POLICY_TEMPERATURE)}
 
 
 def evaluate(model, task, puzzles, seed: int, which=None) -> dict:
@@ -64,21 +87,23 @@ def evaluate(model, task, puzzles, seed: int, which=None) -> dict:
     if which is not None and name not in which:
       continue
     res = solve_lib.solve(model, task, puzzles, SampleSettings(length=task.length, **fields),
-                          key=jax.random.key(seed), batch_size=100, warm=False)
+                          key=jax.random.key(seed), batch_size=len(puzzles["tokens"]),
+                          warm=False)
     out[name] = {"solved": res.summary["solved"], "cell_accuracy": res.summary["cell_accuracy"]}
   return out
 
 
-def run_grpo(start: str, task, puzzles, likelihood: str, prompt_mask: float, cfg: dict,
-             args) -> dict:
-  """GRPO from the model in ``start`` with one estimator; held-out rates at ``cfg.eval_at``."""
+def run_grpo(start: str, task, puzzles, name: str, cfg: dict, args) -> dict:
+  """GRPO run ``name`` (`RUNS`) from the model in ``start``; held-out rates at ``cfg.eval_at``
+  (every decoding at the last, else the ones of the run's sampler)."""
   import jax
   import aogpt_jax
   from aogpt_jax.posttrain import grpo
   model, _ = aogpt_jax.load(start)
+  sampler, along = SAMPLERS[cfg["sampler"]]
   settings = grpo.GRPOSettings(reward="cell_accuracy", group_size=cfg["group"], lr=cfg["lr"],
-                               steps=task.length, order="random", likelihood=likelihood,
-                               prompt_mask=prompt_mask)
+                               steps=task.length, **{**sampler, **RUNS[name]})
+  along = POLICY_DECODERS if settings.trains_order else along
   trainer = grpo.GRPO(model, settings, task=task)
   curve, evals, train_s = [], [], 0.0
   for u in range(cfg["updates"]):
@@ -88,16 +113,13 @@ def run_grpo(start: str, task, puzzles, likelihood: str, prompt_mask: float, cfg
     train_s += time.perf_counter() - t0
     curve.append({"update": u + 1, "train_s": train_s, **m})
     if u + 1 in cfg["eval_at"]:
-      ev = evaluate(model, task, puzzles, args.seed,
-                    None if u + 1 == cfg["updates"] else ["random order, greedy",
-                                                          "random order, T=1"])
+      ev = evaluate(model, task, puzzles, args.seed, None if u + 1 == cfg["updates"] else along)
       evals.append({"update": u + 1, "train_s": train_s, "load_avg_1m": common.load_avg_1m(),
                     **ev})
       line = ", ".join(f"{k} {100 * v['solved']['rate']:.1f}%" for k, v in ev.items())
-      print(f"[{likelihood}] update {u + 1}: reward {m['reward']:.3f}; held-out solved: {line} "
+      print(f"[{name}] update {u + 1}: reward {m['reward']:.3f}; held-out solved: {line} "
             f"({train_s:.0f} s)", flush=True)
-  return {"likelihood": likelihood, "prompt_mask": prompt_mask,
-          "settings": {k: v for k, v in vars(settings).items() if k != "reward"},
+  return {"name": name, "likelihood": settings.likelihood, "settings": {k: v for k, v in vars(settings).items() if k != "reward"},
           "reward": settings.reward, "curve": curve, "evals": evals, "train_s": train_s,
           "model": model}
 
@@ -168,43 +190,70 @@ def estimator_error(start_model, new_model, task, cfg: dict, args) -> dict:
   return {"rows": cfg["error_rows"], "by_steps": rows}
 
 
+COLORS = {"exact": "tab:blue", "mean_field": "tab:orange", "order_policy": "tab:green"}
+LABELS = {"exact": "GRPO, exact likelihood", "mean_field": "GRPO, d1 mean-field estimate",
+          "order_policy": f"GRPO, stochastic max_prob order (tau={POLICY_TEMPERATURE}), exact"}
+
+
+def _curve(ax, res: dict, dec: str, names, style="o-") -> None:
+  b = res["before"][dec]["solved"]
+  for run in res["grpo"]:
+    if run["name"] not in names:
+      continue
+    pts = [(0, b)] + [(e["update"], e[dec]["solved"]) for e in run["evals"] if dec in e]
+    x = [p[0] for p in pts]
+    ax.plot(x, [100 * p[1]["rate"] for p in pts], style, color=COLORS[run["name"]],
+            label=f"{LABELS[run['name']]}: {dec}")
+    ax.fill_between(x, [100 * p[1]["low"] for p in pts], [100 * p[1]["high"] for p in pts],
+                    color=COLORS[run["name"]], alpha=0.12)
+
+
 def plot(res: dict, path: pathlib.Path, title: str) -> None:
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
-  fig, axes = plt.subplots(1, 3, figsize=(18, 5))
-  colors = {"exact": "tab:blue", "mean_field": "tab:orange"}
-  labels = {"exact": "GRPO, exact likelihood", "mean_field": "GRPO, d1 mean-field estimate"}
-  for ax, dec in zip(axes[:2], ("random order, greedy", "random order, T=1")):
-    b = res["before"][dec]["solved"]
-    for run in res["grpo"]:
-      pts = [(0, b)] + [(e["update"], e[dec]["solved"]) for e in run["evals"]]
-      x = [p[0] for p in pts]
-      ax.plot(x, [100 * p[1]["rate"] for p in pts], "o-", color=colors[run["likelihood"]],
-              label=labels[run["likelihood"]])
-      ax.fill_between(x, [100 * p[1]["low"] for p in pts], [100 * p[1]["high"] for p in pts],
-                      color=colors[run["likelihood"]], alpha=0.15)
+  fig, axes = plt.subplots(2, 2, figsize=(15, 10))
+  along = SAMPLERS[res["size"]["sampler"]][1]
+  for ax, dec in zip(axes[0], along):
+    _curve(ax, res, dec, ("exact", "mean_field"))
+    ax.set_title(f"exact vs mean-field GRPO, held out: {dec}")
     ax.set_xlabel("GRPO updates")
     ax.set_ylabel("held-out puzzles solved (%), 95% interval")
-    ax.set_title(f"held-out solved rate: {dec} decoding")
-    ax.legend(fontsize=9)
-  ax = axes[2]
+    ax.set_ylim(bottom=0)
+    ax.legend(fontsize=8)
+  ax = axes[1, 0]
+  decs = list(res["before"])
+  rows = [("start", res["before"])] + [(r["name"], r["evals"][-1]) for r in res["grpo"]]
+  width = 0.8 / len(rows)
+  for i, (name, ev) in enumerate(rows):
+    y = [k + (i - (len(rows) - 1) / 2) * width for k in range(len(decs))]
+    rate = [100 * ev[d]["solved"]["rate"] for d in decs]
+    err = [[max(0.0, 100 * (ev[d]["solved"]["rate"] - ev[d]["solved"]["low"])) for d in decs],
+           [max(0.0, 100 * (ev[d]["solved"]["high"] - ev[d]["solved"]["rate"])) for d in decs]]
+    ax.barh(y, rate, height=width, xerr=err, capsize=2, color=COLORS.get(name, "tab:gray"),
+            label=name if name == "start" else LABELS[name])
+  ax.set_yticks(list(range(len(decs))), decs)
+  ax.invert_yaxis()
+  ax.set_xlabel("held-out puzzles solved (%), 95% interval")
+  ax.set_title(f"every decoding, before and after {res['size']['updates']} updates")
+  ax.legend(fontsize=8)
+  ax = axes[1, 1]
   err = res["estimator_error"]["by_steps"]
   x = [r["tokens_per_step"] for r in err]
-  for key, label, color in (("logp_error_token", "log-likelihood, per token", "tab:red"),
-                            ("log_ratio_error_token", "log-ratio (trained / start), per token",
-                             "tab:green")):
+  for key, label, color in (("logp_error_token", "log-likelihood (start model)", "tab:red"),
+                            ("log_ratio_error_token", "log-ratio (exact-GRPO model / start)",
+                             "tab:purple")):
     ax.errorbar(x, [r[key]["mean"] for r in err], yerr=[r[key]["std"] for r in err], fmt="o-",
-                color=color, capsize=3, label=label + ": mean +- std")
+                color=color, capsize=3, label=f"{label}, per token: mean +- std")
   ax.axhline(0, color="gray", lw=0.8)
   ax.set_xscale("log")
   ax.set_xlabel("answer tokens written per step (mean; log scale)")
   ax.set_ylabel("mean-field minus exact (nats)")
-  ax.set_title("error of d1's mean-field estimate (exact at 1 step for the whole answer)")
-  ax.legend(fontsize=9)
+  ax.set_title("error of d1's mean-field estimate on the same rollouts")
+  ax.legend(fontsize=8)
   fig.suptitle(title)
   fig.tight_layout()
-  fig.savefig(path, dpi=100)
+  fig.savefig(path, dpi=90)
   print(f"wrote {path}", flush=True)
 
 
@@ -212,21 +261,23 @@ def markdown(res: dict, machine: dict) -> str:
   pct = lambda s: f"{100 * s['rate']:.1f}% ({100 * s['low']:.1f}-{100 * s['high']:.1f}%)"  # noqa: E731
   decs = list(res["before"])
   lines = ["| model | updates | GRPO s | " + " | ".join(f"solved, {d}" for d in decs)
-           + " | cell accuracy, random order greedy |", "|---|---|---|" + "---|" * len(decs) + "---|"]
+           + " | cell accuracy, random order greedy |", "|---|---|---|" + "---|" * len(decs)
+           + "---|"]
   b = res["before"]
   lines.append(f"| start ({res['train']['total_steps']} training steps) | 0 | 0 | "
                + " | ".join(pct(b[d]["solved"]) for d in decs)
                + f" | {100 * b[decs[0]]['cell_accuracy']:.1f}% |")
   for run in res["grpo"]:
     for e in run["evals"]:
-      lines.append(f"| GRPO, {run['likelihood']} | {e['update']} | {e['train_s']:.0f} | "
+      cell = f"{100 * e[decs[0]]['cell_accuracy']:.1f}%" if decs[0] in e else ""
+      lines.append(f"| GRPO, {run['name']} | {e['update']} | {e['train_s']:.0f} | "
                    + " | ".join(pct(e[d]["solved"]) if d in e else "" for d in decs)
-                   + f" | {100 * e[decs[0]]['cell_accuracy']:.1f}% |")
+                   + f" | {cell} |")
   lines += ["", "| tokens per step | mean-field - exact, log p per token | per sequence "
             "| log-ratio error per token | per sequence | sign agreement of the log-ratio |",
             "|---|---|---|---|---|---|"]
+  f = lambda s: f"{s['mean']:+.3f} +- {s['std']:.3f}"  # noqa: E731
   for r in res["estimator_error"]["by_steps"]:
-    f = lambda s: f"{s['mean']:+.3f} +- {s['std']:.3f}"  # noqa: E731
     lines.append(f"| {r['tokens_per_step']:.1f} | {f(r['logp_error_token'])} | "
                  f"{f(r['logp_error_sequence'])} | {f(r['log_ratio_error_token'])} | "
                  f"{f(r['log_ratio_error_sequence'])} | {100 * r['log_ratio_sign_agreement']:.0f}% |")
@@ -245,11 +296,14 @@ def main(argv=None):
   p.add_argument("--workdir", default="/tmp/aogpt_post_training",
                  help="the starting model's run (trained there, reused when already trained)")
   p.add_argument("--updates", type=int, default=0, help="GRPO updates (0: the size's)")
+  p.add_argument("--sampler", choices=sorted(SAMPLERS), default="",
+                 help="GRPO's sampler (default: the size's)")
   p.add_argument("--seed", type=int, default=0)
   p.add_argument("--out", default="", help="the JSON (default: benchmarks/results/...)")
   args = p.parse_args(argv)
   logging.getLogger().setLevel(logging.WARNING)
   cfg = dict(SIZES[args.size])
+  cfg["sampler"] = args.sampler or cfg["sampler"]
   if args.updates:
     cfg["updates"] = args.updates
     cfg["eval_at"] = tuple(sorted({max(1, args.updates * k // 4) for k in (1, 2, 3, 4)}))
@@ -268,7 +322,7 @@ def main(argv=None):
     print(f"before: {k}: solved {100 * v['solved']['rate']:.1f}% "
           f"({100 * v['solved']['low']:.1f}-{100 * v['solved']['high']:.1f}%), cell accuracy "
           f"{100 * v['cell_accuracy']:.1f}%", flush=True)
-  runs = [run_grpo(str(wd), task, puzzles, lk, pm, cfg, args) for lk, pm in ESTIMATORS]
+  runs = [run_grpo(str(wd), task, puzzles, name, cfg, args) for name in cfg["runs"]]
   error = estimator_error(start_model, runs[0].pop("model"), task, cfg, args)
   for r in runs:
     r.pop("model", None)
@@ -300,9 +354,16 @@ def findings(res: dict) -> dict:
       if dec not in last:
         continue
       a, s = last[dec]["solved"], b["solved"]
-      out[f"{run['likelihood']}: {dec}"] = {
+      out[f"{run['name']}: {dec}"] = {
           "before": s["rate"], "after": a["rate"], "gain": a["rate"] - s["rate"],
           "intervals_disjoint": a["low"] > s["high"]}
+  policy = [r for r in res["grpo"] if r["name"] == "order_policy"]
+  if policy:
+    best = res["before"][POLICY_DECODERS[0]]["solved"]
+    trained = policy[0]["evals"][-1][POLICY_DECODERS[1]]["solved"]
+    out["order_policy_vs_best_fixed_heuristic"] = {
+        "best_fixed_at_start": best["rate"], "trained_stochastic_policy": trained["rate"],
+        "reaches_it": trained["rate"] >= best["rate"]}
   return out
 
 

@@ -344,14 +344,22 @@ class GRPO:
     rep = {k: np.repeat(np.asarray(prompts[k]), g, axis=0) for k in ("tokens", "prompt")}
     toks = np.where(rep["prompt"], rep["tokens"], 0).astype(np.int32)
     s = self.settings.sample_settings(toks.shape[1])
+    # One compiled sampler for every batch: the static sizes (passes, block, queries, prefill)
+    # depend on the batch's prompt lengths; they are kept at the largest seen so far, so a run
+    # compiles only while they still grow (the samples do not depend on them).
+    p = sampler_lib.prepare(self.model.cfg, key, s, prompt=(toks, rep["prompt"]))
+    if s.method == "adaptive":
+      shape = sampler_lib.adaptive_shape(p, s)
+      if self._plan_sizes is not None:
+        shape = dataclasses.replace(shape, **{k: max(getattr(shape, k), v)
+                                              for k, v in self._plan_sizes.items()})
+      self._plan_sizes = {k: getattr(shape, k) for k in ("queries", "catchup", "prefill")}
+      return sampler_lib.sample_batch(self.model, p, None, s, adaptive=shape,
+                                      return_logp=True), rep
     if s.method in sampler_lib.PLANLESS_METHODS:
       out = sampler_lib.generate(self.model, key, s, prompt=(toks, rep["prompt"]),
                                  return_logp=True)
       return out, rep
-    # One compiled sampler for every batch: the plan's static sizes (passes, block, queries,
-    # prefill) depend on the batch's prompt lengths; they are kept at the largest seen so far,
-    # so a run compiles only while they still grow (the samples do not depend on them).
-    p = sampler_lib.prepare(self.model.cfg, key, s, prompt=(toks, rep["prompt"]))
     if self._plan_sizes is None:
       block = sampler_lib.plan([p], method=s.method)[0].block
       self._plan_sizes = dict(block=block, min_passes=0, min_queries=1, min_prefill=0)
