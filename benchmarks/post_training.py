@@ -298,12 +298,18 @@ def main(argv=None):
   p.add_argument("--updates", type=int, default=0, help="GRPO updates (0: the size's)")
   p.add_argument("--sampler", choices=sorted(SAMPLERS), default="",
                  help="GRPO's sampler (default: the size's)")
+  p.add_argument("--runs", default="", help="comma-separated GRPO runs of " + ", ".join(RUNS)
+                 + " (default: the size's)")
   p.add_argument("--seed", type=int, default=0)
   p.add_argument("--out", default="", help="the JSON (default: benchmarks/results/...)")
   args = p.parse_args(argv)
   logging.getLogger().setLevel(logging.WARNING)
   cfg = dict(SIZES[args.size])
   cfg["sampler"] = args.sampler or cfg["sampler"]
+  cfg["runs"] = tuple(args.runs.split(",")) if args.runs else cfg["runs"]
+  unknown = [r for r in cfg["runs"] if r not in RUNS]
+  if unknown or not cfg["runs"]:
+    p.error(f"--runs: expected some of {', '.join(RUNS)}, got {args.runs!r}")
   if args.updates:
     cfg["updates"] = args.updates
     cfg["eval_at"] = tuple(sorted({max(1, args.updates * k // 4) for k in (1, 2, 3, 4)}))
