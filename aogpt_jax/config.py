@@ -21,11 +21,12 @@ Top-level keys::
     eval.*        evaluation: held-out eval during training and --mode=eval
                   (aogpt_jax/evaluation/settings.py, eval_config)
     sample.*      --mode=sample (aogpt_jax/sampling/sampler.py, sample_config)
+    rl.*          --mode=rl: GRPO (aogpt_jax/posttrain/settings.py, rl_config)
     genppl.*      --mode=genppl
     checkpoint.*  retention and async saving
     distributed.* jax.distributed.initialize() options (multi-host)
 
-The ``eval`` and ``sample`` groups are registered by the modules that own them
+The ``eval``, ``sample`` and ``rl`` groups are registered by the modules that own them
 (`aogpt_jax.config_groups`), so this module imports no sampler or evaluation code.
 """
 

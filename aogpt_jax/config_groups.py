@@ -6,6 +6,7 @@ sampler or evaluation code::
 
     eval    aogpt_jax/evaluation/settings.py   held-out eval during training and --mode=eval
     sample  aogpt_jax/sampling/config.py       --mode=sample (and genppl's sampling)
+    rl      aogpt_jax/posttrain/settings.py    --mode=rl (GRPO)
 
 An owner calls ``register(NAME, factory)`` at import time. `groups()` is the one place that
 builds them: it imports each owner listed in `OWNERS` first (so a config is complete whoever
@@ -20,7 +21,8 @@ import importlib
 from typing import Callable
 
 # group name -> the module that registers it (imported by `groups()`).
-OWNERS = {"eval": "aogpt_jax.evaluation.settings", "sample": "aogpt_jax.sampling.config"}
+OWNERS = {"eval": "aogpt_jax.evaluation.settings", "sample": "aogpt_jax.sampling.config",
+          "rl": "aogpt_jax.posttrain.settings"}
 
 _FACTORIES: dict[str, Callable] = {}
 

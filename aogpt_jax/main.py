@@ -7,8 +7,8 @@
 ``--config`` is an ml_collections config file with an optional ``:arg`` passed to its
 ``get_config(arg)``; every field can be overridden as ``--config.a.b=value``. ``--mode`` picks a
 function from `MODES` (each takes ``(config, workdir)``): train (`train.loop`), and eval, sample,
-genppl and prepare (`modes`). ``jax.distributed.initialize()`` runs first when the config
-(``distributed.enabled``) or the environment (AOGPT_DISTRIBUTED=1) asks for it.
+genppl, prepare, solve and rl (`modes`). ``jax.distributed.initialize()`` runs first when the
+config (``distributed.enabled``) or the environment (AOGPT_DISTRIBUTED=1) asks for it.
 
 Bad input (a missing config file, a misspelt key, a bad ``:arg``, a bad value, an unwritable
 folder, a non-finite loss) ends the run with one line on stderr and exit status 1; ``--verbose``
@@ -64,6 +64,7 @@ MODES: dict[str, Callable[..., object]] = {
     "prepare": modes.prepare_mode,
     "genppl": modes.genppl_mode,
     "solve": modes.solve_mode,
+    "rl": modes.rl_mode,
 }
 
 

@@ -14,6 +14,8 @@ Each takes ``(config, workdir)``, like `train.loop.train`, and reads its own con
 * ``--mode=solve``: solves the ``task``'s puzzles (``solve.puzzles``: its held-out split or a
   file) with the ``sample`` settings, checks them with the task's verifier and writes
   WORKDIR/solve/<solve.name>.jsonl, .json and .md (evaluation/solve.py).
+* ``--mode=rl``: GRPO from ``train.init_from`` on the ``task``'s puzzles with the ``rl`` group,
+  checkpointed and resumable like training (posttrain/rl.py, docs/post_training.md).
 """
 
 from __future__ import annotations
@@ -79,6 +81,20 @@ def _check_run(cfg, workdir: str, key: str) -> None:
     raise ConfigError(f"{key}: the run in {workdir} trained {trained.description}; {key} must "
                       f"be one of {trained.follows(key)}, got {value!r} (use the run's config "
                       f"file)")
+  if key == "sample.method":
+    _check_adaptive(value, run["model"].get("target"), run.get("objective", "ao"),
+                    f"the run in {workdir}")
+
+
+def _check_adaptive(method: str, target, objective: str, what: str) -> None:
+  """``method='adaptive'`` needs a model that is told which position a query predicts (an
+  AO-GPT's target conditioning) or the encoder MDM; a left-to-right decoder
+  (``model.target='none'``, objective ``ao``) has neither, and the samplers would otherwise take
+  it for the encoder."""
+  if method == "adaptive" and target == "none" and objective != "mdm":
+    raise ConfigError(f"sample.method: 'adaptive' needs an AO-GPT (model.target 'adaln' or "
+                      f"'sigma_gpt') or the encoder MDM; {what} is a left-to-right decoder "
+                      f"(model.target='none'), got 'adaptive'; use sample.method=ar")
 
 
 # What fixes the content of the "heldout" dataset: it must be the run's unless eval.data says
@@ -158,6 +174,8 @@ def _from_spec(cfg, spec: str, which: str | None):
   for key in config_lib.FOLLOWERS:
     if (value := config_lib.objective_value(cfg, key)) not in objectives.get("ao").follows(key):
       raise ConfigError(f"{key}: --checkpoint={spec} is an AO-GPT, got {value!r}")
+  _check_adaptive(config_lib.objective_value(cfg, "sample.method"), mc.target, "ao",
+                  f"--checkpoint={spec}")
   return m, prov
 
 
@@ -438,3 +456,9 @@ def _check_task(cfg, workdir: str) -> None:
       raise ConfigError(f"task.{key}: the run in {workdir} trained with task.{key}="
                         f"{theirs.get(key)!r}, this config asks {ours[key]!r}; use the run's "
                         f"config file")
+
+
+def rl_mode(cfg, workdir: str) -> dict:
+  """``--mode=rl``: GRPO as a run (`aogpt_jax.posttrain.rl`)."""
+  from aogpt_jax.posttrain import rl  # pylint: disable=g-import-not-at-top
+  return rl.rl_mode(cfg, workdir)

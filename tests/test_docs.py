@@ -60,7 +60,8 @@ TASK_SIZE = [a for a in SIZE if not a.startswith(("--config.seq_len", "--config.
 TASK_SIZE += ["--config.task.heldout_count=4"]
 MODE_SIZE = {"train": [], "prepare": [], "solve": ["--config.solve.count=4"],
              "eval": ["--config.eval.max_blocks=4"],
-             "sample": ["--config.sample.num_samples=2", "--config.sample.batch_size=2"]}
+             "sample": ["--config.sample.num_samples=2", "--config.sample.batch_size=2"],
+             "rl": ["--config.rl.prompts=2", "--config.rl.group_size=2"]}
 IF_SET = {"--config.eval.ensemble_max_m=": "--config.eval.ensemble_max_m=2",
           "--config.eval.elbo_samples=": "--config.eval.elbo_samples=2",
           "--config.eval.num_orders=": "--config.eval.num_orders=2"}

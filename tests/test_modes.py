@@ -199,3 +199,18 @@ def test_checkpoint_spec_evaluates_and_samples_into_an_empty_workdir(trained, tm
   cfg.data.tokenizer = "gpt2"
   with pytest.raises(ValueError, match="data.tokenizer: 'gpt2' has 50257 ids.*valid_vocab_size"):
     modes.sample_mode(cfg, str(out), checkpoint=str(folder))
+
+
+def test_adaptive_on_a_left_to_right_decoder_is_refused(trained, tmp_path):
+  """A model.target='none' run of the AO objective is a left-to-right decoder: method=adaptive
+  is one line naming sample.method, not the encoder's sampler run on a causal model."""
+  cache, workdir = trained
+  run = json.loads((workdir / "config.json").read_text())
+  run["model"]["target"] = "none"
+  (tmp_path / "checkpoints").mkdir()
+  (tmp_path / "config.json").write_text(json.dumps(run))
+  cfg = tu.tiny_config(cache)
+  cfg.sample.update(dict(method="adaptive", num_samples=2, batch_size=2, length=16, steps=4))
+  with pytest.raises(ConfigError, match="sample.method: 'adaptive' needs an AO-GPT.*left-to-right"):
+    modes.sample_mode(cfg, str(tmp_path))
+  modes._check_run(cfg, str(workdir), "sample.method")     # the AO-GPT run itself is fine

@@ -126,10 +126,10 @@ def test_bad_mode_and_config_errors_exit_with_a_message(cache_dir, tmp_path):
   args = cli_args(cache_dir, tmp_path / "w")
   kw = dict(capture_output=True, text=True, env=cpu_env(), cwd=REPO, timeout=120)
   p = subprocess.run(args + ["--mode=dance"], **kw)
-  assert p.returncode != 0 and "--mode=dance: unknown mode; known: eval, genppl, prepare, sample, solve, train" in p.stderr
+  assert p.returncode != 0 and "--mode=dance: unknown mode; known: eval, genppl, prepare, rl, sample, solve, train" in p.stderr
   p = subprocess.run(args + ["--mode=smaple"], **kw)   # one line, no usage text
   assert p.returncode == 1 and p.stderr.strip().splitlines() == [
-      "aogpt_jax: --mode=smaple: unknown mode; known: eval, genppl, prepare, sample, solve, train; "
+      "aogpt_jax: --mode=smaple: unknown mode; known: eval, genppl, prepare, rl, sample, solve, train; "
       "did you mean --mode=sample?"], p.stderr[-2000:]
   file = tmp_path / "a_file"
   file.write_text("x")

@@ -89,7 +89,7 @@ def test_evaluate_batches_in_memory():
 def test_main_knows_its_modes_and_keeps_details_off_the_console():
   import logging
   from aogpt_jax import main
-  assert set(main.MODES) == {"train", "eval", "sample", "prepare", "genppl", "solve"}
+  assert set(main.MODES) == {"train", "eval", "sample", "prepare", "genppl", "solve", "rl"}
   rec = logging.LogRecord("x", logging.INFO, "/x/aogpt_jax/train/loop.py", 1, "model: %s",
                           ("M",), None)
   rec.file_only = True

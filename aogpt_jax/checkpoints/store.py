@@ -4,7 +4,8 @@ A checkpoint is a folder per step (written to a temporary name and renamed when 
 killed run never leaves a half-written step behind) holding the items::
 
     params, opt_state, ema (when EMA is on), train ({step, rng}), data (the grain iterator,
-    one file per process), meta (JSON: the resolved config of the run that wrote it)
+    one file per process; none in a post-training run), meta (JSON: the resolved config of the
+    run that wrote it)
 
 Once a save has finished, ``<step>/aogpt_sha256.json`` records the size and sha256 of every file
 of the step; restoring checks them first. Resuming takes the newest readable step; one whose
@@ -42,6 +43,7 @@ from flax import nnx
 from ml_collections import config_dict
 
 from aogpt_jax import config as config_lib
+from aogpt_jax import config_groups
 from aogpt_jax.errors import _root, one_line
 from aogpt_jax.model import aogpt as model_lib
 
@@ -215,6 +217,9 @@ def check_compatible(saved: dict, current: dict, where: str) -> None:
       continue                  # a model field added since, at its default: the same model
     if a == "<absent>" and key in _ADDED_KEYS and b == _ADDED_KEYS[key]:
       continue                  # a key added since, at its default
+    if a == "<absent>" and key.split(".", 1)[0] in config_groups.OWNERS and b == _group_default(
+        key):
+      continue                  # a key of a config group (rl.*, ...) added since, at its default
     structural = (key in _STREAM_KEYS or
                   (key.startswith("model.") and key.split(".", 1)[1] not in _FREE_MODEL_FIELDS
                    and key != "model.preset"))
@@ -236,6 +241,13 @@ def check_compatible(saved: dict, current: dict, where: str) -> None:
         f"new --workdir")
   if harmless:
     logging.warning("resuming from %s with changed settings: %s", where, "; ".join(harmless))
+
+
+def _group_default(key: str):
+  """The default of ``key`` in its config group (`config_groups`), or a marker for none."""
+  group, _, name = key.partition(".")
+  defaults = config_groups.groups().get(group)
+  return defaults.get(name, "<no default>") if defaults is not None else "<no default>"
 
 
 class Checkpointer:
@@ -280,7 +292,8 @@ class Checkpointer:
   def save(self, step: int, state: dict, data_iter, meta: dict) -> None:
     items = {k: ocp.args.StandardSave(state[k]) for k in STATE_ITEMS if k in state}
     items["train"] = ocp.args.StandardSave({"step": state["step"], "rng": state["rng"]})
-    items["data"] = grain.checkpoint.CheckpointSave(data_iter)
+    if data_iter is not None:   # None: a run without a data iterator (post-training)
+      items["data"] = grain.checkpoint.CheckpointSave(data_iter)
     items["meta"] = ocp.args.JsonSave(meta)
     self.wait()
     self._saving = step
@@ -310,7 +323,7 @@ class Checkpointer:
 
   def restore_latest(self, abstract_state: dict, data_iter, meta: dict):
     """``(step, state)`` from the newest readable compatible checkpoint (the data iterator is
-    set to its saved position), or None when there is none."""
+    set to its saved position; None: a run without one), or None when there is none."""
     def read(step):
       verified = verify_manifest(self.directory / str(step))
       saved = self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
@@ -319,7 +332,8 @@ class Checkpointer:
                for k in STATE_ITEMS if k in abstract_state}
       items["train"] = ocp.args.StandardRestore(
           {"step": abstract_state["step"], "rng": abstract_state["rng"]})
-      items["data"] = grain.checkpoint.CheckpointRestore(data_iter)
+      if data_iter is not None:
+        items["data"] = grain.checkpoint.CheckpointRestore(data_iter)
       try:
         r = self.manager.restore(step, args=ocp.args.Composite(**items))
       except Exception as e:  # noqa: BLE001

@@ -217,6 +217,8 @@ def token_objective(logp_new, logp_old, adv, scored, clip_eps: float, kl=None,
   count = jnp.maximum(jnp.sum(scored), 1)
   mean = lambda x: jnp.sum(jnp.where(scored, x, 0.0)) / count  # noqa: E731
   metrics = {"ratio": mean(ratio_RxN),
+             "ratio_min": jnp.min(jnp.where(scored, ratio_RxN, jnp.inf)),
+             "ratio_max": jnp.max(jnp.where(scored, ratio_RxN, -jnp.inf)),
              "clipped": mean((jnp.abs(ratio_RxN - 1) > clip_eps).astype(jnp.float32))}
   if kl is not None:
     metrics["kl"] = mean(kl)
@@ -276,7 +278,7 @@ class GRPO:
     self.tx = optax.chain(*chain, optax.adamw(settings.lr, b1=0.9, b2=0.95,
                                               weight_decay=settings.weight_decay))
     self.graphdef, params, self.rest = nnx.split(model, nnx.Param, ...)
-    self.opt_state = self.tx.init(params)
+    self.opt_state = self.tx.init(nnx.to_pure_dict(params))   # params: nnx.to_pure_dict trees
     self.ref_graphdef, self.ref_state = (None, None) if self.reference is None else nnx.split(
         self.reference)
     self._update = jax.jit(self._update_fn)
@@ -369,34 +371,43 @@ class GRPO:
     pl = schedules.plan_steps(p.counts, p.prompt_len, **self._plan_sizes)
     return sampler_lib.sample_batch(self.model, p, pl, s, return_logp=True), rep
 
-  def step(self, key: jax.Array, prompts: dict) -> dict[str, float]:
-    """One GRPO step on ``prompts`` ({"tokens", "prompt"} [P, n]); returns host metrics (reward:
-    the rollouts' mean reward, before the update)."""
+  def rollout_batch(self, key: jax.Array, prompts: dict) -> tuple[dict, np.ndarray, dict]:
+    """Rollouts of ``prompts`` with the model's current weights, scored: (the update's batch,
+    the rewards [R], the repeated puzzles)."""
     s = self.settings
     out, puzzles = self.rollouts(key, prompts)
     rewards = np.asarray(self.reward_fn(out.tokens, puzzles, self.task), np.float64)
     if rewards.shape != (out.tokens.shape[0],):
       raise ValueError(f"rl.reward: returned shape {rewards.shape}; expected "
                        f"({out.tokens.shape[0]},), one reward per rollout")
-    batch = {"tokens": jnp.asarray(out.tokens), "order": jnp.asarray(out.order),
-             "steps": jnp.asarray(out.step_of_rank), "prompt": jnp.asarray(puzzles["prompt"]),
-             "old_logp": jnp.asarray(out.logp if out.order_logp is None else
+    batch = {"tokens": np.asarray(out.tokens), "order": np.asarray(out.order),
+             "steps": np.asarray(out.step_of_rank), "prompt": np.asarray(puzzles["prompt"]),
+             "old_logp": np.asarray(out.logp if out.order_logp is None else
                                      out.logp + out.order_logp),
-             "adv": jnp.asarray(group_advantages(rewards, s.group_size, s.scale_rewards))}
-    keys = jax.random.split(jax.random.fold_in(key, 1), int(s.inner_steps))
-    batches = []
-    for i in range(int(s.inner_steps)):           # the old values, all before the first update
-      b = dict(batch)
-      if s.likelihood != "exact":
-        if s.prompt_mask > 0:
-          b["keep"] = estimators.prompt_keep(keys[i], b["prompt"], s.prompt_mask)
-        b["old_logp"] = self.estimate_logp(b)
-      batches.append(b)
-    params = nnx.state(self.model, nnx.Param)
+             "adv": group_advantages(rewards, s.group_size, s.scale_rewards)}
+    return batch, rewards, puzzles
+
+  def update(self, params, opt_state, batch: dict):
+    """``inner_steps`` jitted updates of ``params`` (an ``nnx.to_pure_dict`` tree) on one batch
+    of rollouts: (params, opt_state, the last update's device metrics)."""
     metrics = {}
-    for b in batches:
-      params, self.opt_state, metrics = self._update(params, self.rest, self.opt_state,
-                                                     self.ref_state, b)
+    for i in range(int(self.settings.inner_steps)):
+      b = batch
+      if "old_logp_steps" in batch:       # mean_field: this inner update's old values and mask
+        b = {k: v for k, v in batch.items() if not k.endswith("_steps")}
+        b["old_logp"] = batch["old_logp_steps"][:, i]
+        if "keep_steps" in batch:
+          b["keep"] = batch["keep_steps"][:, i]
+      params, opt_state, metrics = self._update(params, self.rest, opt_state, self.ref_state, b)
+    return params, opt_state, metrics
+
+  def step(self, key: jax.Array, prompts: dict) -> dict[str, float]:
+    """One GRPO step on ``prompts`` ({"tokens", "prompt"} [P, n]); returns host metrics (reward:
+    the rollouts' mean reward, before the update)."""
+    batch, rewards, _ = self.rollout_batch(key, prompts)
+    batch = jax.tree.map(jnp.asarray, batch)
+    params = nnx.to_pure_dict(nnx.state(self.model, nnx.Param))
+    params, self.opt_state, metrics = self.update(params, self.opt_state, batch)
     nnx.update(self.model, params)
     return dict({k: float(v) for k, v in metrics.items()}, reward=float(rewards.mean()),
                 reward_std=float(rewards.std()))

@@ -1,0 +1,230 @@
+"""``--mode=rl`` (posttrain/rl.py on the loop of posttrain/run.py): a few GRPO updates from a tiny
+Sudoku run write the trainer's checkpoints, metrics.jsonl with every metric, the held-out eval
+and config.json; a run stopped early and resumed ends bitwise where an uninterrupted one does
+(params, EMA, optimizer state and metrics); bad settings are one-line errors before anything
+compiles or is written."""
+
+import importlib.util
+import json
+import logging
+import pathlib
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+from flax import nnx
+
+from aogpt_jax import config as config_lib
+from aogpt_jax import recipes
+from aogpt_jax.checkpoints import store
+from aogpt_jax.posttrain import rl
+from aogpt_jax.train import loop as train_loop
+from helpers import trainer as tu
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+# configs/sudoku.py:tiny (6x6 puzzles) at the size of the other trainer tests.
+SIZE = {"model.n_layer": 1, "model.n_embd": 32, "model.n_head": 2, "model.target_dim": 8,
+        "batch_size": 8, "task.heldout_count": 8, "eval.batch_size": 8,
+        "eval.train_max_blocks": 8}
+# 2 prompts x 4 rollouts: 8 rows, one per fake device (tests/conftest.py); cell_accuracy, not
+# solved: a barely trained model solves nothing, and all-equal rewards give no gradient. 14
+# sampling steps (the fewest answer cells of a 6x6 puzzle here): one compiled sampler for every
+# batch (with one cell per step its plan's shape follows the batch's most answer cells).
+RL = {"total_steps": 4, "log_every": 2, "eval_every": 2, "checkpoint_every": 2, "rl.steps": 14,
+      "rl.prompts": 2, "rl.group_size": 4, "rl.reward": "cell_accuracy", "rl.lr": 1e-3,
+      "rl.kl_coef": 0.1, "rl.ema_decay": 0.9}
+METRICS = {"rl/reward", "rl/reward_std", "rl/solved", "rl/loss", "rl/grad_norm", "rl/kl",
+           "rl/clipped", "rl/ratio", "rl/ratio_min", "rl/ratio_max", "rl/rollout_sec",
+           "rl/update_sec"}
+
+
+def _config(name: str, **overrides):
+  spec = importlib.util.spec_from_file_location(f"_cfg_{name}", REPO / "configs" / name)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  cfg = module.get_config("tiny")
+  return recipes.apply(cfg, {**SIZE, **overrides})
+
+
+@pytest.fixture(scope="module")
+def sft(tmp_path_factory):
+  """A tiny configs/sudoku.py:tiny run (10 steps): the starting weights of every RL run here."""
+  wd = tmp_path_factory.mktemp("sft") / "sudoku"
+  train_loop.train(_config("sudoku.py", total_steps=10, log_every=10, eval_every=0,
+                           checkpoint_every=0), str(wd))
+  return wd
+
+
+def rl_config(sft, **overrides):
+  return _config("rl_sudoku.py", **{"train.init_from": str(sft), **RL, **overrides})
+
+
+def _state(workdir, step):
+  """The arrays of checkpoint ``step`` (params, EMA, optimizer state) as numpy."""
+  with ocp.StandardCheckpointer() as c:
+    return {k: jax.tree.map(np.asarray, c.restore(pathlib.Path(workdir) / "checkpoints" /
+                                                  str(step) / k))
+            for k in ("params", "ema", "opt_state")}
+
+
+def _lines(workdir, timed=False):
+  rows = [json.loads(x) for x in (pathlib.Path(workdir) / "metrics.jsonl").read_text()
+          .splitlines()]
+  return rows if timed else [{k: v for k, v in r.items() if not k.endswith("_sec")} for r in rows]
+
+
+@pytest.fixture(scope="module")
+def full(sft, tmp_path_factory):
+  """An uninterrupted 4-update run."""
+  wd = tmp_path_factory.mktemp("rl") / "full"
+  root = logging.getLogger()
+  level = root.level
+  root.setLevel(logging.INFO)          # the INFO lines reach WORKDIR/train.log
+  try:
+    last = rl.rl_mode(rl_config(sft), str(wd))
+  finally:
+    root.setLevel(level)
+  return wd, last
+
+
+@pytest.mark.slow
+def test_rl_run_writes_checkpoints_metrics_eval_and_config(sft, full):
+  wd, last = full
+  assert tu.checkpoint_steps(wd) == [2, 4]
+  rows = _lines(wd, timed=True)
+  updates = [r for r in rows if "rl/reward" in r]
+  evals = [r for r in rows if "eval/solved" in r]
+  assert [r["step"] for r in updates] == [1, 2, 3, 4]
+  assert all(set(r) == METRICS | {"step"} for r in updates), updates[0].keys()
+  assert [r["step"] for r in evals] == [2, 4]
+  assert set(evals[0]) == {"step", "eval/solved", "eval/solved_low", "eval/solved_high",
+                           "eval/cell_accuracy"}
+  assert all(0 <= r["eval/solved_low"] <= r["eval/solved"] <= r["eval/solved_high"] <= 1
+             for r in evals)
+  assert all(r["rl/ratio_min"] <= r["rl/ratio"] <= r["rl/ratio_max"] for r in updates)
+  assert all(r["rl/grad_norm"] > 0 and r["rl/kl"] > -1e-6 for r in updates)   # KL: rounding
+  assert last["eval/cell_accuracy"] == evals[-1]["eval/cell_accuracy"]
+  # the run says what produced it: its resolved config, the starting weights and the rl group
+  run = json.loads((wd / "config.json").read_text())
+  assert run["train"]["init_from"] == str(sft) and run["rl"]["reward"] == "cell_accuracy"
+  assert run["task"]["name"] == "sudoku" and run["model"]["n_embd"] == 32
+  log = (wd / "train.log").read_text()
+  assert "rl update 4/4" in log and "held-out solved" in log and "rl finished: 4 updates" in log
+  # other modes read it as a trained run: the EMA weights, moved away from the starting ones
+  m, run_cfg = store.load_model(wd)
+  assert run_cfg.loaded.step == 4 and run_cfg.loaded.weights == "ema"
+  start, _ = store.load_model(sft)
+  moved = jax.tree.map(lambda a, b: float(np.abs(np.asarray(a) - np.asarray(b)).max()),
+                       nnx.state(m, nnx.Param), nnx.state(start, nnx.Param))
+  assert max(jax.tree.leaves(moved)) > 1e-4
+
+
+@pytest.mark.slow
+def test_stopped_and_resumed_run_equals_the_uninterrupted_one_bitwise(sft, full, tmp_path):
+  wd_full, _ = full
+  wd = tmp_path / "resumed"
+  rl.rl_mode(rl_config(sft, total_steps=2), str(wd))      # stops at 2 (its checkpoint)
+  assert tu.checkpoint_steps(wd) == [2]
+  rl.rl_mode(rl_config(sft), str(wd))                      # resumes to 4
+  a, b = _state(wd_full, 4), _state(wd, 4)
+  for k in a:
+    jax.tree.map(np.testing.assert_array_equal, a[k], b[k])
+  assert _lines(wd) == _lines(wd_full)
+  assert (wd / "train.log").exists()
+  # already at total_steps: nothing to do, nothing written
+  assert rl.rl_mode(rl_config(sft), str(wd)) == {}
+  with pytest.raises(config_lib.ConfigError, match=r"^total_steps: 3 is below the newest"):
+    rl.rl_mode(rl_config(sft, total_steps=3), str(wd))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("overrides,match", [
+    ({"rl.reward": "nope"}, r"^rl.reward: unknown reward 'nope'; expected one of"),
+    ({"rl.group_size": 1}, r"^rl.group_size: must be an int >= 2"),
+    ({"rl.prompts": 0}, r"^rl.prompts: must be an integer >= 1"),
+    ({"rl.prompts": 3, "rl.group_size": 3}, r"^rl.prompts: 3 prompts x rl.group_size 3 "),
+    ({"rl.method": "adaptive"}, r"^rl.method: must be one of"),
+    ({"rl.ema_decay": 1.0}, r"^rl.ema_decay: must be in \[0, 1\)"),
+    ({"train.init_from": ""}, r"^train.init_from: --mode=rl starts from a trained model"),
+    ({"task.name": ""}, r"^task.name: --mode=rl needs a task"),
+    ({"task.options": {"size": 4}}, r"^seq_len: 36: task 'sudoku' rows are 16 tokens"),
+    ({"rl.kl_coef": 0.0, "rl.reference": "/x"}, r"^rl.reference: '/x' is used only by the KL"),
+    ({"rl.reference": "/no/such/run"}, r"^rl.reference: "),
+])
+def test_bad_settings_are_one_line_errors_before_anything_runs(sft, tmp_path, overrides, match):
+  wd = tmp_path / "w"
+  with pytest.raises(config_lib.ConfigError, match=match) as e:
+    rl.rl_mode(rl_config(sft, **overrides), str(wd))
+  assert "\n" not in str(e.value)
+  assert not wd.exists()                  # nothing written: the checks come first
+
+
+@pytest.mark.slow
+def test_a_reference_of_another_shape_is_one_line(sft, tmp_path):
+  other = tmp_path / "other"
+  train_loop.train(_config("sudoku.py", total_steps=1, log_every=1, eval_every=0,
+                           checkpoint_every=0, **{"model.n_embd": 16}), str(other))
+  with pytest.raises(config_lib.ConfigError, match=r"^rl.reference: the reference model's "
+                     r"parameters differ in shape"):
+    rl.rl_mode(rl_config(sft, **{"rl.reference": str(other)}), str(tmp_path / "w"))
+  with pytest.raises(config_lib.ConfigError, match=r"^train.init_from: .* is a different model: "
+                     r"model.n_embd=16"):
+    rl.rl_mode(rl_config(sft, **{"train.init_from": str(other)}), str(tmp_path / "w"))
+
+
+def test_rl_group_holds_every_grpo_setting():
+  import dataclasses  # pylint: disable=g-import-not-at-top
+  from aogpt_jax.posttrain import grpo, settings  # pylint: disable=g-import-not-at-top
+  cfg = config_lib.default_config()
+  fields = dataclasses.fields(grpo.GRPOSettings)
+  assert {f.name for f in fields} | set(settings.RUN_KEYS) == set(cfg.rl.keys())
+  assert settings.grpo_settings(cfg.rl) == grpo.GRPOSettings()
+
+
+@pytest.mark.slow
+@pytest.mark.subprocess
+def test_command_line_runs_and_sigterm_saves(sft, tmp_path):
+  """``--mode=rl`` from the command line: SIGTERM mid-run saves and exits 0; the same command
+  resumes and finishes with the summary line."""
+  import signal  # pylint: disable=g-import-not-at-top
+  import time  # pylint: disable=g-import-not-at-top
+  wd = tmp_path / "cli"
+  flat = {**SIZE, **RL, "train.init_from": str(sft), "total_steps": 40, "eval_every": 0,
+          "checkpoint_every": 0, "log_every": 1}
+  args = [sys.executable, "-m", "aogpt_jax.main", "--config=configs/rl_sudoku.py:tiny",
+          f"--workdir={wd}", "--mode=rl"] + [f"--config.{k}={v}" for k, v in flat.items()]
+  p = subprocess.Popen(args, cwd=REPO, env=tu.cpu_env(), stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, text=True)
+  metrics = wd / "metrics.jsonl"
+  deadline = time.time() + 600
+  while not (metrics.exists() and metrics.read_text().strip()):   # a first update is done
+    assert p.poll() is None and time.time() < deadline, p.stdout.read()[-3000:]
+    time.sleep(1)
+  p.send_signal(signal.SIGTERM)
+  out = p.communicate(timeout=300)[0]
+  assert p.returncode == 0, out[-3000:]
+  saved = tu.checkpoint_steps(wd)
+  assert len(saved) == 1 and 1 <= saved[0] < 40, out[-3000:]
+  args = [a.replace("total_steps=40", f"total_steps={saved[0] + 1}") for a in args]
+  p = subprocess.run(args, cwd=REPO, env=tu.cpu_env(), capture_output=True, text=True,
+                     timeout=600)
+  assert p.returncode == 0, p.stderr[-3000:]
+  assert f"rl finished: updates {saved[0]}-{saved[0] + 1}" in p.stderr + p.stdout
+  assert "--mode=solve" in p.stderr + p.stdout
+
+
+def test_a_checkpoint_older_than_the_rl_group_resumes_without_warnings(caplog):
+  cfg = tu.tiny_config("/nonexistent")
+  meta = store.run_meta(cfg, config_lib.resolve(cfg))
+  old = json.loads(json.dumps(meta))
+  del old["config"]["rl"]                  # written before the group existed
+  with caplog.at_level(logging.WARNING):
+    store.check_compatible(old, meta, "old")
+  assert not caplog.records
+  cfg.rl.lr = 0.5                          # a changed value is still reported
+  with caplog.at_level(logging.WARNING):
+    store.check_compatible(old, store.run_meta(cfg, config_lib.resolve(cfg)), "old")
+  assert "rl.lr: '<absent>' -> 0.5" in caplog.text
