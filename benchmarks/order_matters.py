@@ -48,13 +48,18 @@ def config_of(task: str, arg: str):
   return mod.get_config(arg)
 
 
-def train(task: str, size: str, variant: str, workdir: pathlib.Path, steps: int | None) -> dict:
-  """Trains (or resumes; a finished run is reused) one model; returns its time and losses."""
+def train(task: str, size: str, variant: str, workdir: pathlib.Path, steps: int | None,
+          overrides: dict | None = None) -> dict:
+  """Trains (or resumes; a finished run is reused) one model; returns its time and losses.
+  ``overrides``: dotted config keys set after the config's own (e.g. a smaller model)."""
   from aogpt_jax.train import loop
   arg = ",".join(a for a in (variant, SIZES[size]) if a)
   cfg = config_of(task, arg)
   if steps:
     cfg.total_steps = steps
+  if overrides:
+    from aogpt_jax import recipes
+    recipes.apply(cfg, overrides)
   cfg.eval_every = cfg.total_steps
   t0 = time.perf_counter()
   last = loop.train(cfg, str(workdir))

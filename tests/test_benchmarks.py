@@ -185,3 +185,28 @@ def test_quickstart_benchmark_runs_end_to_end(tmp_path):
   r = rec["results"]
   assert r["final_step"] == 4 and r["heldout_tokens_scored"] > 0
   assert 0 < r["heldout_loss_l2r"] < 10 and r["heldout_unigram_cross_entropy"] > 0
+
+
+@pytest.mark.slow
+@pytest.mark.subprocess
+def test_post_training_benchmark_runs_end_to_end(tmp_path):
+  """benchmarks/post_training.py --size=test: a 2-step one-layer Sudoku model, 2 GRPO updates with
+  each estimator and with a stochastic order policy, the estimator's error on 4 rollouts; JSON in the schema, Markdown and PNG."""
+  out = tmp_path / "p.json"
+  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(REPO))
+  p = subprocess.run([sys.executable, str(BENCH / "post_training.py"), "--size=test",
+                      f"--workdir={tmp_path / 'runs'}", f"--out={out}"],
+                     cwd=REPO, env=env, capture_output=True, text=True, timeout=1200)
+  assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+  rec = json.loads(out.read_text())
+  common.check_schema(rec, str(out))
+  r = rec["results"]
+  assert [g["name"] for g in r["grpo"]] == ["exact", "mean_field", "order_policy"]
+  assert [g["likelihood"] for g in r["grpo"]] == ["exact", "mean_field", "exact"]
+  assert all(len(g["curve"]) == 2 and g["evals"][-1]["update"] == 2 for g in r["grpo"])
+  by = {e["tokens_per_step"]: e for e in r["estimator_error"]["by_steps"]}
+  one_step = by[max(by)]                 # the whole answer in one step: the estimate is exact
+  assert one_step["logp_error_token"]["mean_abs"] < 1e-5
+  assert by[min(by)]["tokens_per_step"] == 1.0 and by[1.0]["logp_error_token"]["mean_abs"] > 0
+  assert all(e["recorded_vs_exact_max"] < 1e-4 for e in by.values())
+  assert out.with_suffix(".md").exists() and out.with_suffix(".png").stat().st_size > 0

@@ -117,3 +117,24 @@ def test_bad_reference_and_prompts_are_one_line_errors(task):
   long = {"tokens": np.zeros((2, 40), np.int32), "prompt": np.zeros((2, 40), bool)}
   with pytest.raises(ValueError, match="rl.prompts: sequence length 40 exceeds"):
     trainer.step(jax.random.key(0), long)
+
+
+@pytest.mark.parametrize("method", ["diffusion", "adaptive"])
+def test_rollouts_share_one_plan_size_and_draw_what_generate_draws(task, method):
+  """The rollouts keep the sampler's static sizes at the largest seen (one compiled sampler for
+  batches of different prompt lengths); the samples are generate's, token for token."""
+  from aogpt_jax.sampling import generate
+  settings = grpo.GRPOSettings(group_size=2, steps=task.length, method=method)
+  trainer = grpo.GRPO(_model(task, std=0.3), settings, task=task)
+  few = trainer.task_prompts(seed=0, index=0, count=2)
+  many = {k: v.copy() for k, v in few.items()}
+  many["prompt"][:, : task.length - 2] = True           # longer prompts first: sizes grow
+  for prompts in (many, few):
+    out, rep = trainer.rollouts(jax.random.key(5), prompts)
+    toks = np.where(rep["prompt"], rep["tokens"], 0).astype(np.int32)
+    ref = generate(trainer.model, jax.random.key(5), settings.sample_settings(task.length),
+                   prompt=(toks, rep["prompt"]), return_logp=True)
+    np.testing.assert_array_equal(out.tokens, ref.tokens)
+    np.testing.assert_allclose(out.logp, ref.logp, atol=1e-6)
+  key = "prefill" if method == "adaptive" else "min_prefill"
+  assert trainer._plan_sizes[key] == task.length - 2     # kept from the first batch

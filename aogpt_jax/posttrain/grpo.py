@@ -18,13 +18,21 @@ conditionals at token t, summed over the vocabulary (no k3 estimator: both condi
 exact). ``inner_steps`` > 1 reuses a batch of rollouts for several updates (PPO-style; the
 clip then matters).
 
+``likelihood="mean_field"`` replaces both log-likelihoods by d1's one-step mean-field estimate
+(`estimators.mean_field_logp`: every answer token given the prompt only), as diffu-GRPO does:
+``logp_old`` is then that estimate recomputed at rollout time (one extra pass without
+gradients; the sampler's records are exact), the KL uses the mean-field conditionals, and
+``prompt_mask`` > 0 drops each prompt token from the context with that probability (d1: 0.15),
+a fresh draw for each inner update, shared by its old and new values. It exists to measure what
+the estimate costs (benchmarks/post_training.py); the exact default is what AO-GPT offers.
+
 ``method="adaptive"`` rolls out with an adaptive ``policy``. A deterministic policy's order is
 taken as given (the ratio is the tokens'). A stochastic one (``policy_temperature`` > 0,
 `sampling.adaptive`) draws the order, and the ratio of token t becomes the joint probability of
 writing that token at that position at that step: ``exp((logp_new + order_logp_new) -
 (logp_old + order_logp_old))`` with `likelihood.order_logp` (exact, in the same pass as the
 tokens': `likelihood.token_and_order_logp`), so GRPO trains the order too. The KL term stays
-the tokens'.
+the tokens'. (The mean-field estimate is for diffusion rollouts: it has no order term.)
 
 Rewards are a registry (`REWARDS`, `register_reward`) of ``fn(tokens, puzzles, task) -> [R]``
 float: ``tokens`` int [R, n] the rollouts (original order), ``puzzles`` the prompts' rows
@@ -62,9 +70,10 @@ from flax import nnx
 
 from aogpt_jax.model import orders as orders_lib
 from aogpt_jax.model.aogpt import AOGPT
-from aogpt_jax.posttrain import likelihood
+from aogpt_jax.posttrain import estimators, likelihood
 from aogpt_jax.sampling import adaptive as adaptive_lib
 from aogpt_jax.sampling import sampler as sampler_lib
+from aogpt_jax.sampling import schedules
 
 RewardFn = Callable[[np.ndarray, dict, Any], np.ndarray]
 REWARDS: dict[str, RewardFn] = {}
@@ -119,6 +128,8 @@ class GRPOSettings:
   order: Any = "random"            # sampling: generation order
   method: str = "diffusion"        # diffusion | ar | uncached | adaptive (record logp)
   temperature: float = 1.0
+  likelihood: str = "exact"        # exact | mean_field (d1's one-step estimate, for comparison)
+  prompt_mask: float = 0.0         # mean_field: d1's random prompt masking probability (0.15)
   policy: str = "max_prob"         # adaptive: the order policy (sampling.adaptive)
   policy_temperature: float = 0.0  # adaptive: > 0 a stochastic policy, its order trained too
 
@@ -141,6 +152,16 @@ class GRPOSettings:
   def validate(self, model: AOGPT, reference: AOGPT | None = None) -> None:
     """One-line ValueErrors naming the key, before anything compiles."""
     get_reward(self.reward)
+    estimators.check_estimator(self.likelihood)
+    if not 0 <= self.prompt_mask < 1:
+      raise ValueError(f"rl.prompt_mask: must be in [0, 1), got {self.prompt_mask!r}")
+    if self.prompt_mask > 0 and self.likelihood != "mean_field":
+      raise ValueError(f"rl.prompt_mask: {self.prompt_mask} > 0 masks the prompt of the "
+                       f"mean-field estimate; expected rl.likelihood='mean_field', got "
+                       f"{self.likelihood!r}")
+    if self.likelihood == "mean_field" and self.trains_order:
+      raise ValueError("rl.likelihood: 'mean_field' has no order term; a stochastic order "
+                       "policy (rl.policy_temperature > 0) needs rl.likelihood='exact'")
     g = self.group_size
     if isinstance(g, bool) or not isinstance(g, int) or g < 2:
       raise ValueError(f"rl.group_size: must be an int >= 2 (advantages are relative to the "
@@ -215,25 +236,28 @@ def exact_kl(logits_new, logits_ref):
 
 
 def grpo_loss(model: AOGPT, batch: dict, *, clip_eps: float, temperature: float = 1.0,
-              reference: AOGPT | None = None, kl_coef: float = 0.0, order: dict | None = None):
+              reference: AOGPT | None = None, kl_coef: float = 0.0, order: dict | None = None,
+              estimator: str = "exact"):
   """(loss, metrics) of one batch of rollouts: ``batch`` holds tokens, order, steps, prompt,
-  old_logp [R, n] and adv [R]. ``order``: the stochastic policy's `likelihood.order_logp`
-  keywords (policy, policy_temperature, max_steps): ``logp_new`` then adds the order's
-  log-probability (one `likelihood.order_pass`), and ``old_logp`` must hold the recorded sum.
-  Differentiable in ``model``."""
-  args = (model, batch["tokens"], batch["order"], batch["steps"], batch["prompt"])
+  old_logp [R, n], adv [R] and optionally keep [R, n] (mean_field's kept prompt positions).
+  ``order``: the stochastic policy's `likelihood.order_logp` keywords (policy,
+  policy_temperature, max_steps): ``logp_new`` then adds the order's log-probability (one
+  `likelihood.order_pass`), and ``old_logp`` must hold the recorded sum. ``estimator``: exact or
+  mean_field (`estimators`; without ``order``). Differentiable in ``model``."""
+  args = (batch["tokens"], batch["order"], batch["steps"], batch["prompt"])
+  logits_of = lambda m: estimators.rollout_logits(  # noqa: E731
+      m, *args, estimator=estimator, keep=batch.get("keep"))
   if order is None:
-    logits_RxNxV = likelihood.rollout_logits(*args)
+    logits_RxNxV = logits_of(model)
     logp_RxN = likelihood.token_logp(logits_RxNxV, batch["tokens"], batch["order"],
                                      batch["prompt"], temperature)
   else:
     logp_RxN, olp_RxN, logits_RxNxV = likelihood.token_and_order_logp(
-        *args, temperature=temperature, **order)
+        model, *args, temperature=temperature, **order)
     logp_RxN = logp_RxN + olp_RxN
   kl_RxN = None
   if reference is not None and kl_coef > 0:
-    ref_RxNxV = jax.lax.stop_gradient(likelihood.rollout_logits(
-        reference, batch["tokens"], batch["order"], batch["steps"], batch["prompt"]))
+    ref_RxNxV = jax.lax.stop_gradient(logits_of(reference))
     kl_RxN = exact_kl(logits_RxNxV, ref_RxNxV)
   scored_RxN = orders_lib.scored_ranks(batch["prompt"])
   return token_objective(logp_RxN, batch["old_logp"], batch["adv"], scored_RxN, clip_eps,
@@ -258,6 +282,8 @@ class GRPO:
     self.ref_graphdef, self.ref_state = (None, None) if self.reference is None else nnx.split(
         self.reference)
     self._update = jax.jit(self._update_fn)
+    self._estimate = jax.jit(self._estimate_fn)
+    self._plan_sizes = None
 
   def _update_fn(self, params, rest, opt_state, ref_state, batch):
     s = self.settings
@@ -266,12 +292,24 @@ class GRPO:
     def loss_fn(p):
       m = nnx.merge(self.graphdef, p, rest)
       return grpo_loss(m, batch, clip_eps=s.clip_eps, temperature=s.temperature, reference=ref,
-                       kl_coef=s.kl_coef, order=self._order_kw(batch["tokens"].shape[1]))
+                       kl_coef=s.kl_coef, order=self._order_kw(batch["tokens"].shape[1]),
+                       estimator=s.likelihood)
 
     (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
     updates, opt_state = self.tx.update(grads, opt_state, params)
     metrics = dict(metrics, loss=loss, grad_norm=optax.tree.norm(grads))
     return optax.apply_updates(params, updates), opt_state, metrics
+
+  def _estimate_fn(self, params, rest, batch):
+    m = nnx.merge(self.graphdef, params, rest)
+    return estimators.estimate_logp(m, batch["tokens"], batch["order"], batch["steps"],
+                                    batch["prompt"], estimator=self.settings.likelihood,
+                                    keep=batch.get("keep"), temperature=self.settings.temperature)
+
+  def estimate_logp(self, batch: dict) -> jax.Array:
+    """[R, n]: the current policy's log-likelihood of ``batch``'s rollouts (tokens, order,
+    steps, prompt, optional keep) under the settings' estimator, without gradients."""
+    return self._estimate(nnx.state(self.model, nnx.Param), self.rest, batch)
 
   def _order_kw(self, length: int) -> dict | None:
     s = self.settings
@@ -308,9 +346,30 @@ class GRPO:
     rep = {k: np.repeat(np.asarray(prompts[k]), g, axis=0) for k in ("tokens", "prompt")}
     toks = np.where(rep["prompt"], rep["tokens"], 0).astype(np.int32)
     s = self.settings.sample_settings(toks.shape[1])
-    out = sampler_lib.generate(self.model, key, s, prompt=(toks, rep["prompt"]),
-                               return_logp=True)
-    return out, rep
+    # One compiled sampler for every batch: the static sizes (passes, block, queries, prefill)
+    # depend on the batch's prompt lengths; they are kept at the largest seen so far, so a run
+    # compiles only while they still grow (the samples do not depend on them).
+    p = sampler_lib.prepare(self.model.cfg, key, s, prompt=(toks, rep["prompt"]))
+    if s.method == "adaptive":
+      shape = sampler_lib.adaptive_shape(p, s)
+      if self._plan_sizes is not None:
+        shape = dataclasses.replace(shape, **{k: max(getattr(shape, k), v)
+                                              for k, v in self._plan_sizes.items()})
+      self._plan_sizes = {k: getattr(shape, k) for k in ("queries", "catchup", "prefill")}
+      return sampler_lib.sample_batch(self.model, p, None, s, adaptive=shape,
+                                      return_logp=True), rep
+    if s.method in sampler_lib.PLANLESS_METHODS:
+      out = sampler_lib.generate(self.model, key, s, prompt=(toks, rep["prompt"]),
+                                 return_logp=True)
+      return out, rep
+    if self._plan_sizes is None:
+      block = sampler_lib.plan([p], method=s.method)[0].block
+      self._plan_sizes = dict(block=block, min_passes=0, min_queries=1, min_prefill=0)
+    first = schedules.plan_steps(p.counts, p.prompt_len, **self._plan_sizes)
+    self._plan_sizes.update(min_passes=first.steps, min_queries=first.queries,
+                            min_prefill=first.prefill)
+    pl = schedules.plan_steps(p.counts, p.prompt_len, **self._plan_sizes)
+    return sampler_lib.sample_batch(self.model, p, pl, s, return_logp=True), rep
 
   def rollout_batch(self, key: jax.Array, prompts: dict) -> tuple[dict, np.ndarray, dict]:
     """Rollouts of ``prompts`` with the model's current weights, scored: (the update's batch,
@@ -332,9 +391,14 @@ class GRPO:
     """``inner_steps`` jitted updates of ``params`` (an ``nnx.to_pure_dict`` tree) on one batch
     of rollouts: (params, opt_state, the last update's device metrics)."""
     metrics = {}
-    for _ in range(int(self.settings.inner_steps)):
-      params, opt_state, metrics = self._update(params, self.rest, opt_state, self.ref_state,
-                                                batch)
+    for i in range(int(self.settings.inner_steps)):
+      b = batch
+      if "old_logp_steps" in batch:       # mean_field: this inner update's old values and mask
+        b = {k: v for k, v in batch.items() if not k.endswith("_steps")}
+        b["old_logp"] = batch["old_logp_steps"][:, i]
+        if "keep_steps" in batch:
+          b["keep"] = batch["keep_steps"][:, i]
+      params, opt_state, metrics = self._update(params, self.rest, opt_state, self.ref_state, b)
     return params, opt_state, metrics
 
   def step(self, key: jax.Array, prompts: dict) -> dict[str, float]:

@@ -1,0 +1,103 @@
+"""Estimates of a rollout's log-likelihood that a masked diffusion model has to use, computed on an
+AO-GPT so that they can be compared with the exact value (`likelihood.sequence_logp`).
+
+d1's one-step mean-field estimate (diffu-GRPO, Zhao et al. 2025): every answer token's
+log-probability from ONE forward with the whole answer masked, given only the prompt::
+
+    mf_BxN[b, r] = log p(x_{order[b, r]} | the prompt)          (0 at the prompt's ranks)
+
+whatever order and steps the rollout was written in. For an AO-GPT this is exactly
+`likelihood.sequence_logp` with every answer rank in one step (all answer steps 0), the
+conditional the diffusion sampler draws from at its first step with every answer position
+queried. The exact value conditions each token on the tokens of earlier steps instead; the two
+agree only for a rollout written in one step.
+
+d1 also masks each prompt token at random (p = 0.15) in every estimate, a fresh mask for each
+inner update, the same mask for the old and the new policy's values of that update:
+``keep`` [B, n] (`prompt_keep`) drops the prompt positions where it is False from the context.
+An AO-GPT has no mask token: a dropped prompt token is moved out of the prefix (after the answer,
+at a later step, so no answer token sees it); the kept prompt tokens keep their generation order.
+
+Shape suffixes: B rows, N sequence length n.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from aogpt_jax.model import orders as orders_lib
+from aogpt_jax.model.aogpt import AOGPT
+from aogpt_jax.posttrain import likelihood
+
+ESTIMATORS = ("exact", "mean_field")
+
+
+def prompt_keep(key: jax.Array, prompt: jax.Array, p_mask: float) -> jax.Array:
+  """bool [B, n] (original order): each prompt position kept with probability 1 - ``p_mask``,
+  independently (d1's random prompt masking); False off the prompt."""
+  return prompt & (jax.random.uniform(key, prompt.shape) >= p_mask)
+
+
+def mean_field_rollout(order: jax.Array, prompt: jax.Array, keep: jax.Array | None = None):
+  """(order', steps', prompt', back): a rollout layout under which `likelihood.sequence_logp`
+  is the mean-field estimate. Every answer rank in step 0, the kept prompt positions (``prompt``
+  & ``keep``; all of the prompt when ``keep`` is None) first in their generation order, the
+  dropped ones last at step 1. ``back`` [B, n]: the new rank of each original rank (for
+  ``take_along_axis``)."""
+  n = order.shape[1]
+  order = order.astype(jnp.int32)
+  kept_BxN = prompt if keep is None else prompt & keep
+  dropped_BxN = prompt & ~kept_BxN
+  rank_of_pos_BxN = orders_lib.ranks(order)
+  key_BxN = jnp.where(kept_BxN, rank_of_pos_BxN - n,
+                      jnp.where(dropped_BxN, rank_of_pos_BxN + n, rank_of_pos_BxN))
+  new_order_BxN = jnp.argsort(key_BxN, axis=1, stable=True).astype(jnp.int32)
+  k_Bx1 = jnp.sum(kept_BxN, axis=1, keepdims=True)
+  a_Bx1 = n - jnp.sum(dropped_BxN, axis=1, keepdims=True)
+  r_1xN = jnp.arange(n, dtype=jnp.int32)[None, :]
+  steps_BxN = jnp.where(r_1xN < k_Bx1, likelihood.NO_PROMPT_STEP,
+                        jnp.where(r_1xN < a_Bx1, 0, 1)).astype(jnp.int32)
+  back_BxN = jnp.take_along_axis(orders_lib.ranks(new_order_BxN), order, axis=1)
+  return new_order_BxN, steps_BxN, kept_BxN, back_BxN
+
+
+def rollout_logits(model: AOGPT, tokens: jax.Array, order: jax.Array, steps: jax.Array,
+                   prompt: jax.Array | None = None, *, estimator: str = "exact",
+                   keep: jax.Array | None = None) -> jax.Array:
+  """float32 [B, n, V] in the rollout's rank layout: the conditional of each rank under
+  ``estimator`` (exact: `likelihood.rollout_logits`; mean_field: given the prompt, or its
+  ``keep`` part, only)."""
+  if estimator == "exact":
+    return likelihood.rollout_logits(model, tokens, order, steps, prompt)
+  check_estimator(estimator)
+  prompt = jnp.zeros(tokens.shape, bool) if prompt is None else prompt
+  o, s, p, back = mean_field_rollout(order, prompt, keep)
+  logits_BxNxV = likelihood.rollout_logits(model, tokens, o, s, p)
+  return jnp.take_along_axis(logits_BxNxV, back[..., None], axis=1)
+
+
+def mean_field_logp(model: AOGPT, tokens: jax.Array, order: jax.Array,
+                    prompt: jax.Array | None = None, *, keep: jax.Array | None = None,
+                    temperature: float = 1.0) -> jax.Array:
+  """float32 [B, n] in rank layout (as `likelihood.sequence_logp`, 0 at the prompt's ranks):
+  d1's one-step mean-field estimate, ``log p(x_{order[b, r]} | prompt)`` (module docstring).
+  ``keep``: the prompt positions left in the context (None: all)."""
+  steps = jnp.zeros(order.shape, jnp.int32)     # unused by the mean-field layout
+  logits_BxNxV = rollout_logits(model, tokens, order, steps, prompt, estimator="mean_field",
+                                keep=keep)
+  return likelihood.token_logp(logits_BxNxV, tokens, order, prompt, temperature)
+
+
+def estimate_logp(model: AOGPT, tokens: jax.Array, order: jax.Array, steps: jax.Array,
+                  prompt: jax.Array | None = None, *, estimator: str = "exact",
+                  keep: jax.Array | None = None, temperature: float = 1.0) -> jax.Array:
+  """[B, n]: `likelihood.sequence_logp` (exact) or `mean_field_logp`, by name."""
+  logits_BxNxV = rollout_logits(model, tokens, order, steps, prompt, estimator=estimator,
+                                keep=keep)
+  return likelihood.token_logp(logits_BxNxV, tokens, order, prompt, temperature)
+
+
+def check_estimator(name: str) -> None:
+  if name not in ESTIMATORS:
+    raise ValueError(f"rl.likelihood: expected one of {', '.join(ESTIMATORS)}, got {name!r}")
