@@ -123,6 +123,22 @@ def _order_matters(j: Result) -> str:
                              f"average {min(loads):.0f}-{max(loads):.0f})")
 
 
+def _post_training(j: Result) -> str:
+  """GRPO's held-out solved rate before / after (max_prob greedy: the best fixed heuristic) with
+  either likelihood, and d1's estimate's error at one token per step."""
+  f = j.r("findings")
+  one = j.r("estimator_error", "by_steps", {"tokens_per_step": 1.0}, "logp_error_token")
+  after = ", ".join(f"{name} {100 * f[f'{name}: max_prob, greedy']['after']:.1f}%"
+                    for name in ("exact", "mean_field"))
+  disjoint = any(v["intervals_disjoint"] and v["gain"] > 0 for v in f.values())
+  return (f"max_prob greedy {100 * f['exact: max_prob, greedy']['before']:.1f}% before; after "
+          f"{j.r('size', 'updates')} GRPO updates {after} "
+          f"({'a gain beyond' if disjoint else 'no gain beyond'} the 95% intervals); d1's "
+          f"mean-field estimate {one['mean']:+.2f} nats/token (std {one['std']:.2f}) off the "
+          f"exact log-likelihood at one token per step ({j.r('total_s') / 60:.0f} min, load "
+          f"average {j.r('load_avg_1m_end'):.0f}-{j.r('load_avg_1m_start'):.0f})")
+
+
 ROWS: list[Row] = [
     ("CPU quickstart: the whole command (start-up, data, compile, training, evals, checkpoints)",
      f"quickstart/{CPU}",
@@ -227,6 +243,9 @@ ROWS: list[Row] = [
     ("CPU: where the order matters, held-out 6x6 Sudoku and star graphs, greedy, the same "
      "size for every model (solved, of 200)", f"order_matters_cpu/{XEON}", _order_matters,
      "python benchmarks/order_matters.py"),
+    ("CPU: GRPO on held-out 6x6 Sudoku with exact likelihoods vs d1's mean-field estimate "
+     "(solved, of 200)", f"post_training_cpu/{XEON}", _post_training,
+     "python benchmarks/post_training.py"),
 ]
 
 
