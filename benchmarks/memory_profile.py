@@ -20,6 +20,7 @@ schedule differently). docs/scaling.md ("What holds the memory") reads its outpu
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import pathlib
 import re
@@ -145,6 +146,22 @@ def grad_lowered(size: str, batch: int, seq_len: int, overrides: dict):
   return jax.jit(grad).lower(params, tok, tok), mc
 
 
+@contextlib.contextmanager
+def _no_persistent_cache():
+  """Compiles for real: a hit in JAX's persistent compilation cache (JAX_COMPILATION_CACHE_DIR,
+  the tests set one) writes no dump, and the dump options are not part of the cache key."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from jax.experimental.compilation_cache import compilation_cache as cc
+  enabled = jax.config.jax_enable_compilation_cache
+  jax.config.update("jax_enable_compilation_cache", False)
+  cc.reset_cache()
+  try:
+    yield
+  finally:
+    jax.config.update("jax_enable_compilation_cache", enabled)
+    cc.reset_cache()
+
+
 def profile(size: str = "small", batch: int = 8, seq_len: int = 1024, overrides=None,
             top: int = 20, dump: str | None = None) -> dict:
   """Compiles the loss gradient with XLA's dumps and returns its memory analysis and the top
@@ -155,8 +172,9 @@ def profile(size: str = "small", batch: int = 8, seq_len: int = 1024, overrides=
   with tempfile.TemporaryDirectory() as tmp:
     where = dump or tmp
     t0 = time.perf_counter()
-    compiled = lowered.compile(compiler_options={"xla_dump_to": where,
-                                                 "xla_dump_hlo_as_text": True})
+    with _no_persistent_cache():
+      compiled = lowered.compile(compiler_options={"xla_dump_to": where,
+                                                   "xla_dump_hlo_as_text": True})
     secs = time.perf_counter() - t0
     peak = read_dump(where, top)
   return {**flops_lib.compiled_memory(compiled), "compile_s": round(secs, 2),

@@ -4,7 +4,9 @@ sys.path so that ``from helpers import ...`` works from any working directory an
 import gc
 import os
 import pathlib
+import shutil
 import sys
+import tempfile
 
 _TESTS = str(pathlib.Path(__file__).resolve().parent)
 if _TESTS not in sys.path:
@@ -14,9 +16,29 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
                            " --xla_force_host_platform_device_count=8").strip()
 
+# One persistent XLA compilation cache per test session (a fresh temporary folder, removed at the
+# end), shared through the environment by this process, every `python -m aogpt_jax.main ...`
+# subprocess the tests start and the pytest-xdist workers: the suite compiles the same tiny
+# programs in hundreds of processes, and a cache hit skips XLA:CPU's compiler (about 2/3 of a tiny
+# training run's CPU time). Every program is kept (no minimum compile time or size). A user's own
+# JAX_COMPILATION_CACHE_DIR is not used, so the suite never reads or fills it.
+_XLA_CACHE_OWNER = "AOGPT_TEST_XLA_CACHE_OWNER"
+if not os.environ.get(_XLA_CACHE_OWNER):
+  os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="aogpt_test_xla_cache_")
+  os.environ[_XLA_CACHE_OWNER] = str(os.getpid())
+os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "-1"
+# A size limit turns on the cache's file lock (without one, a process may read an entry another
+# is still writing); a third of the suite left 35 MB of entries.
+os.environ["JAX_COMPILATION_CACHE_MAX_SIZE"] = str(8 << 30)
+
 import jax  # noqa: E402
 
 jax.config.update("jax_default_matmul_precision", "highest")
+jax.config.update("jax_compilation_cache_dir", os.environ["JAX_COMPILATION_CACHE_DIR"])
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
+jax.config.update("jax_compilation_cache_max_size", 8 << 30)
 
 
 import pytest  # noqa: E402
@@ -31,3 +53,10 @@ def _release_compiled_programs():
   yield
   jax.clear_caches()
   gc.collect()
+
+
+def pytest_unconfigure(config):
+  """Removes the session's compilation cache (only the process that made it: not an xdist worker)."""
+  del config
+  if os.environ.get(_XLA_CACHE_OWNER) == str(os.getpid()):
+    shutil.rmtree(os.environ["JAX_COMPILATION_CACHE_DIR"], ignore_errors=True)
