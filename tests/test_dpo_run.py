@@ -3,7 +3,6 @@ tiny Sudoku run write checkpoints, every metric per update and the held-out eval
 trainer's own metrics on all held-out pairs at once); a resumed run ends bitwise where an
 uninterrupted one does; bad settings are one-line errors before anything is written."""
 
-import importlib.util
 import json
 import pathlib
 
@@ -14,42 +13,28 @@ import pytest
 from flax import nnx
 
 from aogpt_jax import config as config_lib
-from aogpt_jax import recipes
 from aogpt_jax.checkpoints import store
 from aogpt_jax.posttrain import dpo, dpo_run
 from aogpt_jax.train import loop as train_loop
+from helpers import posttrain as pt
 from helpers import trainer as tu
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
-SIZE = {"model.n_layer": 1, "model.n_embd": 32, "model.n_head": 2, "model.target_dim": 8,
-        "batch_size": 8, "task.heldout_count": 12, "eval.batch_size": 8,
-        "eval.train_max_blocks": 8}
 # 8 pairs per update: one per fake device (tests/conftest.py); 12 held-out pairs: the eval's
 # second batch wraps. Random orders: the keys must come from the step for a bitwise resume.
-DPO = {"total_steps": 4, "log_every": 2, "eval_every": 2, "checkpoint_every": 2,
+DPO = {"task.heldout_count": 12, "total_steps": 4, "log_every": 2, "eval_every": 2, "checkpoint_every": 2,
        "dpo.pairs": 8, "dpo.order": "random", "dpo.orders": 2, "dpo.lr": 1e-3,
        "dpo.beta": 0.5, "dpo.ema_decay": 0.9}
 METRICS = {"dpo/" + k for k in dpo_run.METRICS} | {"dpo/grad_norm", "dpo/update_sec"}
 
 
-def _config(name: str, **overrides):
-  spec = importlib.util.spec_from_file_location(f"_cfg_{name}", REPO / "configs" / name)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return recipes.apply(module.get_config("tiny"), {**SIZE, **overrides})
-
-
 @pytest.fixture(scope="module")
 def sft(tmp_path_factory):
   """A tiny configs/sudoku.py:tiny run (10 steps): the starting weights of every DPO run here."""
-  wd = tmp_path_factory.mktemp("sft") / "sudoku"
-  train_loop.train(_config("sudoku.py", total_steps=10, log_every=10, eval_every=0,
-                           checkpoint_every=0), str(wd))
-  return wd
+  return pt.train_start(tmp_path_factory.mktemp("sft"))
 
 
 def dpo_config(sft, **overrides):
-  return _config("dpo_sudoku.py", **{"train.init_from": str(sft), **DPO, **overrides})
+  return pt.config("dpo_sudoku.py", **{"train.init_from": str(sft), **DPO, **overrides})
 
 
 def _lines(workdir):
@@ -133,7 +118,7 @@ def test_bad_settings_are_one_line_errors_before_anything_runs(sft, tmp_path, ov
 @pytest.mark.slow
 def test_a_reference_of_another_shape_is_one_line(sft, tmp_path):
   other = tmp_path / "other"
-  train_loop.train(_config("sudoku.py", total_steps=1, log_every=1, eval_every=0,
+  train_loop.train(pt.config("sudoku.py", total_steps=1, log_every=1, eval_every=0,
                            checkpoint_every=0, **{"model.n_embd": 16}), str(other))
   with pytest.raises(config_lib.ConfigError, match=r"^dpo.reference: the reference model "
                      r"differs in shape"):

@@ -4,7 +4,6 @@ and config.json; a run stopped early and resumed ends bitwise where an uninterru
 (params, EMA, optimizer state and metrics); bad settings are one-line errors before anything
 compiles or is written."""
 
-import importlib.util
 import json
 import logging
 import pathlib
@@ -18,17 +17,12 @@ import pytest
 from flax import nnx
 
 from aogpt_jax import config as config_lib
-from aogpt_jax import recipes
 from aogpt_jax.checkpoints import store
 from aogpt_jax.posttrain import rl
 from aogpt_jax.train import loop as train_loop
+from helpers import posttrain as pt
 from helpers import trainer as tu
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
-# configs/sudoku.py:tiny (6x6 puzzles) at the size of the other trainer tests.
-SIZE = {"model.n_layer": 1, "model.n_embd": 32, "model.n_head": 2, "model.target_dim": 8,
-        "batch_size": 8, "task.heldout_count": 8, "eval.batch_size": 8,
-        "eval.train_max_blocks": 8}
 # 2 prompts x 4 rollouts: 8 rows, one per fake device (tests/conftest.py); cell_accuracy, not
 # solved: a barely trained model solves nothing, and all-equal rewards give no gradient. 14
 # sampling steps (the fewest answer cells of a 6x6 puzzle here): one compiled sampler for every
@@ -41,25 +35,14 @@ METRICS = {"rl/reward", "rl/reward_std", "rl/solved", "rl/loss", "rl/grad_norm",
            "rl/update_sec"}
 
 
-def _config(name: str, **overrides):
-  spec = importlib.util.spec_from_file_location(f"_cfg_{name}", REPO / "configs" / name)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  cfg = module.get_config("tiny")
-  return recipes.apply(cfg, {**SIZE, **overrides})
-
-
 @pytest.fixture(scope="module")
 def sft(tmp_path_factory):
   """A tiny configs/sudoku.py:tiny run (10 steps): the starting weights of every RL run here."""
-  wd = tmp_path_factory.mktemp("sft") / "sudoku"
-  train_loop.train(_config("sudoku.py", total_steps=10, log_every=10, eval_every=0,
-                           checkpoint_every=0), str(wd))
-  return wd
+  return pt.train_start(tmp_path_factory.mktemp("sft"))
 
 
 def rl_config(sft, **overrides):
-  return _config("rl_sudoku.py", **{"train.init_from": str(sft), **RL, **overrides})
+  return pt.config("rl_sudoku.py", **{"train.init_from": str(sft), **RL, **overrides})
 
 
 def _state(workdir, step):
@@ -165,7 +148,7 @@ def test_bad_settings_are_one_line_errors_before_anything_runs(sft, tmp_path, ov
 @pytest.mark.slow
 def test_a_reference_of_another_shape_is_one_line(sft, tmp_path):
   other = tmp_path / "other"
-  train_loop.train(_config("sudoku.py", total_steps=1, log_every=1, eval_every=0,
+  train_loop.train(pt.config("sudoku.py", total_steps=1, log_every=1, eval_every=0,
                            checkpoint_every=0, **{"model.n_embd": 16}), str(other))
   with pytest.raises(config_lib.ConfigError, match=r"^rl.reference: the reference model's "
                      r"parameters differ in shape"):
@@ -192,11 +175,11 @@ def test_command_line_runs_and_sigterm_saves(sft, tmp_path):
   import signal  # pylint: disable=g-import-not-at-top
   import time  # pylint: disable=g-import-not-at-top
   wd = tmp_path / "cli"
-  flat = {**SIZE, **RL, "train.init_from": str(sft), "total_steps": 40, "eval_every": 0,
+  flat = {**pt.SIZE, **RL, "train.init_from": str(sft), "total_steps": 40, "eval_every": 0,
           "checkpoint_every": 0, "log_every": 1}
   args = [sys.executable, "-m", "aogpt_jax.main", "--config=configs/rl_sudoku.py:tiny",
           f"--workdir={wd}", "--mode=rl"] + [f"--config.{k}={v}" for k, v in flat.items()]
-  p = subprocess.Popen(args, cwd=REPO, env=tu.cpu_env(), stdout=subprocess.PIPE,
+  p = subprocess.Popen(args, cwd=pt.REPO, env=tu.cpu_env(), stdout=subprocess.PIPE,
                        stderr=subprocess.STDOUT, text=True)
   metrics = wd / "metrics.jsonl"
   deadline = time.time() + 600
@@ -209,7 +192,7 @@ def test_command_line_runs_and_sigterm_saves(sft, tmp_path):
   saved = tu.checkpoint_steps(wd)
   assert len(saved) == 1 and 1 <= saved[0] < 40, out[-3000:]
   args = [a.replace("total_steps=40", f"total_steps={saved[0] + 1}") for a in args]
-  p = subprocess.run(args, cwd=REPO, env=tu.cpu_env(), capture_output=True, text=True,
+  p = subprocess.run(args, cwd=pt.REPO, env=tu.cpu_env(), capture_output=True, text=True,
                      timeout=600)
   assert p.returncode == 0, p.stderr[-3000:]
   assert f"rl finished: updates {saved[0]}-{saved[0] + 1}" in p.stderr + p.stdout

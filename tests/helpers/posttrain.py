@@ -1,0 +1,28 @@
+"""What the post-training run tests (test_posttrain_run.py, test_dpo_run.py) share: a config file's
+``:tiny`` at the size of the other trainer tests, and the tiny Sudoku run they start from."""
+
+import pathlib
+
+from aogpt_jax import recipes
+from aogpt_jax.train import loop as train_loop
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+# configs/sudoku.py:tiny (6x6 puzzles) at the size of the other trainer tests.
+SIZE = {"model.n_layer": 1, "model.n_embd": 32, "model.n_head": 2, "model.target_dim": 8,
+        "batch_size": 8, "task.heldout_count": 8, "eval.batch_size": 8,
+        "eval.train_max_blocks": 8}
+
+
+def config(name: str, **overrides):
+  """configs/NAME:tiny with SIZE and ``overrides`` applied."""
+  return recipes.apply(recipes.config_file(REPO / "configs" / name, "tiny"),
+                       {**SIZE, **overrides})
+
+
+def train_start(root: pathlib.Path) -> pathlib.Path:
+  """A 10-step configs/sudoku.py:tiny run in ROOT/sudoku: the starting weights of a post-training
+  run."""
+  wd = root / "sudoku"
+  train_loop.train(config("sudoku.py", total_steps=10, log_every=10, eval_every=0,
+                          checkpoint_every=0), str(wd))
+  return wd
