@@ -12,6 +12,7 @@ from flax import nnx
 from aogpt_jax import tasks
 from aogpt_jax.model import aogpt as model_lib
 from aogpt_jax.posttrain import grpo
+from helpers.posttrain import Compiles
 from helpers.sampler import tiny_model
 
 
@@ -31,17 +32,80 @@ def _model(task, seed=0, **kw):
 
 
 def test_grpo_raises_a_simple_reward_within_a_few_dozen_updates(task):
+  """... and compiles nothing after its first update (the sampler and the update are sized for
+  the task's prompt lengths at construction)."""
   model = _model(task, std=0.02)
   settings = grpo.GRPOSettings(reward=zeros_reward, group_size=8, lr=2e-2, steps=4)
   trainer = grpo.GRPO(model, settings, task=task)
-  rewards = []
+  rewards, compiles = [], []
   for i in range(20):
-    m = trainer.step(jax.random.key(i), trainer.task_prompts(seed=0, index=i, count=4))
+    with Compiles() as c:
+      m = trainer.step(jax.random.key(i), trainer.task_prompts(seed=0, index=i, count=4))
     rewards.append(m["reward"])
+    compiles.append(c.count)
     assert np.isfinite(m["loss"]) and abs(m["ratio"] - 1) < 1e-4   # one update per batch
-  print("rewards:", np.round(rewards, 3).tolist())
+    assert m["rollouts_per_sec"] > 0 and 0 < m["update_share"] < 1
+  print("rewards:", np.round(rewards, 3).tolist(), "compiles:", compiles)
   # before any update about 1/4 (4 digits, a near-uniform model); then it must climb
   assert rewards[0] < 0.4 and np.mean(rewards[-5:]) > rewards[0] + 0.3
+  assert compiles[0] > 0 and compiles[1:] == [0] * 19
+
+
+def test_rloo_advantages_and_loss_normalisations_equal_a_hand_computation():
+  rewards = np.array([1.0, 0.0, 0.0, 1.0, 0.5, 0.5, 0.5, 2.0])
+  g = 4
+  want = np.array([r - np.mean(np.delete(rewards[(i // g) * g:(i // g + 1) * g], i % g))
+                   for i, r in enumerate(rewards)])              # leave-one-out baseline
+  np.testing.assert_allclose(grpo.group_advantages(rewards, g, scale=False, kind="rloo"), want,
+                             rtol=1e-6)
+  group = rewards - np.repeat(rewards.reshape(2, g).mean(1), g)
+  np.testing.assert_allclose(grpo.group_advantages(rewards, g, scale=False), group, rtol=1e-6)
+  std = np.repeat(rewards.reshape(2, g).std(1), g)
+  np.testing.assert_allclose(grpo.group_advantages(rewards, g), group / (std + 1e-6), rtol=1e-6)
+  # the loss at ratio 1 (no clipping) per norm: -sum_i A_i |o_i| over N, by hand
+  rng = np.random.default_rng(0)
+  r, n = 5, 6
+  scored = rng.random((r, n)) < 0.6
+  scored[:, 0] = True
+  adv = rng.normal(size=r).astype(np.float32)
+  lp = jnp.asarray(rng.uniform(-2, 0, (r, n)), jnp.float32)
+  lens = scored.sum(1)
+  hand = {"token": -np.sum(adv * lens) / lens.sum(),
+          "sequence": -np.mean(adv * lens / lens),
+          "constant": -np.sum(adv * lens) / (r * n)}
+  for norm, want in hand.items():
+    loss, _ = grpo.token_objective(lp, lp, jnp.asarray(adv), jnp.asarray(scored), 0.2, norm=norm)
+    np.testing.assert_allclose(float(loss), want, rtol=1e-5)
+
+
+def test_kl_to_the_start_needs_no_reference_and_nan_rewards_are_one_line_errors(task):
+  """kl_coef > 0 without a reference: a frozen copy of the starting weights (the KL is 0 at the
+  first update and the copy stays put); a reward that returns NaN or inf is one line naming it,
+  and no update is taken."""
+  model = _model(task, std=0.3)
+  start = [np.asarray(x) for x in jax.tree.leaves(nnx.state(model, nnx.Param))]
+  trainer = grpo.GRPO(model, grpo.GRPOSettings(reward="cell_accuracy", group_size=2, steps=4,
+                                               kl_coef=0.5, lr=1e-2), task=task)
+  kls = [trainer.step(jax.random.key(i), trainer.task_prompts(0, i, count=2))["kl"]
+         for i in range(2)]
+  assert abs(kls[0]) < 1e-6 and kls[1] > 1e-6
+  ref = [np.asarray(x) for x in jax.tree.leaves(nnx.state(trainer.reference, nnx.Param))]
+  now = [np.asarray(x) for x in jax.tree.leaves(nnx.state(model, nnx.Param))]
+  assert all((a == b).all() for a, b in zip(ref, start))
+  assert any(np.abs(a - b).max() > 0 for a, b in zip(now, start))
+
+  def nan_reward(tokens, puzzles, task):
+    out = np.zeros(len(tokens))
+    out[3] = np.nan
+    return out
+
+  for fn, name in ((nan_reward, "nan_reward"), (lambda *a: np.full(4, np.inf), "<lambda>")):
+    trainer = grpo.GRPO(model, grpo.GRPOSettings(reward=fn, group_size=2, steps=4), task=task)
+    with pytest.raises(ValueError, match=f"rl.reward: '{name}' returned (nan|inf) for rollout") as e:
+      trainer.step(jax.random.key(0), trainer.task_prompts(0, 0, count=2))
+    assert "\n" not in str(e.value)
+  assert all((np.asarray(a) == b).all()
+             for a, b in zip(jax.tree.leaves(nnx.state(model, nnx.Param)), now))
 
 
 def test_clipped_surrogate_gradient_equals_a_float64_reference():
@@ -94,7 +158,11 @@ def test_loss_gradient_with_exact_kl_equals_a_finite_difference(task):
 @pytest.mark.parametrize("kw,match", [
     (dict(reward="nope"), "rl.reward: unknown reward 'nope'"),
     (dict(group_size=1), "rl.group_size: must be an int >= 2"),
-    (dict(kl_coef=0.1), "rl.kl_coef: 0.1 > 0 needs a reference model"),
+    (dict(kl_coef=-0.1), "rl.kl_coef: must be >= 0"),
+    (dict(advantage="ppo"), "rl.advantage: expected one of group, rloo, got 'ppo'"),
+    (dict(advantage="rloo"), "rl.scale_rewards: RLOO advantages are not divided"),
+    (dict(loss_norm="row"), "rl.loss_norm: expected one of token, sequence, constant"),
+    (dict(likelihood="elbo", elbo_samples=0), "rl.elbo_samples: must be an int >= 1"),
     (dict(method="speculative"), "rl.method: must be one of"),
     (dict(policy_temperature=0.5), "rl.policy_temperature: a stochastic order policy needs"),
     (dict(method="adaptive", policy="confidence", policy_temperature=0.5),

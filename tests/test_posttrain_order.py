@@ -95,6 +95,47 @@ def test_recorded_logp_equals_the_recomputed(model, kw):
   assert plain.logp is None and plain.order_logp is None
 
 
+def test_bounded_memory_scan_equals_the_one_pass_logits_in_values_and_gradients(model):
+  """`order_scan` (a pass per step in a checkpointed scan, each reduced at once) gives
+  `order_pass`'s values (all T W logits materialised in one pass: the direct computation) and
+  gradients; its gradient's compiled temporaries are a fraction of the direct one's, which grow
+  with the T W queries. (Two steps a pass: test_recorded_logp_equals_the_recomputed.)"""
+  out = _sample(model, **CASES[0])           # CASES[0]'s compiled sampler
+  pmask = _prompt()[1]
+  args = (out.tokens, out.order, out.step_of_rank, pmask)
+  okw = dict(policy="margin", policy_temperature=0.5, temperature=0.8)
+  rng = np.random.default_rng(0)
+  w_tok, w_ord = (jnp.asarray(rng.normal(size=(B, N)), jnp.float32) for _ in range(2))
+  graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+  m = lambda p: nnx.merge(graphdef, p, rest)  # noqa: E731
+
+  def direct(p):
+    logits, sq = likelihood.order_pass(m(p), *args, max_steps=N, steps_per_pass=N)
+    tok = likelihood.token_logp(likelihood.rank_logits(logits, sq), out.tokens, out.order, pmask,
+                                0.8)
+    return tok, likelihood.order_logp_of(logits, sq, out.order, **okw)
+
+  def scanned(p):
+    return likelihood.token_and_order_logp(m(p), *args, **okw, max_steps=N)[:2]
+
+  def compiled(f):
+    def loss(p):
+      values = f(p)
+      return sum(jnp.sum(w * x) for w, x in zip((w_tok, w_ord), values)), values
+    c = jax.jit(jax.value_and_grad(loss, has_aux=True)).lower(params).compile()
+    (_, values), grads = c(params)
+    return values, grads, c.memory_analysis().temp_size_in_bytes
+
+  (want_v, want_g, t_direct), (got_v, got_g, t_scan) = compiled(direct), compiled(scanned)
+  for a, b in zip(got_v, want_v):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=2e-6, rtol=0)
+  scale = max(float(jnp.abs(g).max()) for g in jax.tree.leaves(want_g))
+  for a, b in zip(jax.tree.leaves(got_g), jax.tree.leaves(want_g)):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5 * scale, rtol=0)
+  print(f"gradient temporaries: direct {t_direct} bytes, scan {t_scan} bytes")
+  assert scale > 1e-2 and t_scan < t_direct / 3
+
+
 def test_tau_to_zero_is_the_deterministic_policy(model):
   det = _sample(model, 3, return_logp=False)
   cold = _sample(model, 3, return_logp=False, policy_temperature=1e-7)
@@ -171,7 +212,8 @@ def test_grpo_with_the_stochastic_policy_trains_the_order():
   adv = np.random.default_rng(0).normal(size=4).astype(np.float32)
   base = {"tokens": out.tokens, "order": out.order, "steps": out.step_of_rank,
           "prompt": puzzles["prompt"], "adv": adv}
-  order_kw = trainer._order_kw(task.length)
+  t, w = trainer.order_sizes(task.length)
+  order_kw = dict(policy="margin", policy_temperature=0.5, max_steps=t, width=w)
   graphdef, params, rest = nnx.split(model, nnx.Param, ...)
   m = lambda p: nnx.merge(graphdef, p, rest)  # noqa: E731
   with_order = jax.jit(jax.grad(lambda p: grpo.grpo_loss(

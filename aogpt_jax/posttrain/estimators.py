@@ -18,7 +18,21 @@ inner update, the same mask for the old and the new policy's values of that upda
 An AO-GPT has no mask token: a dropped prompt token is moved out of the prefix (after the answer,
 at a later step, so no answer token sees it); the kept prompt tokens keep their generation order.
 
-Shape suffixes: B rows, N sequence length n.
+A Monte Carlo ELBO (``elbo``), the estimate LLaDA, VRPO and SPG train with: M random masks of
+the answer, mask m hiding l_m answer positions (l_m uniform in 1..L, L the row's answer length;
+the hidden set uniform given l_m, `elbo_masks`), each hidden token scored given the prompt and
+the visible answer tokens, weighted L / l_m::
+
+    elbo_BxN[b, r] = 1/M sum_m (L / l_m) [x_{order[b, r]} hidden by m] log p(x_{order[b, r]} | visible_m)
+
+Its sum over the answer is the masked-diffusion ELBO's unbiased estimate (LLaDA's low-variance
+form, Nie et al. 2025), whose expectation is the any-order model's log-likelihood averaged over
+uniformly random generation orders, a lower bound on the log of the average likelihood
+(tests/test_posttrain_estimators.py checks it against an enumeration). An AO-GPT conditions on
+the visible set by putting it first (as the prompt) and the hidden tokens in one step; each
+mask is one pass of 2n slots (M per rollout).
+
+Shape suffixes: B rows, K conditionals per row, M masks, N sequence length n, V vocab.
 """
 
 from __future__ import annotations
@@ -30,7 +44,7 @@ from aogpt_jax.model import orders as orders_lib
 from aogpt_jax.model.aogpt import AOGPT
 from aogpt_jax.posttrain import likelihood
 
-ESTIMATORS = ("exact", "mean_field")
+ESTIMATORS = ("exact", "mean_field", "elbo")
 
 
 def prompt_keep(key: jax.Array, prompt: jax.Array, p_mask: float) -> jax.Array:
@@ -67,10 +81,13 @@ def rollout_logits(model: AOGPT, tokens: jax.Array, order: jax.Array, steps: jax
                    keep: jax.Array | None = None) -> jax.Array:
   """float32 [B, n, V] in the rollout's rank layout: the conditional of each rank under
   ``estimator`` (exact: `likelihood.rollout_logits`; mean_field: given the prompt, or its
-  ``keep`` part, only)."""
+  ``keep`` part, only; elbo: `conditionals`)."""
   if estimator == "exact":
     return likelihood.rollout_logits(model, tokens, order, steps, prompt)
   check_estimator(estimator)
+  if estimator == "elbo":
+    raise ValueError("estimators.rollout_logits: 'elbo' scores each rank under M masks; use "
+                     "conditionals")
   prompt = jnp.zeros(tokens.shape, bool) if prompt is None else prompt
   o, s, p, back = mean_field_rollout(order, prompt, keep)
   logits_BxNxV = likelihood.rollout_logits(model, tokens, o, s, p)
@@ -89,13 +106,66 @@ def mean_field_logp(model: AOGPT, tokens: jax.Array, order: jax.Array,
   return likelihood.token_logp(logits_BxNxV, tokens, order, prompt, temperature)
 
 
+def elbo_masks(key: jax.Array, prompt: jax.Array, samples: int):
+  """(visible bool [B, M, n] in original order, weight float32 [B, M]): ``samples`` = M random
+  masks of each row's answer (``~prompt``, L positions): mask m hides l_m ~ uniform{1..L}
+  positions, a uniformly random set of them; ``visible`` holds the answer positions it leaves
+  visible, ``weight`` is L / l_m (module docstring)."""
+  b, n = prompt.shape
+  answer_BxN = ~prompt
+  len_B = jnp.sum(answer_BxN, axis=1, dtype=jnp.int32)
+  k_len, k_set = jax.random.split(key)
+  hide_BxM = jax.random.randint(k_len, (b, samples), 1, jnp.maximum(len_B, 1)[:, None] + 1)
+  u_BxMxN = jnp.where(answer_BxN[:, None], jax.random.uniform(k_set, (b, samples, n)), 2.0)
+  rank_BxMxN = jnp.argsort(jnp.argsort(u_BxMxN, axis=-1), axis=-1)   # the prompt ranks last
+  visible_BxMxN = answer_BxN[:, None] & (rank_BxMxN >= hide_BxM[..., None])
+  return visible_BxMxN, (len_B[:, None] / hide_BxM).astype(jnp.float32)
+
+
+def conditionals(model: AOGPT, tokens: jax.Array, order: jax.Array, steps: jax.Array,
+                 prompt: jax.Array | None = None, *, estimator: str = "exact",
+                 keep: jax.Array | None = None, visible: jax.Array | None = None,
+                 weight: jax.Array | None = None):
+  """(logits float32 [B, K, n, V] in the rollout's rank layout, w float32 [B, K, n]): the
+  conditionals ``estimator`` scores each rank with and their weights, the estimate being
+  ``sum_k w[b, k, r] log softmax(logits[b, k, r])[x_{order[b, r]}]``. exact and mean_field
+  (`rollout_logits`, with ``keep``): K = 1, w = 1. elbo: K = M masks (``visible`` [B, M, n],
+  ``weight`` [B, M]: `elbo_masks`), w = weight / M at the ranks the mask hides, else 0."""
+  if estimator != "elbo":
+    logits_BxNxV = rollout_logits(model, tokens, order, steps, prompt, estimator=estimator,
+                                  keep=keep)
+    return logits_BxNxV[:, None], jnp.ones((tokens.shape[0], 1, tokens.shape[1]), jnp.float32)
+  if visible is None or weight is None:
+    raise ValueError("estimators.conditionals: 'elbo' needs visible and weight (elbo_masks)")
+  b, k, n = visible.shape
+  prompt = jnp.zeros(tokens.shape, bool) if prompt is None else prompt
+  rep = lambda x: jnp.repeat(x, k, axis=0)  # noqa: E731
+  context_BKxN = rep(prompt) | visible.reshape(b * k, n)
+  o, s, p, back = mean_field_rollout(rep(order), context_BKxN)
+  logits = likelihood.rollout_logits(model, rep(tokens), o, s, p)
+  logits_BxKxNxV = jnp.take_along_axis(logits, back[..., None], axis=1).reshape(b, k, n, -1)
+  hidden_BxKxN = ~jnp.take_along_axis(context_BKxN, rep(order.astype(jnp.int32)),
+                                      axis=1).reshape(b, k, n)
+  return logits_BxKxNxV, jnp.where(hidden_BxKxN, weight[..., None] / k, 0.0)
+
+
+def weighted_logp(logits: jax.Array, w: jax.Array, tokens: jax.Array, order: jax.Array,
+                  prompt: jax.Array | None, temperature: float = 1.0) -> jax.Array:
+  """[B, n]: the estimate from `conditionals`' outputs (0 at the prompt's ranks)."""
+  lp_BxKxN = jax.vmap(lambda lg: likelihood.token_logp(lg, tokens, order, prompt, temperature),
+                      in_axes=1, out_axes=1)(logits)
+  return jnp.sum(w * lp_BxKxN, axis=1)
+
+
 def estimate_logp(model: AOGPT, tokens: jax.Array, order: jax.Array, steps: jax.Array,
                   prompt: jax.Array | None = None, *, estimator: str = "exact",
-                  keep: jax.Array | None = None, temperature: float = 1.0) -> jax.Array:
-  """[B, n]: `likelihood.sequence_logp` (exact) or `mean_field_logp`, by name."""
-  logits_BxNxV = rollout_logits(model, tokens, order, steps, prompt, estimator=estimator,
-                                keep=keep)
-  return likelihood.token_logp(logits_BxNxV, tokens, order, prompt, temperature)
+                  keep: jax.Array | None = None, visible: jax.Array | None = None,
+                  weight: jax.Array | None = None, temperature: float = 1.0) -> jax.Array:
+  """[B, n]: `likelihood.sequence_logp` (exact), `mean_field_logp` or the elbo estimate, by
+  name (`conditionals`' arguments)."""
+  logits, w = conditionals(model, tokens, order, steps, prompt, estimator=estimator, keep=keep,
+                           visible=visible, weight=weight)
+  return weighted_logp(logits, w, tokens, order, prompt, temperature)
 
 
 def check_estimator(name: str) -> None:

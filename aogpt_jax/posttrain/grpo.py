@@ -60,6 +60,7 @@ Shape suffixes: G rollouts per prompt, P prompts, R = P G rollouts, N sequence l
 from __future__ import annotations
 
 import dataclasses
+import time
 from typing import Any, Callable
 
 import jax
@@ -120,6 +121,8 @@ class GRPOSettings:
   clip_eps: float = 0.2            # ratio clip
   kl_coef: float = 0.0             # beta: exact per-token KL to the reference model (> 0: needed)
   scale_rewards: bool = True       # divide advantages by the group's std (False: Dr. GRPO)
+  advantage: str = "group"         # group: R - the group's mean | rloo: R - the others' mean
+  loss_norm: str = "token"         # token | sequence | constant (Dr. GRPO): `token_objective`
   inner_steps: int = 1             # updates per batch of rollouts
   lr: float = 1e-5
   weight_decay: float = 0.0
@@ -128,8 +131,9 @@ class GRPOSettings:
   order: Any = "random"            # sampling: generation order
   method: str = "diffusion"        # diffusion | ar | uncached | adaptive (record logp)
   temperature: float = 1.0
-  likelihood: str = "exact"        # exact | mean_field (d1's one-step estimate, for comparison)
+  likelihood: str = "exact"        # exact | mean_field (d1's one-step estimate) | elbo (MC)
   prompt_mask: float = 0.0         # mean_field: d1's random prompt masking probability (0.15)
+  elbo_samples: int = 4            # elbo: M random masks per rollout (estimators.elbo_masks)
   policy: str = "max_prob"         # adaptive: the order policy (sampling.adaptive)
   policy_temperature: float = 0.0  # adaptive: > 0 a stochastic policy, its order trained too
 
@@ -159,9 +163,21 @@ class GRPOSettings:
       raise ValueError(f"rl.prompt_mask: {self.prompt_mask} > 0 masks the prompt of the "
                        f"mean-field estimate; expected rl.likelihood='mean_field', got "
                        f"{self.likelihood!r}")
-    if self.likelihood == "mean_field" and self.trains_order:
-      raise ValueError("rl.likelihood: 'mean_field' has no order term; a stochastic order "
-                       "policy (rl.policy_temperature > 0) needs rl.likelihood='exact'")
+    if self.likelihood != "exact" and self.trains_order:
+      raise ValueError(f"rl.likelihood: {self.likelihood!r} has no order term; a stochastic "
+                       f"order policy (rl.policy_temperature > 0) needs rl.likelihood='exact'")
+    m = self.elbo_samples
+    if isinstance(m, bool) or not isinstance(m, int) or m < 1:
+      raise ValueError(f"rl.elbo_samples: must be an int >= 1 (masks per rollout), got {m!r}")
+    if self.advantage not in ADVANTAGES:
+      raise ValueError(f"rl.advantage: expected one of {', '.join(ADVANTAGES)}, got "
+                       f"{self.advantage!r}")
+    if self.advantage == "rloo" and self.scale_rewards:
+      raise ValueError("rl.scale_rewards: RLOO advantages are not divided by the group's std; "
+                       "expected rl.scale_rewards=False with rl.advantage='rloo', got True")
+    if self.loss_norm not in LOSS_NORMS:
+      raise ValueError(f"rl.loss_norm: expected one of {', '.join(LOSS_NORMS)}, got "
+                       f"{self.loss_norm!r}")
     g = self.group_size
     if isinstance(g, bool) or not isinstance(g, int) or g < 2:
       raise ValueError(f"rl.group_size: must be an int >= 2 (advantages are relative to the "
@@ -183,8 +199,6 @@ class GRPOSettings:
       raise ValueError(f"rl.policy_temperature: a stochastic order policy needs "
                        f"rl.method='adaptive', got {self.policy_temperature!r} with "
                        f"method={self.method!r}")
-    if self.kl_coef > 0 and reference is None:
-      raise ValueError(f"rl.kl_coef: {self.kl_coef} > 0 needs a reference model, got None")
     if reference is not None:
       shape = lambda m: jax.tree.map(lambda x: (x.shape, x.dtype), nnx.state(m, nnx.Param))  # noqa: E731
       if reference.cfg.vocab_size != model.cfg.vocab_size or shape(reference) != shape(model):
@@ -192,21 +206,32 @@ class GRPOSettings:
                          "the policy's (expected the same architecture, e.g. the SFT model)")
 
 
+ADVANTAGES = ("group", "rloo")
+LOSS_NORMS = ("token", "sequence", "constant")
+
+
 def group_advantages(rewards: np.ndarray, group_size: int, scale: bool = True,
-                     eps: float = 1e-6) -> np.ndarray:
+                     eps: float = 1e-6, kind: str = "group") -> np.ndarray:
   """float32 [R]: ``rewards`` [R] (rows grouped: prompt p's rollouts are rows p G .. p G + G - 1)
-  minus their group's mean, divided by the group's std (population) + ``eps`` when ``scale``."""
+  minus their group's mean (``kind`` group) or the mean of the group's OTHER rollouts (rloo:
+  RLOO's leave-one-out baseline, G / (G - 1) times the former), divided by the group's std
+  (population) + ``eps`` when ``scale``."""
   r_PxG = np.asarray(rewards, np.float64).reshape(-1, group_size)
   a_PxG = r_PxG - r_PxG.mean(1, keepdims=True)
+  if kind == "rloo":
+    a_PxG = a_PxG * group_size / (group_size - 1)
   if scale:
     a_PxG = a_PxG / (r_PxG.std(1, keepdims=True) + eps)
   return a_PxG.reshape(-1).astype(np.float32)
 
 
 def token_objective(logp_new, logp_old, adv, scored, clip_eps: float, kl=None,
-                    kl_coef: float = 0.0):
-  """(loss, metrics): the clipped surrogate per token (module docstring), minus, averaged over
-  the ``scored`` (answer) tokens of the batch; all [R, n] but ``adv`` [R]."""
+                    kl_coef: float = 0.0, norm: str = "token"):
+  """(loss, metrics): the clipped surrogate per token (module docstring), minus, over the
+  ``scored`` (answer) tokens of the batch; all [R, n] but ``adv`` [R]. ``norm``: token (their
+  sum over the batch's answer-token count, DAPO's), sequence (each rollout's mean, then the
+  mean over rollouts: GRPO's), constant (their sum over R n, no length normalisation: Dr.
+  GRPO's). The metrics are token means."""
   ratio_RxN = jnp.exp(logp_new - logp_old)
   adv_Rx1 = adv[:, None]
   surr_RxN = jnp.minimum(ratio_RxN * adv_Rx1,
@@ -216,13 +241,20 @@ def token_objective(logp_new, logp_old, adv, scored, clip_eps: float, kl=None,
     loss_RxN = loss_RxN + kl_coef * kl
   count = jnp.maximum(jnp.sum(scored), 1)
   mean = lambda x: jnp.sum(jnp.where(scored, x, 0.0)) / count  # noqa: E731
+  if norm == "sequence":
+    per_row = jnp.maximum(jnp.sum(scored, axis=1), 1)
+    loss = jnp.mean(jnp.sum(jnp.where(scored, loss_RxN, 0.0), axis=1) / per_row)
+  elif norm == "constant":
+    loss = jnp.sum(jnp.where(scored, loss_RxN, 0.0)) / scored.size
+  else:
+    loss = mean(loss_RxN)
   metrics = {"ratio": mean(ratio_RxN),
              "ratio_min": jnp.min(jnp.where(scored, ratio_RxN, jnp.inf)),
              "ratio_max": jnp.max(jnp.where(scored, ratio_RxN, -jnp.inf)),
              "clipped": mean((jnp.abs(ratio_RxN - 1) > clip_eps).astype(jnp.float32))}
   if kl is not None:
     metrics["kl"] = mean(kl)
-  return mean(loss_RxN), metrics
+  return loss, metrics
 
 
 def exact_kl(logits_new, logits_ref):
@@ -237,39 +269,81 @@ def exact_kl(logits_new, logits_ref):
 
 def grpo_loss(model: AOGPT, batch: dict, *, clip_eps: float, temperature: float = 1.0,
               reference: AOGPT | None = None, kl_coef: float = 0.0, order: dict | None = None,
-              estimator: str = "exact"):
+              estimator: str = "exact", loss_norm: str = "token"):
   """(loss, metrics) of one batch of rollouts: ``batch`` holds tokens, order, steps, prompt,
-  old_logp [R, n], adv [R] and optionally keep [R, n] (mean_field's kept prompt positions).
-  ``order``: the stochastic policy's `likelihood.order_logp` keywords (policy,
-  policy_temperature, max_steps): ``logp_new`` then adds the order's log-probability (one
-  `likelihood.order_pass`), and ``old_logp`` must hold the recorded sum. ``estimator``: exact or
-  mean_field (`estimators`; without ``order``). Differentiable in ``model``."""
+  old_logp [R, n], adv [R] and optionally keep [R, n] (mean_field's kept prompt positions) or
+  visible [R, M, n] and weight [R, M] (elbo's masks, `estimators.elbo_masks`). ``order``: the
+  stochastic policy's `likelihood.order_logp` keywords (policy, policy_temperature, max_steps,
+  width): ``logp_new`` then adds the order's log-probability (`likelihood.token_and_order_logp`,
+  in bounded memory), and ``old_logp`` must hold the recorded sum. ``estimator``: exact,
+  mean_field or elbo (`estimators.conditionals`; without ``order``); the KL is the estimator's
+  conditionals', weighted as its log-likelihood. ``loss_norm``: `token_objective`'s ``norm``.
+  Differentiable in ``model``."""
   args = (batch["tokens"], batch["order"], batch["steps"], batch["prompt"])
-  logits_of = lambda m: estimators.rollout_logits(  # noqa: E731
-      m, *args, estimator=estimator, keep=batch.get("keep"))
+  est = dict(estimator=estimator, keep=batch.get("keep"), visible=batch.get("visible"),
+             weight=batch.get("weight"))
   if order is None:
-    logits_RxNxV = logits_of(model)
-    logp_RxN = likelihood.token_logp(logits_RxNxV, batch["tokens"], batch["order"],
-                                     batch["prompt"], temperature)
+    logits_RxKxNxV, w_RxKxN = estimators.conditionals(model, *args, **est)
+    logp_RxN = estimators.weighted_logp(logits_RxKxNxV, w_RxKxN, batch["tokens"],
+                                        batch["order"], batch["prompt"], temperature)
   else:
     logp_RxN, olp_RxN, logits_RxNxV = likelihood.token_and_order_logp(
         model, *args, temperature=temperature, **order)
     logp_RxN = logp_RxN + olp_RxN
+    logits_RxKxNxV, w_RxKxN = logits_RxNxV[:, None], jnp.ones_like(logp_RxN)[:, None]
   kl_RxN = None
   if reference is not None and kl_coef > 0:
-    ref_RxNxV = jax.lax.stop_gradient(logits_of(reference))
-    kl_RxN = exact_kl(logits_RxNxV, ref_RxNxV)
+    ref_RxKxNxV = jax.lax.stop_gradient(estimators.conditionals(reference, *args, **est)[0])
+    kl_RxN = jnp.sum(w_RxKxN * exact_kl(logits_RxKxNxV, ref_RxKxNxV), axis=1)
   scored_RxN = orders_lib.scored_ranks(batch["prompt"])
   return token_objective(logp_RxN, batch["old_logp"], batch["adv"], scored_RxN, clip_eps,
-                         kl_RxN, kl_coef)
+                         kl_RxN, kl_coef, loss_norm)
+
+
+PROBE = 256   # training prompts a task's trainer sizes its compiled programs on (`GRPO.reserve`)
+
+
+def reward_name(reward) -> str:
+  return reward if isinstance(reward, str) else getattr(reward, "__name__", repr(reward))
+
+
+def check_rewards(rewards: np.ndarray, count: int, reward) -> np.ndarray:
+  """``rewards`` as float64 [count], or a one-line ValueError naming the reward: a wrong shape, or
+  a NaN / inf (which would make every weight NaN)."""
+  rewards = np.asarray(rewards, np.float64)
+  if rewards.shape != (count,):
+    raise ValueError(f"rl.reward: {reward_name(reward)!r} returned shape {rewards.shape}; "
+                     f"expected ({count},), one reward per rollout")
+  bad = ~np.isfinite(rewards)
+  if bad.any():
+    row = int(np.argmax(bad))
+    raise ValueError(f"rl.reward: {reward_name(reward)!r} returned {rewards[row]} for rollout "
+                     f"{row} ({int(bad.sum())} of {count} not finite); expected a finite "
+                     f"reward per rollout (no update was taken with it)")
+  return rewards
+
+
+def timing(rollouts: int, rollout_sec: float, update_sec: float) -> dict[str, float]:
+  """The loop's speed metrics of one GRPO step."""
+  total = max(rollout_sec + update_sec, 1e-9)
+  return {"rollout_sec": rollout_sec, "update_sec": update_sec,
+          "rollouts_per_sec": rollouts / max(rollout_sec, 1e-9), "update_share": update_sec / total}
 
 
 class GRPO:
-  """The GRPO loop's state: the policy (updated in place), the optimizer and a frozen reference.
-  `step(key, prompts)` = rollouts, rewards, advantages and ``inner_steps`` jitted updates."""
+  """The GRPO loop's state: the policy (updated in place), the optimizer and a frozen reference
+  (``kl_coef`` > 0; None: a copy of the starting weights). `step(key, prompts)` = rollouts,
+  rewards, advantages and ``inner_steps`` jitted updates.
+
+  Every program compiles once: the sampler's and the update's static sizes follow the prompt
+  lengths, and are kept at the largest seen; with a ``task`` they are sized at construction for
+  the prompt lengths of `PROBE` of its training puzzles (`reserve`), so that no later update
+  recompiles (a batch outside that range grows them once more)."""
 
   def __init__(self, model: AOGPT, settings: GRPOSettings, *, task=None,
                reference: AOGPT | None = None):
+    if settings.kl_coef > 0 and reference is None:
+      reference = nnx.clone(model)     # the starting weights (the policy moves)
     settings.validate(model, reference)
     self.model, self.settings, self.task = model, settings, task
     self.reward_fn = get_reward(settings.reward)
@@ -281,19 +355,26 @@ class GRPO:
     self.opt_state = self.tx.init(nnx.to_pure_dict(params))   # params: nnx.to_pure_dict trees
     self.ref_graphdef, self.ref_state = (None, None) if self.reference is None else nnx.split(
         self.reference)
-    self._update = jax.jit(self._update_fn)
+    self._update = jax.jit(self._update_fn, static_argnames=("order_sizes",))
     self._estimate = jax.jit(self._estimate_fn)
     self._plan_sizes = None
+    self._answer_max = 0          # the most answer positions of a row seen (the order pass's W)
+    if task is not None:
+      probe = np.asarray(task.train_batch(0, 0, PROBE)["prompt"], bool).sum(1)
+      self.reserve(int(probe.min()), int(probe.max()), task.length)
 
-  def _update_fn(self, params, rest, opt_state, ref_state, batch):
+  def _update_fn(self, params, rest, opt_state, ref_state, batch, order_sizes=None):
     s = self.settings
     ref = None if ref_state is None else nnx.merge(self.ref_graphdef, ref_state)
+    order = None if order_sizes is None else dict(
+        policy=s.policy, policy_temperature=float(s.policy_temperature),
+        max_steps=order_sizes[0], width=order_sizes[1])
 
     def loss_fn(p):
       m = nnx.merge(self.graphdef, p, rest)
       return grpo_loss(m, batch, clip_eps=s.clip_eps, temperature=s.temperature, reference=ref,
-                       kl_coef=s.kl_coef, order=self._order_kw(batch["tokens"].shape[1]),
-                       estimator=s.likelihood)
+                       kl_coef=s.kl_coef, order=order, estimator=s.likelihood,
+                       loss_norm=s.loss_norm)
 
     (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
     updates, opt_state = self.tx.update(grads, opt_state, params)
@@ -304,19 +385,53 @@ class GRPO:
     m = nnx.merge(self.graphdef, params, rest)
     return estimators.estimate_logp(m, batch["tokens"], batch["order"], batch["steps"],
                                     batch["prompt"], estimator=self.settings.likelihood,
-                                    keep=batch.get("keep"), temperature=self.settings.temperature)
+                                    keep=batch.get("keep"), visible=batch.get("visible"),
+                                    weight=batch.get("weight"),
+                                    temperature=self.settings.temperature)
 
   def estimate_logp(self, batch: dict) -> jax.Array:
     """[R, n]: the current policy's log-likelihood of ``batch``'s rollouts (tokens, order,
-    steps, prompt, optional keep) under the settings' estimator, without gradients."""
+    steps, prompt, optional keep / visible and weight) under the settings' estimator, without
+    gradients."""
     return self._estimate(nnx.state(self.model, nnx.Param), self.rest, batch)
 
-  def _order_kw(self, length: int) -> dict | None:
-    s = self.settings
-    if not s.trains_order:
+  def order_sizes(self, length: int) -> tuple[int, int] | None:
+    """(T, W) of the order's log-probability pass (`likelihood.order_scan`: the most steps and
+    answer positions of a row seen so far), or None without a stochastic order policy."""
+    if not self.settings.trains_order:
       return None
-    return dict(policy=s.policy, policy_temperature=float(s.policy_temperature),
-                max_steps=s.order_steps(length))
+    w = max(1, min(self._answer_max or length, length))
+    return min(self.settings.order_steps(length), w), w
+
+  def reserve(self, min_prompt: int, max_prompt: int, length: int) -> None:
+    """Sizes the compiled sampler and update for every prompt of ``min_prompt`` ..
+    ``max_prompt`` positions in rows of ``length`` (the sizes only grow; the samples do not
+    depend on them): one compile for every batch in that range."""
+    rows = np.arange(length)[None, :] < np.array([[min_prompt], [max_prompt]])
+    s = self.settings.sample_settings(length)
+    if s.method not in sampler_lib.PLANLESS_METHODS or s.method == "adaptive":
+      p = sampler_lib.prepare(self.model.cfg, jax.random.key(0), s,
+                              prompt=(np.zeros(rows.shape, np.int32), rows))
+      self._sizes(p, s)
+    self._answer_max = max(self._answer_max, length - int(min_prompt))
+
+  def _sizes(self, p, s):
+    """(step plan, adaptive shape) of batch ``p`` at the kept static sizes, grown to cover it."""
+    if s.method == "adaptive":
+      shape = sampler_lib.adaptive_shape(p, s)
+      keys = ("queries", "catchup", "prefill", "max_steps")
+      if self._plan_sizes is not None:
+        shape = dataclasses.replace(shape, **{k: max(getattr(shape, k), self._plan_sizes[k])
+                                              for k in keys})
+      self._plan_sizes = {k: getattr(shape, k) for k in keys}
+      return None, shape
+    if self._plan_sizes is None:
+      block = sampler_lib.plan([p], method=s.method)[0].block
+      self._plan_sizes = dict(block=block, min_passes=0, min_queries=1, min_prefill=0)
+    first = schedules.plan_steps(p.counts, p.prompt_len, **self._plan_sizes)
+    self._plan_sizes.update(min_passes=first.steps, min_queries=first.queries,
+                            min_prefill=first.prefill)
+    return schedules.plan_steps(p.counts, p.prompt_len, **self._plan_sizes), None
 
   def task_prompts(self, seed: int, index: int, count: int = 4) -> dict:
     """``count`` of the task's training puzzles (``task.train_batch(seed, index, count)``)."""
@@ -346,68 +461,73 @@ class GRPO:
     rep = {k: np.repeat(np.asarray(prompts[k]), g, axis=0) for k in ("tokens", "prompt")}
     toks = np.where(rep["prompt"], rep["tokens"], 0).astype(np.int32)
     s = self.settings.sample_settings(toks.shape[1])
-    # One compiled sampler for every batch: the static sizes (passes, block, queries, prefill)
-    # depend on the batch's prompt lengths; they are kept at the largest seen so far, so a run
-    # compiles only while they still grow (the samples do not depend on them).
-    p = sampler_lib.prepare(self.model.cfg, key, s, prompt=(toks, rep["prompt"]))
-    if s.method == "adaptive":
-      shape = sampler_lib.adaptive_shape(p, s)
-      if self._plan_sizes is not None:
-        shape = dataclasses.replace(shape, **{k: max(getattr(shape, k), v)
-                                              for k, v in self._plan_sizes.items()})
-      self._plan_sizes = {k: getattr(shape, k) for k in ("queries", "catchup", "prefill")}
-      return sampler_lib.sample_batch(self.model, p, None, s, adaptive=shape,
-                                      return_logp=True), rep
-    if s.method in sampler_lib.PLANLESS_METHODS:
+    self._answer_max = max(self._answer_max, int((~rep["prompt"]).sum(1).max()))
+    if s.method in sampler_lib.PLANLESS_METHODS and s.method != "adaptive":
       out = sampler_lib.generate(self.model, key, s, prompt=(toks, rep["prompt"]),
                                  return_logp=True)
       return out, rep
-    if self._plan_sizes is None:
-      block = sampler_lib.plan([p], method=s.method)[0].block
-      self._plan_sizes = dict(block=block, min_passes=0, min_queries=1, min_prefill=0)
-    first = schedules.plan_steps(p.counts, p.prompt_len, **self._plan_sizes)
-    self._plan_sizes.update(min_passes=first.steps, min_queries=first.queries,
-                            min_prefill=first.prefill)
-    pl = schedules.plan_steps(p.counts, p.prompt_len, **self._plan_sizes)
-    return sampler_lib.sample_batch(self.model, p, pl, s, return_logp=True), rep
+    # One compiled sampler for every batch (`_sizes`; the samples do not depend on the sizes).
+    p = sampler_lib.prepare(self.model.cfg, key, s, prompt=(toks, rep["prompt"]))
+    plan, shape = self._sizes(p, s)
+    return sampler_lib.sample_batch(self.model, p, plan, s, adaptive=shape,
+                                    return_logp=True), rep
 
   def rollout_batch(self, key: jax.Array, prompts: dict) -> tuple[dict, np.ndarray, dict]:
     """Rollouts of ``prompts`` with the model's current weights, scored: (the update's batch,
-    the rewards [R], the repeated puzzles)."""
+    the rewards [R], the repeated puzzles). With an estimated likelihood the batch carries each
+    inner update's old values (``old_logp_steps`` [R, I, n]) and random masks (``keep_steps``,
+    ``visible_steps``, ``weight_steps``), drawn from ``key`` and computed here at the rollouts'
+    weights: the old and new values of an inner update share its masks."""
     s = self.settings
     out, puzzles = self.rollouts(key, prompts)
-    rewards = np.asarray(self.reward_fn(out.tokens, puzzles, self.task), np.float64)
-    if rewards.shape != (out.tokens.shape[0],):
-      raise ValueError(f"rl.reward: returned shape {rewards.shape}; expected "
-                       f"({out.tokens.shape[0]},), one reward per rollout")
+    rewards = check_rewards(self.reward_fn(out.tokens, puzzles, self.task), out.tokens.shape[0],
+                            s.reward)
     batch = {"tokens": np.asarray(out.tokens), "order": np.asarray(out.order),
              "steps": np.asarray(out.step_of_rank), "prompt": np.asarray(puzzles["prompt"]),
              "old_logp": np.asarray(out.logp if out.order_logp is None else
                                      out.logp + out.order_logp),
-             "adv": group_advantages(rewards, s.group_size, s.scale_rewards)}
+             "adv": group_advantages(rewards, s.group_size, s.scale_rewards, kind=s.advantage)}
+    if s.likelihood != "exact":
+      batch.update(self._estimated_old(jax.random.fold_in(key, 1), batch))
     return batch, rewards, puzzles
+
+  def _estimated_old(self, key: jax.Array, batch: dict) -> dict:
+    """The estimator's masks and old values for each inner update (rows first)."""
+    s, steps = self.settings, []
+    for k in jax.random.split(key, int(s.inner_steps)):
+      masks = {}
+      if s.likelihood == "mean_field" and s.prompt_mask > 0:
+        masks["keep"] = estimators.prompt_keep(k, batch["prompt"], s.prompt_mask)
+      elif s.likelihood == "elbo":
+        masks["visible"], masks["weight"] = estimators.elbo_masks(k, batch["prompt"],
+                                                                  int(s.elbo_samples))
+      old = self.estimate_logp({**{f: batch[f] for f in ("tokens", "order", "steps", "prompt")},
+                                **masks})
+      steps.append({"old_logp": old, **masks})
+    return {f"{f}_steps": np.stack([np.asarray(x[f]) for x in steps], axis=1) for f in steps[0]}
 
   def update(self, params, opt_state, batch: dict):
     """``inner_steps`` jitted updates of ``params`` (an ``nnx.to_pure_dict`` tree) on one batch
     of rollouts: (params, opt_state, the last update's device metrics)."""
     metrics = {}
+    sizes = self.order_sizes(batch["tokens"].shape[1])
     for i in range(int(self.settings.inner_steps)):
-      b = batch
-      if "old_logp_steps" in batch:       # mean_field: this inner update's old values and mask
-        b = {k: v for k, v in batch.items() if not k.endswith("_steps")}
-        b["old_logp"] = batch["old_logp_steps"][:, i]
-        if "keep_steps" in batch:
-          b["keep"] = batch["keep_steps"][:, i]
-      params, opt_state, metrics = self._update(params, self.rest, opt_state, self.ref_state, b)
+      b = {k: v for k, v in batch.items() if not k.endswith("_steps")}
+      b.update({k[:-len("_steps")]: v[:, i] for k, v in batch.items() if k.endswith("_steps")})
+      params, opt_state, metrics = self._update(params, self.rest, opt_state, self.ref_state, b,
+                                                order_sizes=sizes)
     return params, opt_state, metrics
 
   def step(self, key: jax.Array, prompts: dict) -> dict[str, float]:
     """One GRPO step on ``prompts`` ({"tokens", "prompt"} [P, n]); returns host metrics (reward:
-    the rollouts' mean reward, before the update)."""
+    the rollouts' mean reward, before the update; `timing`'s speed)."""
+    t = time.perf_counter()
     batch, rewards, _ = self.rollout_batch(key, prompts)
+    t_rollout, t = time.perf_counter() - t, time.perf_counter()
     batch = jax.tree.map(jnp.asarray, batch)
     params = nnx.to_pure_dict(nnx.state(self.model, nnx.Param))
     params, self.opt_state, metrics = self.update(params, self.opt_state, batch)
+    metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
     nnx.update(self.model, params)
-    return dict({k: float(v) for k, v in metrics.items()}, reward=float(rewards.mean()),
-                reward_std=float(rewards.std()))
+    return dict(metrics, reward=float(rewards.mean()), reward_std=float(rewards.std()),
+                **timing(len(rewards), t_rollout, time.perf_counter() - t))

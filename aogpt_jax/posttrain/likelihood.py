@@ -183,32 +183,108 @@ def order_pass(model: AOGPT, tokens: jax.Array, order: jax.Array, steps: jax.Arr
   return logits_BxTxWxV, sq
 
 
+def step_order_logp(logits: jax.Array, sq: StepQueries, first_step, order: jax.Array, *,
+                    policy: str, policy_temperature: float,
+                    temperature: float = 1.0) -> jax.Array:
+  """float32 [B, c, W]: the Plackett-Luce log-probability of each candidate of steps
+  ``first_step`` .. ``first_step + c - 1`` (``logits`` [B, c, W, V], those steps' queries of
+  `order_pass`) being drawn at its place in the step's order: ``z_j - logsumexp(z_j' for j' >=
+  j)`` over the step's valid candidates, z = the policy's scores / ``policy_temperature``.
+  Steps at or beyond T (padding) give garbage."""
+  b, c, w, _ = logits.shape
+  n, t = order.shape[1], sq.start.shape[1]
+  steps_C = first_step + jnp.arange(c, dtype=jnp.int32)
+  start_BxC = jnp.take(sq.start, jnp.minimum(steps_C, t - 1), axis=1)
+  valid_BxCxW = jnp.take(sq.valid, jnp.minimum(steps_C, t - 1), axis=1) & (steps_C < t)[:, None]
+  probs_BxCxWxV = jax.nn.softmax(logits.astype(jnp.float32) / jnp.float32(temperature), axis=-1)
+  rank_BxCxW = jnp.minimum(start_BxC[:, :, None] + jnp.arange(w, dtype=jnp.int32), n - 1)
+  pos_BxCxW = orders_lib.slot_target(order, rank_BxCxW.reshape(b, -1)).reshape(b, c, w)
+  fn = adaptive_lib.get(policy)
+  scores_BxCxW = jax.vmap(lambda p, x, i: fn(p, None, x, i, None), in_axes=(1, 1, 0),
+                          out_axes=1)(probs_BxCxWxV, pos_BxCxW, steps_C)
+  return adaptive_lib.plackett_luce_logp(
+      adaptive_lib.policy_logits(scores_BxCxW, valid_BxCxW, policy_temperature))
+
+
+def gather_steps(x: jax.Array, sq: StepQueries) -> jax.Array:
+  """[B, n, ...]: from ``x`` [B, T, W, ...] (one entry per step's candidate), each rank's own
+  entry (its step's candidate at its slot); meaningless at the prompt's ranks."""
+  b, t, w = x.shape[:3]
+  flat_BxN = jnp.maximum(sq.step, 0) * w + jnp.minimum(sq.slot, w - 1)
+  flat = x.reshape(b, t * w, *x.shape[3:])
+  return jnp.take_along_axis(flat, flat_BxN.reshape(b, -1, *([1] * (x.ndim - 3))), axis=1)
+
+
 def rank_logits(logits: jax.Array, sq: StepQueries) -> jax.Array:
   """[B, n, V]: from `order_pass`'s logits, each rank's own query (its token's conditional, as
   `rollout_logits`; meaningless at the prompt)."""
-  b, t, w, v = logits.shape
-  flat_BxN = jnp.maximum(sq.step, 0) * w + jnp.minimum(sq.slot, w - 1)
-  return jnp.take_along_axis(logits.reshape(b, t * w, v), flat_BxN[..., None], axis=1)
+  return gather_steps(logits, sq)
 
 
 def order_logp_of(logits: jax.Array, sq: StepQueries, order: jax.Array, *, policy: str,
                   policy_temperature: float, temperature: float = 1.0) -> jax.Array:
-  """`order_logp` from `order_pass`'s outputs."""
-  b, t, w, _ = logits.shape
+  """`order_logp` from `order_pass`'s outputs (all T W queries' logits at once)."""
   if not policy_temperature > 0:
     return jnp.zeros(order.shape, jnp.float32)
-  probs_BxTxWxV = jax.nn.softmax(logits.astype(jnp.float32) / jnp.float32(temperature), axis=-1)
-  rank_BxTxW = jnp.minimum(sq.start[:, :, None] + jnp.arange(w, dtype=jnp.int32),
-                           order.shape[1] - 1)
-  pos_BxTxW = orders_lib.slot_target(order, rank_BxTxW.reshape(b, -1)).reshape(b, t, w)
-  fn = adaptive_lib.get(policy)
-  scores_BxTxW = jax.vmap(lambda p, x, i: fn(p, None, x, i, None), in_axes=(1, 1, 0),
-                          out_axes=1)(probs_BxTxWxV, pos_BxTxW, jnp.arange(t, dtype=jnp.int32))
-  pl_BxTxW = adaptive_lib.plackett_luce_logp(
-      adaptive_lib.policy_logits(scores_BxTxW, sq.valid, policy_temperature))
-  flat_BxN = jnp.maximum(sq.step, 0) * w + jnp.minimum(sq.slot, w - 1)
-  got_BxN = jnp.take_along_axis(pl_BxTxW.reshape(b, t * w), flat_BxN, axis=1)
-  return jnp.where(sq.step >= 0, got_BxN, 0.0)
+  pl_BxTxW = step_order_logp(logits, sq, 0, order, policy=policy,
+                             policy_temperature=policy_temperature, temperature=temperature)
+  return jnp.where(sq.step >= 0, gather_steps(pl_BxTxW, sq), 0.0)
+
+
+def order_scan(model: AOGPT, tokens: jax.Array, order: jax.Array, steps: jax.Array,
+               prompt: jax.Array | None = None, *, policy: str, policy_temperature: float,
+               temperature: float = 1.0, max_steps: int | None = None,
+               width: int | None = None, steps_per_pass: int | None = None):
+  """(`order_logp` [B, n], the rank logits [B, n, V]) in bounded memory: `order_pass`'s passes
+  (c = ``steps_per_pass`` steps each) one at a time in a `jax.lax.scan`, each reduced at once to
+  its steps' Plackett-Luce terms [B, c, W] and its ranks' own logits (added into [B, n, V]),
+  under `jax.checkpoint` (the gradient recomputes a pass instead of keeping its activations).
+  Memory: one pass of n + c W slots and O(B T W + B n V) outputs, never the [B, T, W, V]
+  logits or every pass's activations; the values and gradients are `order_pass`'s."""
+  b, n = tokens.shape
+  check_length(model.cfg, n)
+  t, w = int(max_steps or n), int(width or n)
+  prompt = jnp.zeros((b, n), bool) if prompt is None else prompt
+  sq = step_queries(steps, orders_lib.scored_ranks(prompt), t, w)
+  per = max(1, min(t, int(steps_per_pass or n // w)))          # steps per pass
+  passes = -(-t // per)
+  start_BxP = jnp.pad(sq.start, ((0, 0), (0, passes * per - t)), constant_values=n)
+  valid_BxPxW = start_BxP[:, :, None] + jnp.arange(w, dtype=jnp.int32) < n
+  rank_BxPxW = jnp.minimum(start_BxP[:, :, None] + jnp.arange(w, dtype=jnp.int32), n - 1)
+  tgt_BxPxW = jnp.where(valid_BxPxW, orders_lib.slot_target(order, rank_BxPxW.reshape(b, -1))
+                        .reshape(b, -1, w), NO_TARGET)
+  m_BxPxW = jnp.where(valid_BxPxW, start_BxP[:, :, None], 0)
+  chunks = lambda x: jnp.moveaxis(x.reshape(b, passes, per * w), 1, 0)  # noqa: E731
+  query_BxG = jnp.broadcast_to(jnp.arange(n, n + per * w, dtype=jnp.int32), (b, per * w))
+  step_BxN = jnp.maximum(sq.step, 0)
+
+  @jax.checkpoint
+  def one(args):
+    k, m_BxG, tgt_BxG = args
+    tok, pos, tgt, mask = likelihood_slots(tokens, order, m_BxG, tgt_BxG)
+    hidden_BxGxD, _ = model.hidden_slots(tok, pos, tgt, mask=mask, query=query_BxG)
+    logits_BxCxWxV = model.head(hidden_BxGxD, tgt_BxG).reshape(b, per, w, -1)
+    pl_BxCxW = (step_order_logp(logits_BxCxWxV, sq, k * per, order, policy=policy,
+                                policy_temperature=policy_temperature, temperature=temperature)
+                if policy_temperature > 0 else jnp.zeros((b, per, w), jnp.float32))
+    mine_BxN = (step_BxN >= k * per) & (step_BxN < (k + 1) * per)
+    flat_BxN = jnp.clip(step_BxN - k * per, 0, per - 1) * w + jnp.minimum(sq.slot, w - 1)
+    own_BxNxV = jnp.take_along_axis(logits_BxCxWxV.reshape(b, per * w, -1), flat_BxN[..., None],
+                                    axis=1)
+    return pl_BxCxW, jnp.where(mine_BxN[..., None], own_BxNxV, 0.0)
+
+  def body(acc_BxNxV, args):
+    pl_BxCxW, own_BxNxV = one(args)
+    return acc_BxNxV + own_BxNxV, pl_BxCxW
+
+  v = model.cfg.vocab_size
+  acc0 = jnp.zeros((b, n, v), jnp.float32)
+  args = (jnp.arange(passes, dtype=jnp.int32), chunks(m_BxPxW), chunks(tgt_BxPxW))
+  rl_BxNxV, pl_PxBxCxW = jax.lax.scan(body, acc0, args)
+  pl_BxTxW = jnp.moveaxis(pl_PxBxCxW, 0, 1).reshape(b, passes * per, w)[:, :t]
+  olp_BxN = (jnp.where(sq.step >= 0, gather_steps(pl_BxTxW, sq), 0.0) if policy_temperature > 0
+             else jnp.zeros((b, n), jnp.float32))
+  return olp_BxN, rl_BxNxV
 
 
 def order_logp(model: AOGPT, tokens: jax.Array, order: jax.Array, steps: jax.Array,
@@ -221,27 +297,26 @@ def order_logp(model: AOGPT, tokens: jax.Array, order: jax.Array, steps: jax.Arr
   m_s.., ``order_logp[b, r] = z(order[r]) - logsumexp(z(order[r']) for r' >= r)``, z = the
   policy's score at step s / tau (Plackett-Luce over the candidates still unwritten, minus
   those drawn earlier in the step); 0 at the prompt and when tau = 0. Scores on
-  ``softmax(logits / temperature)`` (the sampling temperature). Cost: `order_pass`'s (T W query
-  slots; ``max_steps``, ``width``, ``steps_per_pass`` are its). Traceable and differentiable in
-  the model's parameters."""
-  logits, sq = order_pass(model, tokens, order, steps, prompt, max_steps=max_steps, width=width,
-                          steps_per_pass=steps_per_pass)
-  return order_logp_of(logits, sq, order, policy=policy, policy_temperature=policy_temperature,
-                       temperature=temperature)
+  ``softmax(logits / temperature)`` (the sampling temperature). Cost: `order_pass`'s T W query
+  slots (``max_steps``, ``width``, ``steps_per_pass`` are its), in `order_scan`'s bounded
+  memory. Traceable and differentiable in the model's parameters."""
+  if not policy_temperature > 0:
+    return jnp.zeros(order.shape, jnp.float32)
+  return order_scan(model, tokens, order, steps, prompt, policy=policy,
+                    policy_temperature=policy_temperature, temperature=temperature,
+                    max_steps=max_steps, width=width, steps_per_pass=steps_per_pass)[0]
 
 
 def token_and_order_logp(model: AOGPT, tokens, order, steps, prompt=None, *, policy: str,
                          policy_temperature: float, temperature: float = 1.0,
                          max_steps: int | None = None, width: int | None = None,
                          steps_per_pass: int | None = None):
-  """(`sequence_logp`, `order_logp`, the rank logits [B, n, V]) from ONE `order_pass`: each
-  rank's own query is among its step's candidates."""
-  logits, sq = order_pass(model, tokens, order, steps, prompt, max_steps=max_steps, width=width,
-                          steps_per_pass=steps_per_pass)
-  rl_BxNxV = rank_logits(logits, sq)
-  return (token_logp(rl_BxNxV, tokens, order, prompt, temperature),
-          order_logp_of(logits, sq, order, policy=policy, policy_temperature=policy_temperature,
-                        temperature=temperature), rl_BxNxV)
+  """(`sequence_logp`, `order_logp`, the rank logits [B, n, V]) from the same passes
+  (`order_scan`): each rank's own query is among its step's candidates."""
+  olp_BxN, rl_BxNxV = order_scan(model, tokens, order, steps, prompt, policy=policy,
+                                 policy_temperature=policy_temperature, temperature=temperature,
+                                 max_steps=max_steps, width=width, steps_per_pass=steps_per_pass)
+  return token_logp(rl_BxNxV, tokens, order, prompt, temperature), olp_BxN, rl_BxNxV
 
 
 def check_rollout(tokens, order, steps, prompt=None, *, vocab_size: int | None = None,

@@ -10,7 +10,8 @@ eval solves ``task.heldout_count`` held-out puzzles greedily with the rollouts' 
 
     reward, reward_std (the rollouts' rewards), solved (the rollouts' solved rate), loss,
     grad_norm, kl (kl_coef > 0), clipped (the fraction of clipped ratios), ratio, ratio_min,
-    ratio_max (over the answer tokens of the last inner step), rollout_sec, update_sec
+    ratio_max (over the answer tokens of the last inner step), rollout_sec, update_sec,
+    rollouts_per_sec (rollouts over rollout_sec), update_share (update_sec over the two)
 
 and under ``eval/``: solved, solved_low, solved_high (95% Wilson interval), cell_accuracy.
 """
@@ -131,12 +132,12 @@ class GRPOAlgorithm:
     m = {k: float(v) for k, v in jax.device_get(m).items()}
     t_update = time.perf_counter() - t
     m.update(reward=float(rewards.mean()), reward_std=float(rewards.std()),
-             solved=float(solved.mean()), rollout_sec=t_rollout, update_sec=t_update)
+             solved=float(solved.mean()), **grpo.timing(len(rewards), t_rollout, t_update))
     return params, opt_state, m
 
   def evaluate(self, params):
     if self._eval_model is None:
-      self._eval_model = nnx.merge(*nnx.split(self.model))
+      self._eval_model = nnx.clone(self.model)   # not the policy: evaluated with EMA weights
     nnx.update(self._eval_model, params)
     s = eval_settings(self.settings, self.task)
     res = solve_lib.solve(self._eval_model, self.task, self.heldout, s,
@@ -157,7 +158,8 @@ class GRPOAlgorithm:
     parts += [f"clipped {100 * means['clipped']:.1f}%",
               f"ratio [{means['ratio_min']:.3f}, {means['ratio_max']:.3f}]",
               f"gnorm {means['grad_norm']:.3f}",
-              f"rollout {means['rollout_sec']:.2f}s update {means['update_sec']:.2f}s"]
+              f"rollout {means['rollout_sec']:.2f}s ({means['rollouts_per_sec']:.0f}/s) "
+              f"update {means['update_sec']:.2f}s"]
     return " | ".join(parts)
 
   def summary(self, last: dict[str, float]) -> str:

@@ -107,7 +107,7 @@ def load_reference(spec: str, start_model, key: str):
   """A frozen reference model: ``spec`` (a WORKDIR or SPEC, read errors one line naming
   ``key``), or a copy of ``start_model``'s weights when ``spec`` is ""."""
   if not spec:
-    return nnx.merge(*nnx.split(start_model))   # a copy: the policy is updated in place
+    return nnx.clone(start_model)   # a copy (nnx.merge(*nnx.split(m)) would share its variables)
   from aogpt_jax.checkpoints import spec as spec_lib  # pylint: disable=g-import-not-at-top
   try:
     ref, _ = spec_lib.load_any(spec)

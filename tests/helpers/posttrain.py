@@ -1,7 +1,10 @@
 """What the post-training run tests (test_posttrain_run.py, test_dpo_run.py) share: a config file's
-``:tiny`` at the size of the other trainer tests, and the tiny Sudoku run they start from."""
+``:tiny`` at the size of the other trainer tests, the tiny Sudoku run they start from, and a
+compilation counter."""
 
 import pathlib
+
+import jax
 
 from aogpt_jax import recipes
 from aogpt_jax.train import loop as train_loop
@@ -26,3 +29,25 @@ def train_start(root: pathlib.Path) -> pathlib.Path:
   train_loop.train(config("sudoku.py", total_steps=10, log_every=10, eval_every=0,
                           checkpoint_every=0), str(wd))
   return wd
+
+
+class Compiles:
+  """Counts XLA compilations (jax's backend-compile events) while open: ``with Compiles() as c:``
+  then ``c.count``."""
+
+  EVENT = "/jax/core/compile/backend_compile_duration"
+
+  def __init__(self):
+    self.count = 0
+    self._listener = self._listen
+
+  def _listen(self, event, duration, **kw):
+    del duration, kw
+    self.count += event == self.EVENT
+
+  def __enter__(self):
+    jax.monitoring.register_event_duration_secs_listener(self._listener)
+    return self
+
+  def __exit__(self, *exc):
+    jax.monitoring.unregister_event_duration_listener(self._listener)
