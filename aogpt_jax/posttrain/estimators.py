@@ -20,17 +20,18 @@ at a later step, so no answer token sees it); the kept prompt tokens keep their 
 
 A Monte Carlo ELBO (``elbo``), the estimate LLaDA, VRPO and SPG train with: M random masks of
 the answer, mask m hiding l_m answer positions (l_m uniform in 1..L, L the row's answer length;
-the hidden set uniform given l_m, `elbo_masks`), each hidden token scored given the prompt and
-the visible answer tokens, weighted L / l_m::
+the hidden set uniform given l_m), each hidden token scored given the prompt and the visible
+answer tokens, weighted L / l_m::
 
     elbo_BxN[b, r] = 1/M sum_m (L / l_m) [x_{order[b, r]} hidden by m] log p(x_{order[b, r]} | visible_m)
 
-Its sum over the answer is the masked-diffusion ELBO's unbiased estimate (LLaDA's low-variance
-form, Nie et al. 2025), whose expectation is the any-order model's log-likelihood averaged over
-uniformly random generation orders, a lower bound on the log of the average likelihood
-(tests/test_posttrain_estimators.py checks it against an enumeration). An AO-GPT conditions on
-the visible set by putting it first (as the prompt) and the hidden tokens in one step; each
-mask is one pass of 2n slots (M per rollout).
+(LLaDA's low-variance form, Nie et al. 2025; its sum over the answer estimates the
+masked-diffusion ELBO without bias). An AO-GPT conditions on the visible tokens by putting them
+first, as a prompt, in an ORDER: `elbo_masks` draws a uniformly random order of the answer and
+hides its last l_m positions, so that the estimate's expectation is exactly the model's
+log-likelihood averaged over uniformly random generation orders of the answer (the any-order
+model's ELBO; tests/test_posttrain_estimators.py checks it by enumeration). Each mask is one
+pass of 2n slots (M per rollout).
 
 Shape suffixes: B rows, K conditionals per row, M masks, N sequence length n, V vocab.
 """
@@ -106,47 +107,53 @@ def mean_field_logp(model: AOGPT, tokens: jax.Array, order: jax.Array,
   return likelihood.token_logp(logits_BxNxV, tokens, order, prompt, temperature)
 
 
-def elbo_masks(key: jax.Array, prompt: jax.Array, samples: int):
-  """(visible bool [B, M, n] in original order, weight float32 [B, M]): ``samples`` = M random
-  masks of each row's answer (``~prompt``, L positions): mask m hides l_m ~ uniform{1..L}
-  positions, a uniformly random set of them; ``visible`` holds the answer positions it leaves
-  visible, ``weight`` is L / l_m (module docstring)."""
+def elbo_masks(key: jax.Array, order: jax.Array, prompt: jax.Array, samples: int):
+  """(mask_order int32 [B, M, n], hidden int32 [B, M]): ``samples`` = M random masks of each
+  row's answer (``~prompt``, L positions; ``order`` the rollout's, its prompt first): mask m is
+  a generation order, the prompt first (in ``order``'s order) then the answer in a uniformly
+  random order, whose last ``hidden[b, m]`` = l_m ~ uniform{1..L} positions are hidden (module
+  docstring)."""
   b, n = prompt.shape
-  answer_BxN = ~prompt
-  len_B = jnp.sum(answer_BxN, axis=1, dtype=jnp.int32)
-  k_len, k_set = jax.random.split(key)
-  hide_BxM = jax.random.randint(k_len, (b, samples), 1, jnp.maximum(len_B, 1)[:, None] + 1)
-  u_BxMxN = jnp.where(answer_BxN[:, None], jax.random.uniform(k_set, (b, samples, n)), 2.0)
-  rank_BxMxN = jnp.argsort(jnp.argsort(u_BxMxN, axis=-1), axis=-1)   # the prompt ranks last
-  visible_BxMxN = answer_BxN[:, None] & (rank_BxMxN >= hide_BxM[..., None])
-  return visible_BxMxN, (len_B[:, None] / hide_BxM).astype(jnp.float32)
+  len_B = n - jnp.sum(prompt, axis=1, dtype=jnp.int32)
+  k_len, k_order = jax.random.split(key)
+  hidden_BxM = jax.random.randint(k_len, (b, samples), 1, jnp.maximum(len_B, 1)[:, None] + 1)
+  rank_BxN = orders_lib.ranks(order.astype(jnp.int32))
+  key_BxMxN = jnp.where(prompt[:, None], rank_BxN[:, None] - n,      # the prompt first, in order
+                        jax.random.uniform(k_order, (b, samples, n)))
+  return jnp.argsort(key_BxMxN, axis=-1).astype(jnp.int32), hidden_BxM.astype(jnp.int32)
 
 
 def conditionals(model: AOGPT, tokens: jax.Array, order: jax.Array, steps: jax.Array,
                  prompt: jax.Array | None = None, *, estimator: str = "exact",
-                 keep: jax.Array | None = None, visible: jax.Array | None = None,
-                 weight: jax.Array | None = None):
+                 keep: jax.Array | None = None, mask_order: jax.Array | None = None,
+                 hidden: jax.Array | None = None):
   """(logits float32 [B, K, n, V] in the rollout's rank layout, w float32 [B, K, n]): the
   conditionals ``estimator`` scores each rank with and their weights, the estimate being
   ``sum_k w[b, k, r] log softmax(logits[b, k, r])[x_{order[b, r]}]``. exact and mean_field
-  (`rollout_logits`, with ``keep``): K = 1, w = 1. elbo: K = M masks (``visible`` [B, M, n],
-  ``weight`` [B, M]: `elbo_masks`), w = weight / M at the ranks the mask hides, else 0."""
+  (`rollout_logits`, with ``keep``): K = 1, w = 1. elbo: K = M masks (``mask_order`` [B, M, n],
+  ``hidden`` [B, M]: `elbo_masks`), w = (L / l_m) / M at the ranks mask m hides, else 0."""
   if estimator != "elbo":
     logits_BxNxV = rollout_logits(model, tokens, order, steps, prompt, estimator=estimator,
                                   keep=keep)
     return logits_BxNxV[:, None], jnp.ones((tokens.shape[0], 1, tokens.shape[1]), jnp.float32)
-  if visible is None or weight is None:
-    raise ValueError("estimators.conditionals: 'elbo' needs visible and weight (elbo_masks)")
-  b, k, n = visible.shape
+  if mask_order is None or hidden is None:
+    raise ValueError("estimators.conditionals: 'elbo' needs mask_order and hidden (elbo_masks)")
+  b, k, n = mask_order.shape
   prompt = jnp.zeros(tokens.shape, bool) if prompt is None else prompt
   rep = lambda x: jnp.repeat(x, k, axis=0)  # noqa: E731
-  context_BKxN = rep(prompt) | visible.reshape(b * k, n)
-  o, s, p, back = mean_field_rollout(rep(order), context_BKxN)
-  logits = likelihood.rollout_logits(model, rep(tokens), o, s, p)
-  logits_BxKxNxV = jnp.take_along_axis(logits, back[..., None], axis=1).reshape(b, k, n, -1)
-  hidden_BxKxN = ~jnp.take_along_axis(context_BKxN, rep(order.astype(jnp.int32)),
-                                      axis=1).reshape(b, k, n)
-  return logits_BxKxNxV, jnp.where(hidden_BxKxN, weight[..., None] / k, 0.0)
+  o_BKxN = mask_order.reshape(b * k, n)
+  context_BKx1 = n - hidden.reshape(b * k, 1)          # its first ranks: prompt and visible
+  new_rank_BKxN = orders_lib.ranks(o_BKxN)             # by position
+  r_1xN = jnp.arange(n, dtype=jnp.int32)[None, :]
+  steps_BKxN = jnp.where(r_1xN < context_BKx1, likelihood.NO_PROMPT_STEP, 0).astype(jnp.int32)
+  logits = likelihood.rollout_logits(model, rep(tokens), o_BKxN, steps_BKxN,
+                                     new_rank_BKxN < context_BKx1)
+  back_BKxN = jnp.take_along_axis(new_rank_BKxN, rep(order.astype(jnp.int32)), axis=1)
+  logits_BxKxNxV = jnp.take_along_axis(logits, back_BKxN[..., None], axis=1).reshape(b, k, n, -1)
+  len_Bx1 = n - jnp.sum(prompt, axis=1, keepdims=True, dtype=jnp.int32)
+  w_BxK = len_Bx1 / hidden / k
+  return logits_BxKxNxV, jnp.where((back_BKxN >= context_BKx1).reshape(b, k, n),
+                                   w_BxK[..., None], 0.0).astype(jnp.float32)
 
 
 def weighted_logp(logits: jax.Array, w: jax.Array, tokens: jax.Array, order: jax.Array,
@@ -159,12 +166,12 @@ def weighted_logp(logits: jax.Array, w: jax.Array, tokens: jax.Array, order: jax
 
 def estimate_logp(model: AOGPT, tokens: jax.Array, order: jax.Array, steps: jax.Array,
                   prompt: jax.Array | None = None, *, estimator: str = "exact",
-                  keep: jax.Array | None = None, visible: jax.Array | None = None,
-                  weight: jax.Array | None = None, temperature: float = 1.0) -> jax.Array:
+                  keep: jax.Array | None = None, mask_order: jax.Array | None = None,
+                  hidden: jax.Array | None = None, temperature: float = 1.0) -> jax.Array:
   """[B, n]: `likelihood.sequence_logp` (exact), `mean_field_logp` or the elbo estimate, by
   name (`conditionals`' arguments)."""
   logits, w = conditionals(model, tokens, order, steps, prompt, estimator=estimator, keep=keep,
-                           visible=visible, weight=weight)
+                           mask_order=mask_order, hidden=hidden)
   return weighted_logp(logits, w, tokens, order, prompt, temperature)
 
 

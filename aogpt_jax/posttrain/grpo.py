@@ -272,7 +272,7 @@ def grpo_loss(model: AOGPT, batch: dict, *, clip_eps: float, temperature: float 
               estimator: str = "exact", loss_norm: str = "token"):
   """(loss, metrics) of one batch of rollouts: ``batch`` holds tokens, order, steps, prompt,
   old_logp [R, n], adv [R] and optionally keep [R, n] (mean_field's kept prompt positions) or
-  visible [R, M, n] and weight [R, M] (elbo's masks, `estimators.elbo_masks`). ``order``: the
+  mask_order [R, M, n] and hidden [R, M] (elbo's masks, `estimators.elbo_masks`). ``order``: the
   stochastic policy's `likelihood.order_logp` keywords (policy, policy_temperature, max_steps,
   width): ``logp_new`` then adds the order's log-probability (`likelihood.token_and_order_logp`,
   in bounded memory), and ``old_logp`` must hold the recorded sum. ``estimator``: exact,
@@ -280,8 +280,8 @@ def grpo_loss(model: AOGPT, batch: dict, *, clip_eps: float, temperature: float 
   conditionals', weighted as its log-likelihood. ``loss_norm``: `token_objective`'s ``norm``.
   Differentiable in ``model``."""
   args = (batch["tokens"], batch["order"], batch["steps"], batch["prompt"])
-  est = dict(estimator=estimator, keep=batch.get("keep"), visible=batch.get("visible"),
-             weight=batch.get("weight"))
+  est = dict(estimator=estimator, keep=batch.get("keep"), mask_order=batch.get("mask_order"),
+             hidden=batch.get("hidden"))
   if order is None:
     logits_RxKxNxV, w_RxKxN = estimators.conditionals(model, *args, **est)
     logp_RxN = estimators.weighted_logp(logits_RxKxNxV, w_RxKxN, batch["tokens"],
@@ -385,13 +385,14 @@ class GRPO:
     m = nnx.merge(self.graphdef, params, rest)
     return estimators.estimate_logp(m, batch["tokens"], batch["order"], batch["steps"],
                                     batch["prompt"], estimator=self.settings.likelihood,
-                                    keep=batch.get("keep"), visible=batch.get("visible"),
-                                    weight=batch.get("weight"),
+                                    keep=batch.get("keep"),
+                                    mask_order=batch.get("mask_order"),
+                                    hidden=batch.get("hidden"),
                                     temperature=self.settings.temperature)
 
   def estimate_logp(self, batch: dict) -> jax.Array:
     """[R, n]: the current policy's log-likelihood of ``batch``'s rollouts (tokens, order,
-    steps, prompt, optional keep / visible and weight) under the settings' estimator, without
+    steps, prompt, optional keep / mask_order and hidden) under the settings' estimator, without
     gradients."""
     return self._estimate(nnx.state(self.model, nnx.Param), self.rest, batch)
 
@@ -476,7 +477,7 @@ class GRPO:
     """Rollouts of ``prompts`` with the model's current weights, scored: (the update's batch,
     the rewards [R], the repeated puzzles). With an estimated likelihood the batch carries each
     inner update's old values (``old_logp_steps`` [R, I, n]) and random masks (``keep_steps``,
-    ``visible_steps``, ``weight_steps``), drawn from ``key`` and computed here at the rollouts'
+    ``mask_order_steps``, ``hidden_steps``), drawn from ``key`` and computed here at the rollouts'
     weights: the old and new values of an inner update share its masks."""
     s = self.settings
     out, puzzles = self.rollouts(key, prompts)
@@ -499,8 +500,8 @@ class GRPO:
       if s.likelihood == "mean_field" and s.prompt_mask > 0:
         masks["keep"] = estimators.prompt_keep(k, batch["prompt"], s.prompt_mask)
       elif s.likelihood == "elbo":
-        masks["visible"], masks["weight"] = estimators.elbo_masks(k, batch["prompt"],
-                                                                  int(s.elbo_samples))
+        masks["mask_order"], masks["hidden"] = estimators.elbo_masks(
+            k, batch["order"], batch["prompt"], int(s.elbo_samples))
       old = self.estimate_logp({**{f: batch[f] for f in ("tokens", "order", "steps", "prompt")},
                                 **masks})
       steps.append({"old_logp": old, **masks})
