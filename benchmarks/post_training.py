@@ -12,8 +12,11 @@ model and data, fewer steps: room to improve), then:
 * runs GRPO (`posttrain.grpo`, reward ``cell_accuracy``) for a fixed number of updates on the
   training puzzles with EXACT per-token likelihoods, and the same GRPO (same seeds, prompts and
   rollout keys) with d1's one-step mean-field estimate (`posttrain.estimators`, with d1's 15%
-  prompt masking) in place of the exact values; the held-out rates at a few points along the
-  way, against updates and wall time;
+  prompt masking) and with a Monte Carlo ELBO (4 random masks per rollout, the LLaDA / VRPO /
+  SPG kind) in place of the exact values (``--runs`` also takes ``dr_grpo``, ``rloo`` and
+  ``order_policy``); the held-out rates at a few points along the way, against updates and wall
+  time; each run's speed (seconds per compiled update, rollouts per second, the gradient
+  update's share);
 * on the same rollouts, the error of the mean-field estimate against the exact value: of the
   log-likelihood (per token, per sequence) at several numbers of tokens written per step, and
   of the log-ratio between the GRPO-trained policy and the starting one.
@@ -37,16 +40,16 @@ import order_matters
 SIZES = {
     "cpu": dict(size="cpu", train_steps=600, updates=60, prompts=8, group=8, lr=1e-4,
                 eval_at=(20, 40, 60), puzzles=200, error_rows=64, overrides={},
-                sampler="max_prob", runs=("exact", "mean_field")),
+                sampler="max_prob", runs=("exact", "mean_field", "elbo")),
     "accel": dict(size="accel", train_steps=4000, updates=400, prompts=32, group=16, lr=1e-4,
                   eval_at=(100, 200, 300, 400), puzzles=1000, error_rows=512, overrides={},
-                  sampler="max_prob", runs=("exact", "mean_field", "order_policy")),
+                  sampler="max_prob", runs=("exact", "mean_field", "elbo", "order_policy")),
     # seconds: a one-layer model, a few updates, a handful of puzzles (tests/test_benchmarks.py)
     "test": dict(size="cpu", train_steps=2, updates=2, prompts=2, group=2, lr=1e-4, eval_at=(2,),
                  puzzles=4, error_rows=4, overrides={"model.n_layer": 1, "model.n_embd": 32,
                                                      "model.n_head": 2, "batch_size": 8,
                                                      "eval.batch_size": 8},
-                 sampler="max_prob", runs=("exact", "mean_field", "order_policy")),
+                 sampler="max_prob", runs=("exact", "mean_field", "elbo", "order_policy")),
 }
 POLICY_TEMPERATURE = 0.1     # the stochastic order policy: softmax(max_prob scores / 0.1)
 # GRPO's sampler (token temperature 1, one cell per step): name -> GRPOSettings fields, and the
@@ -60,6 +63,9 @@ SAMPLERS = {
 RUNS = {
     "exact": dict(likelihood="exact"),
     "mean_field": dict(likelihood="mean_field", prompt_mask=0.15),
+    "elbo": dict(likelihood="elbo", elbo_samples=4),
+    "dr_grpo": dict(likelihood="exact", scale_rewards=False, loss_norm="constant"),
+    "rloo": dict(likelihood="exact", advantage="rloo", scale_rewards=False),
     "order_policy": dict(likelihood="exact", method="adaptive", policy="max_prob",
                          policy_temperature=POLICY_TEMPERATURE),
 }
@@ -121,7 +127,19 @@ def run_grpo(start: str, task, puzzles, name: str, cfg: dict, args) -> dict:
             f"({train_s:.0f} s)", flush=True)
   return {"name": name, "likelihood": settings.likelihood, "settings": {k: v for k, v in vars(settings).items() if k != "reward"},
           "reward": settings.reward, "curve": curve, "evals": evals, "train_s": train_s,
-          "model": model}
+          "speed": speed(curve), "model": model}
+
+
+def speed(curve: list[dict]) -> dict:
+  """Medians over the compiled updates (all but the first): seconds per update (rollouts and
+  gradient updates), rollouts per second of sampling, the gradient update's share."""
+  import numpy as np
+  rows = curve[1:] or curve
+  med = lambda k: float(np.median([r[k] for r in rows]))  # noqa: E731
+  return {"sec_per_update": float(np.median([r["rollout_sec"] + r["update_sec"] for r in rows])),
+          "rollouts_per_sec": med("rollouts_per_sec"), "update_share": med("update_share"),
+          "first_update_sec": curve[0]["rollout_sec"] + curve[0]["update_sec"],
+          "updates": len(rows)}
 
 
 def _stats(x) -> dict:
@@ -190,8 +208,11 @@ def estimator_error(start_model, new_model, task, cfg: dict, args) -> dict:
   return {"rows": cfg["error_rows"], "by_steps": rows}
 
 
-COLORS = {"exact": "tab:blue", "mean_field": "tab:orange", "order_policy": "tab:green"}
+COLORS = {"exact": "tab:blue", "mean_field": "tab:orange", "order_policy": "tab:green",
+          "elbo": "tab:red", "dr_grpo": "tab:purple", "rloo": "tab:brown"}
 LABELS = {"exact": "GRPO, exact likelihood", "mean_field": "GRPO, d1 mean-field estimate",
+          "elbo": "GRPO, Monte Carlo ELBO (M = 4 masks)", "dr_grpo": "Dr. GRPO, exact",
+          "rloo": "RLOO advantages, exact",
           "order_policy": f"GRPO, stochastic max_prob order (tau={POLICY_TEMPERATURE}), exact"}
 
 
@@ -215,8 +236,8 @@ def plot(res: dict, path: pathlib.Path, title: str) -> None:
   fig, axes = plt.subplots(2, 2, figsize=(15, 10))
   along = SAMPLERS[res["size"]["sampler"]][1]
   for ax, dec in zip(axes[0], along):
-    _curve(ax, res, dec, ("exact", "mean_field"))
-    ax.set_title(f"exact vs mean-field GRPO, held out: {dec}")
+    _curve(ax, res, dec, ("exact", "mean_field", "elbo", "dr_grpo", "rloo"))
+    ax.set_title(f"GRPO by likelihood / advantage, held out: {dec}")
     ax.set_xlabel("GRPO updates")
     ax.set_ylabel("held-out puzzles solved (%), 95% interval")
     ax.set_ylim(bottom=0)
@@ -281,6 +302,12 @@ def markdown(res: dict, machine: dict) -> str:
     lines.append(f"| {r['tokens_per_step']:.1f} | {f(r['logp_error_token'])} | "
                  f"{f(r['logp_error_sequence'])} | {f(r['log_ratio_error_token'])} | "
                  f"{f(r['log_ratio_error_sequence'])} | {100 * r['log_ratio_sign_agreement']:.0f}% |")
+  lines += ["", "| GRPO run | s per update (median, compiled) | rollouts/s | gradient update's share |",
+            "|---|---|---|---|"]
+  for run in res["grpo"]:
+    sp = run["speed"]
+    lines.append(f"| {run['name']} | {sp['sec_per_update']:.2f} | {sp['rollouts_per_sec']:.0f} | "
+                 f"{100 * sp['update_share']:.0f}% |")
   lines.append("")
   lines.append(f"{machine['cores']}-core {machine['cpu']}"
                f"{' with ' + machine['accelerator'] if machine.get('accelerator') else ''}; "

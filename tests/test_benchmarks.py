@@ -191,7 +191,8 @@ def test_quickstart_benchmark_runs_end_to_end(tmp_path):
 @pytest.mark.subprocess
 def test_post_training_benchmark_runs_end_to_end(tmp_path):
   """benchmarks/post_training.py --size=test: a 2-step one-layer Sudoku model, 2 GRPO updates with
-  each estimator and with a stochastic order policy, the estimator's error on 4 rollouts; JSON in the schema, Markdown and PNG."""
+  each likelihood (exact, mean-field, ELBO) and with a stochastic order policy, the estimator's
+  error on 4 rollouts; JSON in the schema, Markdown and PNG."""
   out = tmp_path / "p.json"
   env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(REPO))
   p = subprocess.run([sys.executable, str(BENCH / "post_training.py"), "--size=test",
@@ -201,9 +202,11 @@ def test_post_training_benchmark_runs_end_to_end(tmp_path):
   rec = json.loads(out.read_text())
   common.check_schema(rec, str(out))
   r = rec["results"]
-  assert [g["name"] for g in r["grpo"]] == ["exact", "mean_field", "order_policy"]
-  assert [g["likelihood"] for g in r["grpo"]] == ["exact", "mean_field", "exact"]
+  assert [g["name"] for g in r["grpo"]] == ["exact", "mean_field", "elbo", "order_policy"]
+  assert [g["likelihood"] for g in r["grpo"]] == ["exact", "mean_field", "elbo", "exact"]
   assert all(len(g["curve"]) == 2 and g["evals"][-1]["update"] == 2 for g in r["grpo"])
+  assert all(g["speed"]["sec_per_update"] > 0 and 0 < g["speed"]["update_share"] < 1
+             for g in r["grpo"])
   by = {e["tokens_per_step"]: e for e in r["estimator_error"]["by_steps"]}
   one_step = by[max(by)]                 # the whole answer in one step: the estimate is exact
   assert one_step["logp_error_token"]["mean_abs"] < 1e-5

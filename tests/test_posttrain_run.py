@@ -1,8 +1,9 @@
 """``--mode=rl`` (posttrain/rl.py on the loop of posttrain/run.py): a few GRPO updates from a tiny
 Sudoku run write the trainer's checkpoints, metrics.jsonl with every metric, the held-out eval
-and config.json; a run stopped early and resumed ends bitwise where an uninterrupted one does
-(params, EMA, optimizer state and metrics); bad settings are one-line errors before anything
-compiles or is written."""
+and config.json, compiling nothing after the first update; a run stopped early and resumed ends
+bitwise where an uninterrupted one does (params, EMA, optimizer state and metrics); bad settings
+are one-line errors before anything compiles or is written, a reward that returns NaN one line
+before any update uses it."""
 
 import json
 import logging
@@ -18,21 +19,21 @@ from flax import nnx
 
 from aogpt_jax import config as config_lib
 from aogpt_jax.checkpoints import store
-from aogpt_jax.posttrain import rl
+from aogpt_jax.posttrain import grpo, rl
 from aogpt_jax.train import loop as train_loop
 from helpers import posttrain as pt
 from helpers import trainer as tu
 
 # 2 prompts x 4 rollouts: 8 rows, one per fake device (tests/conftest.py); cell_accuracy, not
-# solved: a barely trained model solves nothing, and all-equal rewards give no gradient. 14
-# sampling steps (the fewest answer cells of a 6x6 puzzle here): one compiled sampler for every
-# batch (with one cell per step its plan's shape follows the batch's most answer cells).
-RL = {"total_steps": 4, "log_every": 2, "eval_every": 2, "checkpoint_every": 2, "rl.steps": 14,
+# solved: a barely trained model solves nothing, and all-equal rewards give no gradient. One
+# cell per step (rl_sudoku.py's): the sampler's sizes follow the prompt lengths, reserved for the
+# task's range when the trainer is built.
+RL = {"total_steps": 4, "log_every": 2, "eval_every": 2, "checkpoint_every": 2,
       "rl.prompts": 2, "rl.group_size": 4, "rl.reward": "cell_accuracy", "rl.lr": 1e-3,
       "rl.kl_coef": 0.1, "rl.ema_decay": 0.9}
 METRICS = {"rl/reward", "rl/reward_std", "rl/solved", "rl/loss", "rl/grad_norm", "rl/kl",
            "rl/clipped", "rl/ratio", "rl/ratio_min", "rl/ratio_max", "rl/rollout_sec",
-           "rl/update_sec"}
+           "rl/update_sec", "rl/rollouts_per_sec", "rl/update_share"}
 
 
 @pytest.fixture(scope="module")
@@ -61,21 +62,32 @@ def _lines(workdir, timed=False):
 
 @pytest.fixture(scope="module")
 def full(sft, tmp_path_factory):
-  """An uninterrupted 4-update run."""
+  """An uninterrupted 4-update run; the compilations during each update."""
   wd = tmp_path_factory.mktemp("rl") / "full"
   root = logging.getLogger()
   level = root.level
   root.setLevel(logging.INFO)          # the INFO lines reach WORKDIR/train.log
+  update, compiles = rl.GRPOAlgorithm.update, []
+
+  def counted(self, *args):
+    with pt.Compiles() as c:
+      out = update(self, *args)
+    compiles.append(c.count)
+    return out
+
+  rl.GRPOAlgorithm.update = counted
   try:
     last = rl.rl_mode(rl_config(sft), str(wd))
   finally:
+    rl.GRPOAlgorithm.update = update
     root.setLevel(level)
-  return wd, last
+  return wd, last, compiles
 
 
 @pytest.mark.slow
 def test_rl_run_writes_checkpoints_metrics_eval_and_config(sft, full):
-  wd, last = full
+  wd, last, compiles = full
+  assert compiles[0] > 0 and compiles[1:] == [0, 0, 0], compiles
   assert tu.checkpoint_steps(wd) == [2, 4]
   rows = _lines(wd, timed=True)
   updates = [r for r in rows if "rl/reward" in r]
@@ -89,6 +101,8 @@ def test_rl_run_writes_checkpoints_metrics_eval_and_config(sft, full):
              for r in evals)
   assert all(r["rl/ratio_min"] <= r["rl/ratio"] <= r["rl/ratio_max"] for r in updates)
   assert all(r["rl/grad_norm"] > 0 and r["rl/kl"] > -1e-6 for r in updates)   # KL: rounding
+  assert updates[-1]["rl/kl"] > 1e-6         # to the starting weights, which the policy left
+  assert all(r["rl/rollouts_per_sec"] > 0 and 0 < r["rl/update_share"] < 1 for r in updates)
   assert last["eval/cell_accuracy"] == evals[-1]["eval/cell_accuracy"]
   # the run says what produced it: its resolved config, the starting weights and the rl group
   run = json.loads((wd / "config.json").read_text())
@@ -107,7 +121,7 @@ def test_rl_run_writes_checkpoints_metrics_eval_and_config(sft, full):
 
 @pytest.mark.slow
 def test_stopped_and_resumed_run_equals_the_uninterrupted_one_bitwise(sft, full, tmp_path):
-  wd_full, _ = full
+  wd_full = full[0]
   wd = tmp_path / "resumed"
   rl.rl_mode(rl_config(sft, total_steps=2), str(wd))      # stops at 2 (its checkpoint)
   assert tu.checkpoint_steps(wd) == [2]
@@ -146,6 +160,21 @@ def test_bad_settings_are_one_line_errors_before_anything_runs(sft, tmp_path, ov
 
 
 @pytest.mark.slow
+def test_a_reward_that_returns_nan_is_one_line_before_any_update(sft, tmp_path, monkeypatch):
+  def nan_reward(tokens, puzzles, task):
+    return np.where(np.arange(len(tokens)) == 5, np.nan, 0.5)
+
+  monkeypatch.setitem(grpo.REWARDS, "nan_reward", nan_reward)
+  wd = tmp_path / "w"
+  with pytest.raises(ValueError, match=r"^rl.reward: 'nan_reward' returned nan for rollout 5 "
+                     r"\(1 of 8 not finite\)") as e:
+    rl.rl_mode(rl_config(sft, **{"rl.reward": "nan_reward"}), str(wd))
+  assert "\n" not in str(e.value)
+  metrics = wd / "metrics.jsonl"
+  assert tu.checkpoint_steps(wd) == [] and not (metrics.exists() and metrics.read_text().strip())
+
+
+@pytest.mark.slow
 def test_a_reference_of_another_shape_is_one_line(sft, tmp_path):
   other = tmp_path / "other"
   train_loop.train(pt.config("sudoku.py", total_steps=1, log_every=1, eval_every=0,
@@ -160,7 +189,7 @@ def test_a_reference_of_another_shape_is_one_line(sft, tmp_path):
 
 def test_rl_group_holds_every_grpo_setting():
   import dataclasses  # pylint: disable=g-import-not-at-top
-  from aogpt_jax.posttrain import grpo, settings  # pylint: disable=g-import-not-at-top
+  from aogpt_jax.posttrain import settings  # pylint: disable=g-import-not-at-top
   cfg = config_lib.default_config()
   fields = dataclasses.fields(grpo.GRPOSettings)
   assert {f.name for f in fields} | set(settings.RUN_KEYS) == set(cfg.rl.keys())

@@ -3,9 +3,11 @@
 Each update draws P prompts (a task's training puzzles: ``task.train_batch``), samples G
 rollouts of each with the model (`sampling.generate(..., return_logp=True)`: every rollout
 carries its order, its steps and the log-probability of every written token under the
-distribution it was drawn from), scores them with a reward, and takes group-relative advantages
-``A = (R - mean_group R) / (std_group R + eps)`` (``scale_rewards=False``: no division, Dr.
-GRPO). The loss, per answer token t of rollout i, averaged over all answer tokens of the batch:
+distribution it was drawn from), scores them with a reward (a NaN or inf is a one-line error
+naming it), and takes group-relative advantages ``A = (R - mean_group R) / (std_group R + eps)``
+(``scale_rewards=False``: no division; ``advantage="rloo"``: the mean of the group's other
+rollouts as the baseline). The loss, per answer token t of rollout i, averaged over all answer
+tokens of the batch (``loss_norm``: or per rollout, GRPO's; or summed over R n, Dr. GRPO's):
 
     -min(ratio A_i, clip(ratio, 1 - eps, 1 + eps) A_i) + beta KL_t,
     ratio = exp(logp_new(t) - logp_old(t))
@@ -15,24 +17,27 @@ the sampling temperature; ``logp_old`` is what the sampler recorded (no extra pa
 equal to ~1e-6 at the same weights: tests/test_posttrain_likelihood.py). ``KL_t`` (``beta`` > 0,
 a frozen reference model of the same shape) is the exact KL(new || ref) of the two models'
 conditionals at token t, summed over the vocabulary (no k3 estimator: both conditionals are
-exact). ``inner_steps`` > 1 reuses a batch of rollouts for several updates (PPO-style; the
-clip then matters).
+exact; ``reference`` None: a frozen copy of the starting weights). ``inner_steps`` > 1 reuses a
+batch of rollouts for several updates (PPO-style; the clip then matters).
 
 ``likelihood="mean_field"`` replaces both log-likelihoods by d1's one-step mean-field estimate
 (`estimators.mean_field_logp`: every answer token given the prompt only), as diffu-GRPO does:
 ``logp_old`` is then that estimate recomputed at rollout time (one extra pass without
 gradients; the sampler's records are exact), the KL uses the mean-field conditionals, and
 ``prompt_mask`` > 0 drops each prompt token from the context with that probability (d1: 0.15),
-a fresh draw for each inner update, shared by its old and new values. It exists to measure what
-the estimate costs (benchmarks/post_training.py); the exact default is what AO-GPT offers.
+a fresh draw for each inner update, shared by its old and new values. ``likelihood="elbo"``:
+the Monte Carlo ELBO of `estimators.elbo_masks` (``elbo_samples`` random masks per rollout, fresh
+for each inner update, shared by its old and new values), the estimate LLaDA / VRPO / SPG use.
+They exist to measure what the estimates cost (benchmarks/post_training.py); the exact default
+is what AO-GPT offers.
 
 ``method="adaptive"`` rolls out with an adaptive ``policy``. A deterministic policy's order is
 taken as given (the ratio is the tokens'). A stochastic one (``policy_temperature`` > 0,
 `sampling.adaptive`) draws the order, and the ratio of token t becomes the joint probability of
 writing that token at that position at that step: ``exp((logp_new + order_logp_new) -
 (logp_old + order_logp_old))`` with `likelihood.order_logp` (exact, in the same pass as the
-tokens': `likelihood.token_and_order_logp`), so GRPO trains the order too. The KL term stays
-the tokens'. (The mean-field estimate is for diffusion rollouts: it has no order term.)
+tokens': `likelihood.token_and_order_logp`, in bounded memory), so GRPO trains the order too.
+The KL term stays the tokens'. (The estimates are for diffusion rollouts: no order term.)
 
 Rewards are a registry (`REWARDS`, `register_reward`) of ``fn(tokens, puzzles, task) -> [R]``
 float: ``tokens`` int [R, n] the rollouts (original order), ``puzzles`` the prompts' rows
