@@ -65,6 +65,7 @@ TASKS = {
     "sudoku": ("sudoku", {}, "mdm,causal,bidirectional,bidirectional_target,bidirectional_uniform"),
     "sudoku9": ("sudoku", {"size": 9, "min_givens": 30, "max_givens": 40}, "mdm,bidirectional"),
     "star_graph": ("star_graph", {}, "mdm,causal,bidirectional,bidirectional_r2l"),
+    "sft": ("sft_text", {}, "causal,bidirectional"),
 }
 POLICIES = ("max_prob", "margin")
 
@@ -246,8 +247,43 @@ def run_task(task_key: str, args) -> dict:
       print(f"[{task_key}] {label:22s} {name:24s} {solve_lib.summary_line(res.summary)}"
             + (f" | reference decoding: {extra}" if extra else ""), flush=True)
   return {"task": task.name, "options": task.options(), "length": task.length,
-          "puzzles": args.puzzles, "train": runs, "decodings": rows,
+          "puzzles": len(puzzles["tokens"]), "train": runs, "decodings": rows,
           "findings": findings(runs, rows)}
+
+
+def decode_speed(task_key: str, size: str, puzzles: int, repeats: int, seed: int) -> dict:
+  """Decoding time per puzzle of the cached AO-GPT (``bidirectional``) against the encoder MDM,
+  both adaptive max_prob, greedy, one cell per step, on the same held-out puzzles. The time does
+  not depend on the weights (the steps are the blanks), so untrained models of the trained
+  variants' configs serve, and the comparison reaches sizes a CPU cannot train in the budget.
+  Best of ``repeats`` interleaved runs; the bidirectional prompt's prefill pass is included."""
+  import jax
+  from flax import nnx
+  from aogpt_jax import config as config_lib
+  from aogpt_jax import tasks
+  from aogpt_jax.evaluation import solve as solve_lib
+  from aogpt_jax.model import aogpt as model_lib
+  from aogpt_jax.model import encoder as encoder_model
+  from aogpt_jax.sampling import SampleSettings
+  models, task = {}, None
+  for label in ("bidirectional", "mdm"):
+    cfg, _ = variant_config(task_key, size, label, 0)
+    mc = config_lib.resolve(cfg)
+    make = encoder_model.make_encoder if label == "mdm" else model_lib.AOGPT
+    models[label] = make(mc, rngs=nnx.Rngs(0))
+    task = tasks.make(cfg.task.name, **cfg.task.options.to_dict())
+  pz = task.heldout(0, puzzles)
+  s = SampleSettings(length=task.length, method="adaptive", policy="max_prob", greedy=True,
+                     steps=task.length)
+  best = {label: float("inf") for label in models}
+  for _ in range(repeats):
+    for label, model in models.items():
+      res = solve_lib.solve(model, task, pz, s, key=jax.random.key(seed), batch_size=puzzles)
+      best[label] = min(best[label], res.summary["ms_per_puzzle"])
+  return {"task": task.name, "options": task.options(), "length": task.length,
+          "puzzles": puzzles, "repeats": repeats, "ms_per_puzzle": best,
+          "mdm_over_aogpt": best["mdm"] / best["bidirectional"],
+          "load_avg_1m": common.load_avg_1m()}
 
 
 def findings(runs: dict, rows: list[dict]) -> dict:
@@ -292,12 +328,25 @@ def markdown(results: dict, machine: dict, out: dict) -> str:
                    f"{100 * s['rate']:.1f}% | {100 * s['low']:.1f}-{100 * s['high']:.1f}% | "
                    f"{100 * r['cell_accuracy']:.1f}% | {r['ms_per_puzzle']:.1f} |")
     lines.append("")
+  if out.get("decode_speed"):
+    lines += ["**Decoding speed** (adaptive max_prob, greedy, one cell per step; untrained models "
+              "of the same configs, best of interleaved repeats; AO-GPT's time includes the "
+              "prompt's bidirectional prefill)", "",
+              "| task | cells | AO-GPT (bidirectional, KV cache) ms / puzzle | encoder MDM ms / "
+              "puzzle | MDM / AO-GPT |", "|---|---|---|---|---|"]
+    for key, sp in out["decode_speed"].items():
+      ms = sp["ms_per_puzzle"]
+      lines.append(f"| {key} ({sp['puzzles']} puzzles, load {sp['load_avg_1m']:.1f}) | "
+                   f"{sp['length']} | {ms['bidirectional']:.1f} | {ms['mdm']:.1f} | "
+                   f"{sp['mdm_over_aogpt']:.2f}x |")
+    lines.append("")
   loads = [r["load_avg_1m_end"] for res in results.values() for r in res["train"].values()
            if r.get("load_avg_1m_end") is not None]
   total = out["total_s"] or out["wall_s"]
   lines.append(f"{machine['cores']}-core {machine['cpu']} "
                f"{'with ' + machine['accelerator'] if machine.get('accelerator') else 'CPU'}; "
-               f"{total / 60:.0f} min for training and solving"
+               f"{total / 60:.0f} min for "
+               f"{'training and solving' if results else 'the decoding-speed comparison'}"
                + (f" (load average {min(loads):.1f}-{max(loads):.1f} at the end of each training "
                   f"run)" if loads else "") + ".")
   return "\n".join(lines) + "\n"
@@ -357,6 +406,9 @@ def main(argv=None):
   p.add_argument("--steps", type=int, default=0, help="training steps (0: the config's)")
   p.add_argument("--batch_size", type=int, default=100, help="puzzles per sampler batch")
   p.add_argument("--seed", type=int, default=0)
+  p.add_argument("--speed_repeats", type=int, default=3,
+                 help="interleaved repeats of the 6x6 and 9x9 decoding-speed comparison (0: none)")
+  p.add_argument("--speed_only", action="store_true", help="only the decoding-speed comparison")
   p.add_argument("--out", default="", help="the JSON (default: benchmarks/results/...)")
   args = p.parse_args(argv)
   for key in args.tasks.split(","):
@@ -368,21 +420,29 @@ def main(argv=None):
   logging.getLogger().setLevel(logging.WARNING)
   load0 = common.load_avg_1m()
   t0 = time.perf_counter()
-  results = {key: run_task(key, args) for key in args.tasks.split(",")}
+  results = {key: run_task(key, args) for key in args.tasks.split(",") if not args.speed_only}
+  speed = {}
+  for key in ("sudoku", "sudoku9"):
+    if args.speed_repeats:
+      speed[key] = decode_speed(key, args.size, args.batch_size, args.speed_repeats, args.seed)
+      print(f"decoding speed {key}: {json.dumps(speed[key])}", flush=True)
   wall = time.perf_counter() - t0
   bench = f"reasoning_gap_{args.size}" + ("" if args.tasks == "sudoku" else
                                           "_" + args.tasks.replace(",", "_"))
   machine = common.machine()
   runs = [r for res in results.values() for r in res["train"].values()]
   earlier = [r["train_s"] for r in runs if r["reused"]]
-  out = {"tasks": results, "wall_s": wall, "load_avg_1m_start": load0,
+  out = {"tasks": results, "decode_speed": speed, "wall_s": wall, "load_avg_1m_start": load0,
          "load_avg_1m_end": common.load_avg_1m(), "reused_models": len(earlier),
          "total_s": None if None in earlier else wall + sum(earlier)}
+  if args.speed_only:
+    bench = f"reasoning_gap_speed_{args.size}"
   path = common.write_result(bench, args, out, out=args.out or None)
   path.with_suffix(".md").write_text(markdown(results, machine, out))
   total = out["total_s"] or wall
-  plot(results, path.with_suffix(".png"),
-       f"The reasoning gap ({machine['slug']}; {total / 60:.0f} min training and solving)")
+  if results:
+    plot(results, path.with_suffix(".png"),
+         f"The reasoning gap ({machine['slug']}; {total / 60:.0f} min training and solving)")
   for name, res in results.items():
     print(f"{name}: {json.dumps(res['findings'])}")
 

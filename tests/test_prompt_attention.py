@@ -52,10 +52,15 @@ def _hand_mask(plen, n, target=False):
   return out
 
 
-@pytest.mark.parametrize("kind", ["bidirectional", "bidirectional_target"])
-def test_block_mask_equals_the_hand_mask_on_both_paths(kind):
-  m = tiny_model(vocab=16, valid=V, block=12, std=0.5, prompt_attention=kind)
-  mm = tiny_model(vocab=16, valid=V, block=12, std=0.5, prompt_attention=kind, attention="mask")
+@pytest.mark.parametrize("kind,impl", [("bidirectional", "xla"), ("bidirectional_target", "xla"),
+                                       ("bidirectional", "blockwise")])
+def test_block_mask_equals_the_hand_mask_on_both_paths(kind, impl):
+  """The gather path (``xla``, or ``blockwise`` attention in blocks of 4 under the mask array)
+  and the mask path equal the hand-written mask."""
+  kw = dict(vocab=16, valid=V, block=12, std=0.5, prompt_attention=kind, attention_impl=impl,
+            attention_block=4)
+  m = tiny_model(**kw)
+  mm = tiny_model(**kw, attention="mask")
   tokens, order, _, plen = _rows()
   pl = jnp.asarray(plen, jnp.int32)
   got = m(tokens, order, prompt_len=pl)
