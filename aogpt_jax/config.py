@@ -303,6 +303,10 @@ def resolve(cfg) -> model_lib.ModelConfig:
   if cfg.seq_len < 2:
     _fail("seq_len", f"must be >= 2 (one token has no context to learn from), got {cfg.seq_len}")
   task = task_of(cfg)
+  if task is None and mc.prompt_attention != "causal":
+    _fail("model.prompt_attention", f"{mc.prompt_attention!r} needs prompts, and text "
+          f"pretraining has none: train on a task (task.name: configs/sudoku.py, "
+          f"configs/sft_text.py) or keep 'causal'")
   if task is not None:
     if cfg.seq_len != task.length:
       _fail("seq_len", f"{cfg.seq_len}: task {task.name!r} rows are {task.length} tokens; set "

@@ -63,6 +63,8 @@ def train(task: str, size: str, variant: str, workdir: pathlib.Path, steps: int 
   cfg.eval_every = cfg.total_steps
   t0 = time.perf_counter()
   last = loop.train(cfg, str(workdir))
+  if last and "stopped_by" in last:   # a stop signal: the checkpoint is saved, no record
+    raise SystemExit(f"stopped while training {workdir}; run the same command to resume")
   record = workdir / "order_matters_train.json"   # a reused run keeps its own training record
   if last:
     common.write_json(record, {

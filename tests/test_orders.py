@@ -50,6 +50,18 @@ def test_mixture_rate_within_binomial_bounds():
                                                     p_l2r=0.0)))) == 0.0
 
 
+def test_mixture_right_to_left_rows_within_binomial_bounds():
+  batch, n = 20000, 16
+  o = np.asarray(orders.sample("mixture", jax.random.key(4), batch, n, p_l2r=0.1, p_r2l=0.3))
+  rev = (o == np.arange(n - 1, -1, -1)).all(1)
+  for got, p in ((float(np.mean(orders.is_l2r(o))), 0.1), (float(rev.mean()), 0.3)):
+    assert abs(got - p) < 4 * np.sqrt(p * (1 - p) / batch)
+  np.testing.assert_array_equal(orders.sample("r2l", jax.random.key(0), 2, 5),
+                                [[4, 3, 2, 1, 0]] * 2)
+  with pytest.raises(ValueError, match=r"p_l2r \+ p_r2l must be at most 1"):
+    orders.sample("mixture", jax.random.key(0), 2, 5, p_l2r=0.6, p_r2l=0.6)
+
+
 def test_fixed_random_and_blockwise_are_fixed_by_seed():
   for name, kw in [("fixed_random", {"seed": 7}), ("blockwise", {"block": 5, "seed": 7})]:
     a = orders.sample(name, jax.random.key(0), 4, 23, **kw)

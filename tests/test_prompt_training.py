@@ -115,9 +115,11 @@ def _task_cfg(tmp_path, **kw):
   return recipes.apply(tiny_config(tmp_path / "cache", **kw), TASK)
 
 
-@pytest.mark.parametrize("objective", ["ao", "mdm"])
-def test_task_step_accumulation_equals_one_big_batch(tmp_path, objective):
-  over = {"objective": objective} | ({"model.target": "none"} if objective == "mdm" else {})
+@pytest.mark.parametrize("objective,prompt_attention", [("ao", "causal"), ("mdm", "causal"),
+                                                         ("ao", "bidirectional")])
+def test_task_step_accumulation_equals_one_big_batch(tmp_path, objective, prompt_attention):
+  over = ({"objective": objective, "model.prompt_attention": prompt_attention}
+          | ({"model.target": "none"} if objective == "mdm" else {}))
   cfg = _task_cfg(tmp_path, **over)
   task = config_lib.task_of(cfg)
   it = task_pipeline.train_iterator(task, global_batch_size=cfg.batch_size, seed=0)

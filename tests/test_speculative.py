@@ -100,25 +100,28 @@ def test_auto_draft_is_ancestral(model, seqs):
   assert passes.mean() < 2 * LEN
 
 
-def _explicit_mask_logits(m, tokens, order):
+def _explicit_mask_logits(m, tokens, order, prompt_len=None):
   """Uncached forward with the explicit rank mask: logits [B, n + 1, V] in slot space
   (slot 0 = START, slot p + 1 = the token at position p)."""
-  tok, pos, tgt, mask = model_lib.mask_slots(tokens, order)
+  tok, pos, tgt, mask = model_lib.mask_slots(tokens, order,
+                                             model_lib.prompt_block(m.cfg, prompt_len))
   h, _ = m.hidden_slots(tok, pos, tgt, mask=mask)
   return m.head(h, tgt)
 
 
-@pytest.mark.parametrize("draft,queries,rope", [
-    (4, "taper", False), pytest.param("auto", "taper", False, marks=pytest.mark.slow),
-    pytest.param(3, "all", False, marks=pytest.mark.slow),
-    pytest.param(4, "taper", True, marks=pytest.mark.slow)])
-def test_verify_and_draft_logits_equal_uncached_forward(draft, queries, rope):
+@pytest.mark.parametrize("draft,queries,rope,prompt_attention", [
+    (4, "taper", False, "causal"),
+    pytest.param("auto", "taper", False, "causal", marks=pytest.mark.slow),
+    pytest.param(3, "all", False, "causal", marks=pytest.mark.slow),
+    pytest.param(4, "taper", True, "causal", marks=pytest.mark.slow),
+    (4, "taper", False, "bidirectional")])
+def test_verify_and_draft_logits_equal_uncached_forward(draft, queries, rope, prompt_attention):
   """Every round's causal-slot logits equal the explicit-mask causal forward over the known
   tokens plus the pending drafts, and the draft queries of causal slot c+i equal the
   explicit-mask parallel forward with context ranks < c+i; a prompt at positions 2 and 5
   (infilling). All rounds of all rows are checked in one batched uncached call each; also with
-  ``model.rope``."""
-  m = tiny_model(rope=rope)
+  ``model.rope``, and with a bidirectional prompt (`model.prompt_attention`)."""
+  m = tiny_model(rope=rope, prompt_attention=prompt_attention)
   n, batch = 10, 3
   s = sampler.SampleSettings(length=n, method="speculative", draft=draft, temperature=0.9,
                              draft_queries=queries)
@@ -139,9 +142,10 @@ def test_verify_and_draft_logits_equal_uncached_forward(draft, queries, rope):
   orders, toks = jnp.asarray(np.stack(orders)), jnp.asarray(np.stack(toks))
   known, ks = jnp.asarray(known, jnp.int32), jnp.asarray(ks, jnp.int32)
   kmax = tr["p"].shape[2]
+  plen = jnp.full(known.shape, 2, jnp.int32)
   q, _, _ = jax.jit(lambda o, t, c, k: diffusion.full_step_logits(
-      m, o, t, c, jnp.zeros_like(c), k, queries=kmax))(orders, toks, known, ks)
-  full = np.asarray(jax.jit(lambda t, o: _explicit_mask_logits(m, t, o))(toks, orders))
+      m, o, t, c, jnp.zeros_like(c), k, queries=kmax, prompt_len=plen))(orders, toks, known, ks)
+  full = np.asarray(jax.jit(lambda t, o: _explicit_mask_logits(m, t, o, plen))(toks, orders))
   q, checked = np.asarray(q), 0
   for r, (i, b, src) in enumerate(where):
     kv, c = int(ks[r]), int(known[r])

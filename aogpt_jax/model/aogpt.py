@@ -45,6 +45,12 @@ ATTENTION_PATHS = ("gather", "mask")
 GELUS = ("exact", "tanh")
 MLPS = ("gelu", "swiglu", "geglu")
 ROPE_QUERIES = ("target", "token")
+# How a prompt's rank-slots attend (`prompt_block`): causal in the order (the published model), or
+# bidirectionally among themselves. ``bidirectional``: rank-slots 0..m-1 (START and the first m-1
+# prompt tokens), whose keys and values depend on the prompt only, so every KV cache stays exact;
+# ``bidirectional_target``: rank-slots 0..m, which adds the last prompt token's slot, conditioned
+# on the FIRST answer position (an ablation: training and one-pass likelihoods only).
+PROMPT_ATTENTIONS = ("causal", "bidirectional", "bidirectional_target")
 START = orders_lib.START          # slot token id meaning "the START vector"
 NO_TARGET = orders_lib.NO_TARGET  # slot target meaning "no conditioning" (zero vector)
 RESIDUAL_DTYPE = jnp.float32  # residual stream (embeddings, adds, norms) under any compute dtype
@@ -115,6 +121,9 @@ class ModelConfig:
   loss_chunk: int = 0                # > 0: training loss without [B, n, V] logits, about this
                                      # many tokens (positions x all rows) at a time
                                      # (cross_entropy.py); 0: plain logits
+  prompt_attention: str = "causal"   # one of PROMPT_ATTENTIONS: how the rank-slots of a prompt
+                                     # (a puzzle's givens, an SFT question) attend to each other
+                                     # when a prompt is given (`prompt_block`); no effect without
   position_init: str = ""            # "": random position tables; "grid:R,C,BR,BC": start the
                                      # position and target-position rows of an R x C grid (boxes
                                      # BR x BC, Sudoku's) as row + column + box codes (trainable;
@@ -151,6 +160,7 @@ class ModelConfig:
     check_choice("model.gelu", self.gelu, GELUS)
     check_choice("model.attention_impl", self.attention_impl, ATTENTION_IMPLS)
     check_choice("model.remat_policy", self.remat_policy, tuple(REMAT_POLICIES))
+    check_choice("model.prompt_attention", self.prompt_attention, PROMPT_ATTENTIONS)
     if int(self.attention_block) < 1:
       bad("attention_block", f"must be >= 1, got {self.attention_block}")
     if int(self.loss_chunk) < 0:
@@ -405,20 +415,31 @@ class AOGPT(nnx.Module):
   # ------------------------------------------------------------------ tokens + order interface
 
   def __call__(self, tokens: jax.Array, order: jax.Array, *,
-               dropout_key: jax.Array | None = None) -> jax.Array:
+               dropout_key: jax.Array | None = None,
+               prompt_len: jax.Array | None = None) -> jax.Array:
     """Logits [B, n, V]: ``logits[b, r]`` predicts ``tokens[b, order[b, r]]`` from the tokens at
-    ``order[b, :r]``. ``tokens`` are in ORIGINAL order; ``order`` is a permutation per row."""
-    return self.head(self.hidden(tokens, order, dropout_key=dropout_key), order)
+    ``order[b, :r]``. ``tokens`` are in ORIGINAL order; ``order`` is a permutation per row.
+    ``prompt_len`` int [B]: the first ``prompt_len[b]`` positions of ``order[b]`` are a prompt
+    (`orders.prompt_first`), attended as ``model.prompt_attention`` says (`prompt_block`)."""
+    return self.head(self.hidden(tokens, order, dropout_key=dropout_key, prompt_len=prompt_len),
+                     order)
 
   def hidden(self, tokens: jax.Array, order: jax.Array, *,
-             dropout_key: jax.Array | None = None) -> jax.Array:
+             dropout_key: jax.Array | None = None,
+             prompt_len: jax.Array | None = None) -> jax.Array:
     """The block stack's output [B, n, d] in ORDER space: row r predicts ``tokens[order[r]]``
-    (its target position is ``order[r]``)."""
+    (its target position is ``order[r]``); ``prompt_len`` as `__call__`."""
     self._check_shapes(tokens, order)
+    block = prompt_block(self.cfg, prompt_len)
     if self.cfg.attention == "gather":
-      h, _ = self.hidden_slots(*gather_slots(tokens, order), dropout_key=dropout_key)
+      slots = gather_slots(tokens, order)
+      mask = None
+      if block is not None:   # causal but for the prompt block (an explicit mask array)
+        tied = orders_lib.block_ranks(orders_lib.all_ranks(order), block)
+        mask = orders_lib.mask_from_ranks(tied, tied)
+      h, _ = self.hidden_slots(*slots, mask=mask, dropout_key=dropout_key)
       return h
-    slot_tokens, slot_pos, slot_tgt, mask = mask_slots(tokens, order)
+    slot_tokens, slot_pos, slot_tgt, mask = mask_slots(tokens, order, block)
     h, _ = self.hidden_slots(slot_tokens, slot_pos, slot_tgt, mask=mask, dropout_key=dropout_key)
     # Back to order space: in the original-order layout, rank-slot r sits at its position row.
     _, idx = orders_lib.rank_slot_source(order, orders_lib.all_ranks(order))
@@ -444,17 +465,34 @@ def gather_slots(tokens: jax.Array, order: jax.Array):
   return slot_tokens, slot_pos, orders_lib.slot_target(order, rank)
 
 
-def mask_slots(tokens: jax.Array, order: jax.Array):
+def mask_slots(tokens: jax.Array, order: jax.Array, block: jax.Array | None = None):
   """Slots in original order ``[START, x_0, ..., x_{n-1}]`` with the rank mask (mask path): the
   slot of position p is rank-slot ``ranks(order)[p] + 1`` (START is rank-slot 0), so it targets
-  `slot_target` of that rank (none for the last token)."""
+  `slot_target` of that rank (none for the last token). ``block`` [B]: the prompt block
+  (`prompt_block`), its rank-slots tied (`orders.block_ranks`)."""
   b, n = tokens.shape
   rank = orders_lib.slot_ranks(order)                       # [B, n+1]
   slot_tokens = jnp.concatenate([jnp.full((b, 1), START, jnp.int32), tokens], axis=1)
   slot_pos = jnp.broadcast_to(jnp.arange(n + 1, dtype=jnp.int32), (b, n + 1))
   slot_tgt = jnp.where(rank < n, orders_lib.slot_target(order, rank), NO_TARGET)
+  tied = orders_lib.block_ranks(rank, block)
   return (slot_tokens.astype(jnp.int32), slot_pos, slot_tgt.astype(jnp.int32),
-          orders_lib.mask_from_ranks(rank, rank))
+          orders_lib.mask_from_ranks(tied, tied))
+
+
+def prompt_block(cfg: ModelConfig, prompt_len: jax.Array | None) -> jax.Array | None:
+  """int32 [B]: how many leading rank-slots of each row attend to each other both ways, for rows
+  whose first ``prompt_len`` ranks are a prompt (`orders.prompt_first`); None (all causal) for
+  ``model.prompt_attention='causal'`` or no prompt. ``bidirectional``: ``prompt_len`` (START and
+  the prompt tokens but the last, whose rank-slot ``prompt_len`` carries the first answer
+  position: so the block depends on the prompt alone); ``bidirectional_target``: one more (that
+  slot too), for rows with a prompt and an answer."""
+  if prompt_len is None or cfg.prompt_attention == "causal":
+    return None
+  m = jnp.asarray(prompt_len, jnp.int32)
+  if cfg.prompt_attention == "bidirectional_target":
+    m = jnp.where(m > 0, m + 1, 0)
+  return m
 
 
 # ----------------------------------------------------------------------------- loss
@@ -479,7 +517,8 @@ def loss(m: AOGPT, tokens: jax.Array, order: jax.Array, *, dropout_key: jax.Arra
   mean then covers only the ranks after the prompt (`orders.scored_ranks`), divided by their
   count, or by ``denominator`` when given (gradient accumulation: the whole batch's count over
   the number of microbatches, so the microbatches add up to one big batch). ``per_token`` keeps
-  every rank; the prompt's are not part of the loss."""
+  every rank; the prompt's are not part of the loss. The model attends to the prompt as
+  ``model.prompt_attention`` says (`prompt_block`)."""
   targets = orders_lib.permute(tokens, order)
   cfg = m.cfg
   if cfg.loss_chunk:
@@ -491,7 +530,9 @@ def loss(m: AOGPT, tokens: jax.Array, order: jax.Array, *, dropout_key: jax.Arra
     w, b = m.output_layer()
     return cross_entropy.fused_mean_nll(x, w, b, targets, valid_vocab=cfg.vocab_size,
                                         chunk=cfg.loss_chunk, dtype=cfg.dtype)
-  per_token = nll_from_logits(m(tokens, order, dropout_key=dropout_key), targets)
+  prompt_len = None if prompt is None else jnp.sum(prompt, axis=-1, dtype=jnp.int32)
+  per_token = nll_from_logits(m(tokens, order, dropout_key=dropout_key, prompt_len=prompt_len),
+                              targets)
   if prompt is None:
     return jnp.mean(per_token), per_token
   scored = orders_lib.scored_ranks(prompt)

@@ -29,6 +29,9 @@ def encoder_config(cfg: ModelConfig) -> ModelConfig:
   if cfg.vocab_size <= cfg.valid_vocab_size:
     raise ValueError(f"model.vocab_size ({cfg.vocab_size}) must exceed model.valid_vocab_size "
                      f"({cfg.valid_vocab_size}): the encoder's [MASK] token is the first padding id")
+  if cfg.prompt_attention != "causal":
+    raise ValueError(f"model.prompt_attention={cfg.prompt_attention!r}: the encoder MDM attends "
+                     f"bidirectionally everywhere already; expected 'causal' (the default)")
   return cfg.replace(target="none")
 
 

@@ -77,7 +77,7 @@ def _ao_heldout(m, tokens, weight, key, orders: HeldoutOrders, prompt=None):
     order = orders_lib.sample(name, key, b, n, **dict(kwargs))
     if prompt is not None:
       order = orders_lib.prompt_first(order, prompt)
-    _, per_token = model_lib.loss(m, tokens, order)
+    _, per_token = model_lib.loss(m, tokens, order, prompt=prompt)
     out[f"nll_{label}"] = jnp.sum(per_token * w)
   return out
 

@@ -93,14 +93,32 @@ def uniform(key: jax.Array, batch: int, length: int) -> jax.Array:
   return jax.vmap(lambda k: jax.random.permutation(k, length))(keys).astype(jnp.int32)
 
 
+@register("r2l")
+def r2l(key: jax.Array, batch: int, length: int) -> jax.Array:
+  """Right to left: sigma = reversal for every row (after a prompt, `prompt_first`, the answer
+  written from its end: a star graph's path from the goal back, one edge lookup a step)."""
+  del key
+  return jnp.broadcast_to(jnp.arange(length - 1, -1, -1, dtype=jnp.int32), (batch, length))
+
+
 @register("mixture")
-def mixture(key: jax.Array, batch: int, length: int, p_l2r: float = 0.1) -> jax.Array:
-  """Per row: left to right with probability ``p_l2r``, else uniform (the paper uses 0.1)."""
-  if not 0.0 <= p_l2r <= 1.0:
-    raise ValueError(f"mixture: p_l2r must be in [0, 1], got {p_l2r}")
+def mixture(key: jax.Array, batch: int, length: int, p_l2r: float = 0.1,
+            p_r2l: float = 0.0) -> jax.Array:
+  """Per row: left to right with probability ``p_l2r``, right to left with ``p_r2l``, else
+  uniform (the paper uses p_l2r = 0.1 and no right-to-left rows)."""
+  for name, p in (("p_l2r", p_l2r), ("p_r2l", p_r2l)):
+    if not 0.0 <= p <= 1.0:
+      raise ValueError(f"mixture: {name} must be in [0, 1], got {p}")
+  if p_l2r + p_r2l > 1.0:
+    raise ValueError(f"mixture: p_l2r + p_r2l must be at most 1, got {p_l2r} + {p_r2l}")
   k_coin, k_perm = jax.random.split(key)
-  coins = jax.random.bernoulli(k_coin, p_l2r, (batch, 1))
-  return jnp.where(coins, l2r(key, batch, length), uniform(k_perm, batch, length))
+  if not p_r2l:
+    coins = jax.random.bernoulli(k_coin, p_l2r, (batch, 1))
+    return jnp.where(coins, l2r(key, batch, length), uniform(k_perm, batch, length))
+  u = jax.random.uniform(k_coin, (batch, 1))
+  return jnp.where(u < p_l2r, l2r(key, batch, length),
+                   jnp.where(u < p_l2r + p_r2l, r2l(key, batch, length),
+                             uniform(k_perm, batch, length)))
 
 
 def curriculum_p_l2r(step, steps: int, p_start: float, p_end: float):
@@ -223,6 +241,31 @@ def mask_from_ranks(query_ranks: jax.Array, key_ranks: jax.Array) -> jax.Array:
   """``allowed[b, a, c] = key_ranks[b, c] <= query_ranks[b, a]``: the general "who may see whom"
   mask of any partial order given by ranks (ties see each other)."""
   return key_ranks[:, None, :] <= query_ranks[:, :, None]
+
+
+# ----------------------------------------------------------------------------- prompt block
+# A bidirectional prompt (`aogpt.ModelConfig.prompt_attention`): the first ``block[b]`` rank-slots
+# of row b (START and the prompt's tokens) see each other both ways; every later slot stays causal
+# in the order. Written as ranks, the block is one tie: each rank-slot r < block counts as rank
+# block - 1, so `mask_from_ranks` of the tied ranks is the mask; a cache-indexed mask (slot r sees
+# indices < limit and itself) takes limit = max(r, block). ``block`` None or 0: causal.
+
+
+def block_ranks(rank: jax.Array, block: jax.Array | None) -> jax.Array:
+  """``rank`` [B, S] with the ranks below ``block`` [B] tied at ``block - 1`` (the prompt block as
+  one tie of `mask_from_ranks`); also right for slot indices >= block (query slots appended after
+  the n rank-slots keep their index). ``block`` None: ``rank`` unchanged."""
+  if block is None:
+    return rank
+  return jnp.maximum(rank, block.astype(rank.dtype)[:, None] - 1)
+
+
+def block_limit(rank: jax.Array, block: jax.Array | None) -> jax.Array:
+  """The cache limit of rank-slots ``rank`` [B, S] (each sees cache indices < limit and its own
+  index): ``rank`` (causal), or ``block`` [B] for the slots inside the prompt block."""
+  if block is None:
+    return rank
+  return jnp.maximum(rank, block.astype(rank.dtype)[:, None])
 
 
 # ----------------------------------------------------------------------------- slot layout

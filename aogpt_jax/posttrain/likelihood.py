@@ -37,7 +37,7 @@ from flax import struct
 
 from aogpt_jax.model import layers
 from aogpt_jax.model import orders as orders_lib
-from aogpt_jax.model.aogpt import AOGPT, NO_TARGET, check_length
+from aogpt_jax.model.aogpt import AOGPT, NO_TARGET, check_length, prompt_block
 from aogpt_jax.sampling import adaptive as adaptive_lib
 
 NO_PROMPT_STEP = -1     # the step value of prompt ranks (any value < every answer step works)
@@ -53,12 +53,13 @@ def frontier(steps: jax.Array, scored: jax.Array) -> jax.Array:
 
 
 def likelihood_slots(tokens: jax.Array, order: jax.Array, m: jax.Array,
-                     targets: jax.Array | None = None):
+                     targets: jax.Array | None = None, block: jax.Array | None = None):
   """The slots of a teacher-forced pass: the n rank-slots (causal), then G query slots, query g
   a copy of rank-slot ``m[b, g]`` with target position ``targets[b, g]`` (None: ``order``, G =
   n: the pass of the module docstring; NO_TARGET: a padding query) that sees rank-slots
   0..m-1 and itself. Returns tokens, position rows, targets [B, n + G] and the mask
-  [B, n + G, n + G]; ``m`` [B, G] (`frontier` for the module's pass)."""
+  [B, n + G, n + G]; ``m`` [B, G] (`frontier` for the module's pass). ``block`` [B]: a
+  bidirectional prompt's rank-slots (`aogpt.prompt_block`) see each other both ways."""
   n, g = order.shape[1], m.shape[1]
   rtok_BxN, rpos_BxN = orders_lib.rank_slots(order, tokens, orders_lib.all_ranks(order))
   qtok_BxG, qpos_BxG = orders_lib.rank_slots(order, tokens, m)
@@ -69,9 +70,10 @@ def likelihood_slots(tokens: jax.Array, order: jax.Array, m: jax.Array,
   a_F = jnp.arange(n + g, dtype=jnp.int32)
   row_1xFx1, col_1x1xF = a_F[None, :, None], a_F[None, None, :]
   lim_BxFx1 = jnp.concatenate([jnp.zeros((order.shape[0], n), m.dtype), m], axis=1)[:, :, None]
-  rank_rows_1xFxF = (row_1xFx1 < n) & (col_1x1xF <= row_1xFx1)
+  tied_BxF = orders_lib.block_ranks(jnp.broadcast_to(a_F, (order.shape[0], n + g)), block)
+  rank_rows_BxFxF = (row_1xFx1 < n) & orders_lib.mask_from_ranks(tied_BxF, tied_BxF)
   query_rows_BxFxF = (row_1xFx1 >= n) & ((col_1x1xF < lim_BxFx1) | (col_1x1xF == row_1xFx1))
-  return tok_BxF, pos_BxF, tgt_BxF, rank_rows_1xFxF | query_rows_BxFxF
+  return tok_BxF, pos_BxF, tgt_BxF, rank_rows_BxFxF | query_rows_BxFxF
 
 
 def rollout_logits(model: AOGPT, tokens: jax.Array, order: jax.Array, steps: jax.Array,
@@ -83,7 +85,8 @@ def rollout_logits(model: AOGPT, tokens: jax.Array, order: jax.Array, steps: jax
   check_length(model.cfg, n)
   prompt = jnp.zeros((b, n), bool) if prompt is None else prompt
   m_BxN = frontier(steps, orders_lib.scored_ranks(prompt))
-  tok_BxF, pos_BxF, tgt_BxF, mask_BxFxF = likelihood_slots(tokens, order, m_BxN)
+  tok_BxF, pos_BxF, tgt_BxF, mask_BxFxF = likelihood_slots(
+      tokens, order, m_BxN, block=prompt_block(model.cfg, jnp.sum(prompt, -1, dtype=jnp.int32)))
   query_BxN = jnp.broadcast_to(jnp.arange(n, 2 * n, dtype=jnp.int32), (b, n))
   hidden_BxNxD, _ = model.hidden_slots(tok_BxF, pos_BxF, tgt_BxF, mask=mask_BxFxF,
                                        query=query_BxN)
@@ -161,6 +164,7 @@ def order_pass(model: AOGPT, tokens: jax.Array, order: jax.Array, steps: jax.Arr
   t, w = int(max_steps or n), int(width or n)
   prompt = jnp.zeros((b, n), bool) if prompt is None else prompt
   sq = step_queries(steps, orders_lib.scored_ranks(prompt), t, w)
+  block = prompt_block(model.cfg, jnp.sum(prompt, -1, dtype=jnp.int32))
   rank_BxTxW = jnp.minimum(sq.start[:, :, None] + jnp.arange(w, dtype=jnp.int32), n - 1)
   tgt_BxTxW = jnp.where(sq.valid, orders_lib.slot_target(order, rank_BxTxW.reshape(b, -1))
                         .reshape(b, t, w), NO_TARGET)
@@ -172,7 +176,7 @@ def order_pass(model: AOGPT, tokens: jax.Array, order: jax.Array, steps: jax.Arr
 
   def one(args):
     m_BxG, tgt_BxG = args
-    tok, pos, tgt, mask = likelihood_slots(tokens, order, m_BxG, tgt_BxG)
+    tok, pos, tgt, mask = likelihood_slots(tokens, order, m_BxG, tgt_BxG, block)
     query_BxG = jnp.broadcast_to(jnp.arange(n, n + per * w, dtype=jnp.int32), (b, per * w))
     hidden_BxGxD, _ = model.hidden_slots(tok, pos, tgt, mask=mask, query=query_BxG)
     return model.head(hidden_BxGxD, tgt_BxG)

@@ -61,7 +61,7 @@ import jax.numpy as jnp
 
 from aogpt_jax.model import layers
 from aogpt_jax.model import orders as orders_lib
-from aogpt_jax.model.aogpt import AOGPT, NO_TARGET
+from aogpt_jax.model.aogpt import AOGPT, NO_TARGET, prompt_block
 from aogpt_jax.sampling import tokens as tokens_lib
 from aogpt_jax.sampling.diffusion import parallel_generation_mask
 from aogpt_jax.sampling.state import Draw
@@ -397,6 +397,7 @@ def sample_adaptive(model: AOGPT, order0, tokens0, prompt_len, tok_keys, counts,
   q, c = shape.queries, shape.catchup
   cache_len = n + q
   m0_B = prompt_len.astype(jnp.int32)
+  block_B = prompt_block(model.cfg, m0_B)     # a bidirectional prompt (None: causal)
   cache = None
   if shape.cached:
     cache = model.init_cache(batch, cache_len)
@@ -405,7 +406,7 @@ def sample_adaptive(model: AOGPT, order0, tokens0, prompt_len, tok_keys, counts,
       ok_BxP = r_BxP < m0_B[:, None]
       tok, pos, tgt, write, mask = _rank_block(order0, tokens0, r_BxP, ok_BxP,
                                                orders_lib.slot_target(order0, r_BxP), r_BxP,
-                                               r_BxP, cache_len)
+                                               orders_lib.block_limit(r_BxP, block_B), cache_len)
       _, cache = model.hidden_slots(tok, pos, tgt, mask=mask, cache=cache, write_index=write)
 
   def forward(extra, order, tokens, masked_BxN, m_B, cand_BxQ, valid_BxQ):
@@ -419,7 +420,7 @@ def sample_adaptive(model: AOGPT, order0, tokens0, prompt_len, tok_keys, counts,
       pos = jnp.concatenate([rpos, qpos], axis=1)
       tgt = jnp.concatenate([order, jnp.where(valid_BxQ, cand_BxQ, NO_TARGET)], axis=1)
       hidden, _ = model.hidden_slots(tok, pos, tgt.astype(jnp.int32),
-                                     mask=parallel_generation_mask(m_B, n, q))
+                                     mask=parallel_generation_mask(m_B, n, q, block_B))
       return model.head(hidden[:, n:], tgt[:, n:].astype(jnp.int32)), extra
     j_1xC = jnp.arange(c, dtype=jnp.int32)[None, :]
     crank_BxC = (m_B - prevk_B + 1)[:, None] + j_1xC

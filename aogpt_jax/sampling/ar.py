@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 
 from aogpt_jax.model import orders as orders_lib
-from aogpt_jax.model.aogpt import AOGPT
+from aogpt_jax.model.aogpt import AOGPT, prompt_block
 from aogpt_jax.sampling import tokens as tokens_lib
 from aogpt_jax.sampling.state import Draw
 
@@ -30,20 +30,30 @@ def _slot(tokens: jax.Array, r: jax.Array):
   return tok_BxS, pos_BxS, orders_lib.slot_target(identity_BxN, r)
 
 
-def sample_ar(model: AOGPT, tokens0, prefix_len, tok_keys, prefill: int, draw: Draw):
+def sample_ar(model: AOGPT, tokens0, prefix_len, tok_keys, prefill: int, draw: Draw,
+              prefill_width: int = 0):
   """Traced body: tokens0 int32 [B, n] (prompt tokens in place), prefix_len int32 [B];
-  ``prefill`` = min prefix length (static). Returns (tokens, per-step logits [n-P, B, V] if
+  ``prefill`` = min prefix length (static): the steps start there. With a bidirectional prompt
+  (`aogpt.prompt_block`) the prefill pass covers ``prefill_width`` (the max prefix length)
+  rank-slots instead, each row's own block seeing itself both ways, and a later step over a
+  rank-slot inside the row's block keeps the prefilled keys and values. Returns (tokens, per-step logits [n-P, B, V] if
   ``draw.debug``, the drawn tokens' log-probabilities [B, n, 2] if ``draw.logp``: as
   `diffusion.sample_cached`)."""
   batch, n = tokens0.shape
   cache = model.init_cache(batch, n)
   kk_N = jnp.arange(n, dtype=jnp.int32)
-  if prefill:
-    r_BxS = jnp.broadcast_to(jnp.arange(prefill, dtype=jnp.int32), (batch, prefill))
+  block_B = prompt_block(model.cfg, prefix_len)
+  width = prefill if block_B is None else max(prefill_width, prefill)
+  if width:
+    r_BxS = jnp.broadcast_to(jnp.arange(width, dtype=jnp.int32), (batch, width))
     tok_BxS, pos_BxS, tgt_BxS = _slot(tokens0, r_BxS)
-    mask_BxSxN = kk_N[None, None, :] <= r_BxS[:, :, None]
+    write_BxS = r_BxS
+    if block_B is not None:   # only each row's own prompt block, seeing itself both ways
+      write_BxS = jnp.where(r_BxS < block_B[:, None], r_BxS, n)
+    mask_BxSxN = ((kk_N[None, None, :] < orders_lib.block_limit(r_BxS, block_B)[:, :, None])
+                  | (kk_N[None, None, :] == write_BxS[:, :, None]))
     _, cache = model.hidden_slots(tok_BxS, pos_BxS, tgt_BxS, mask=mask_BxSxN, cache=cache,
-                                  write_index=r_BxS)
+                                  write_index=write_BxS)
 
   def step(carry, x):
     cache, tokens_BxN, rec_BxNx2 = carry
@@ -51,8 +61,11 @@ def sample_ar(model: AOGPT, tokens0, prefix_len, tok_keys, prefill: int, draw: D
     r_Bx1 = jnp.full((batch, 1), r, jnp.int32)
     tok_Bx1, pos_Bx1, tgt_Bx1 = _slot(tokens_BxN, r_Bx1)
     mask_Bx1xN = kk_N[None, None, :] <= r_Bx1[:, :, None]
+    write_Bx1 = r_Bx1
+    if block_B is not None:   # the prompt block's slots were prefilled: keep them
+      write_Bx1 = jnp.where(r_Bx1 < block_B[:, None], n, r_Bx1)
     hidden_Bx1xD, cache = model.hidden_slots(tok_Bx1, pos_Bx1, tgt_Bx1, mask=mask_Bx1xN,
-                                             cache=cache, write_index=r_Bx1)
+                                             cache=cache, write_index=write_Bx1)
     logits_Bx1xV = model.head(hidden_Bx1xD, tgt_Bx1)
     commit_Bx1 = jnp.where(r < prefix_len, n, r)[:, None]   # prompt positions keep their token
     tokens_BxN, out, rec_BxNx2 = tokens_lib.draw_commit_record(

@@ -49,27 +49,31 @@ import jax.numpy as jnp
 from flax import struct
 
 from aogpt_jax.model import orders as orders_lib
-from aogpt_jax.model.aogpt import AOGPT, NO_TARGET
+from aogpt_jax.model.aogpt import AOGPT, NO_TARGET, prompt_block
 from aogpt_jax.sampling import tokens as tokens_lib
 from aogpt_jax.sampling.state import Draw, Passes, PassShape
 
 
-def parallel_generation_mask(known: jax.Array, n: int, queries: int) -> jax.Array:
+def parallel_generation_mask(known: jax.Array, n: int, queries: int,
+                             block: jax.Array | None = None) -> jax.Array:
   """Reference for the paper's Figure 10: the mask of one step of parallel generation over the
   full (uncached) layout of n rank-slots followed by ``queries`` query slots. Rank-slot r sees
   rank-slots 0..r (causal); query j (a copy of rank-slot ``known``, with its own target) sees
   the committed rank-slots 0..known-1 and itself, never another query. ``known`` int32 [B];
   returns bool [B, n + queries, n + queries] (``mask[b, a, c]``: slot a may see slot c).
+  ``block`` [B]: a bidirectional prompt's rank-slots 0..block-1 also see each other
+  (`aogpt.prompt_block`; ``known`` >= block, so every query sees the whole block).
 
   The cached sampler's mask (`pass_layout` + `block_inputs`) is this mask re-indexed into the
   cache (tests/test_sampler_figure10.py): query 0 of a step IS rank-slot ``known`` and is
   written at cache index ``known``; queries j >= 1 live in scratch indices n + j."""
   a_F = jnp.arange(n + queries, dtype=jnp.int32)
   row_1xFx1, col_1x1xF = a_F[None, :, None], a_F[None, None, :]
-  rank_rows_1xFxF = (row_1xFx1 < n) & (col_1x1xF <= row_1xFx1)
+  tied_BxF = orders_lib.block_ranks(jnp.broadcast_to(a_F, (known.shape[0], n + queries)), block)
+  rank_rows_BxFxF = (row_1xFx1 < n) & orders_lib.mask_from_ranks(tied_BxF, tied_BxF)
   query_rows_BxFxF = (row_1xFx1 >= n) & ((col_1x1xF < known[:, None, None])
                                          | (col_1x1xF == row_1xFx1))
-  return rank_rows_1xFxF | query_rows_BxFxF
+  return rank_rows_BxFxF | query_rows_BxFxF
 
 
 @struct.dataclass
@@ -137,6 +141,10 @@ def sample_cached(model: AOGPT, order, tokens0, prompt_len, tok_keys, passes: Pa
     zeros_B = jnp.zeros_like(prompt_len)
     lay = pass_layout(order, prompt_len, zeros_B, zeros_B, zeros_B, prompt_len,
                       block=shape.prefill, cache_len=cache_len)
+    block_B = prompt_block(model.cfg, prompt_len)
+    if block_B is not None:   # a bidirectional prompt: its rank-slots see each other
+      lay = lay.replace(lim=jnp.where(lay.write < cache_len,
+                                      orders_lib.block_limit(lay.lim, block_B), 0))
     tok_BxS, mask_BxSxK = block_inputs(lay, tokens0, cache_len)
     _, cache = model.hidden_slots(tok_BxS, lay.pos, lay.tgt, mask=mask_BxSxK, cache=cache,
                                   write_index=lay.write)
@@ -163,11 +171,11 @@ def sample_cached(model: AOGPT, order, tokens0, prompt_len, tok_keys, passes: Pa
   return tokens_BxN, logits_PxBxQxV, rec_BxNx2
 
 
-def full_step_slots(order, tokens, known, q0, k, *, queries: int):
+def full_step_slots(order, tokens, known, q0, k, *, queries: int, block=None):
   """Slots and mask of a full, uncached forward for one pass: rank-slots 0..n-1 (causal) then
   ``queries`` query slots (copies of rank-slot ``known``, targets order[known+q0+j]), under
   `parallel_generation_mask`. Returns tokens, positions, targets [B, n+Q], mask [B, n+Q, n+Q]
-  and the queries' target positions and validity [B, Q]."""
+  and the queries' target positions and validity [B, Q]. ``block``: `aogpt.prompt_block`."""
   batch, n = order.shape
   rank_BxN = orders_lib.all_ranks(order)
   tok_BxN, pos_BxN = orders_lib.rank_slots(order, tokens, rank_BxN)
@@ -178,30 +186,33 @@ def full_step_slots(order, tokens, known, q0, k, *, queries: int):
   slot_tok_BxF = jnp.concatenate([tok_BxN, qtok_BxQ], axis=1)
   slot_pos_BxF = jnp.concatenate([pos_BxN, qpos_row_BxQ], axis=1)
   slot_tgt_BxF = jnp.concatenate([order, jnp.where(is_q_BxQ, qtgt_BxQ, NO_TARGET)], axis=1)
-  mask_BxFxF = parallel_generation_mask(known.astype(jnp.int32), n, queries)
+  mask_BxFxF = parallel_generation_mask(known.astype(jnp.int32), n, queries, block)
   return (slot_tok_BxF, slot_pos_BxF, slot_tgt_BxF.astype(jnp.int32), mask_BxFxF, qtgt_BxQ,
           is_q_BxQ)
 
 
-def full_step_logits(model: AOGPT, order, tokens, known, q0, k, *, queries: int):
+def full_step_logits(model: AOGPT, order, tokens, known, q0, k, *, queries: int,
+                     prompt_len=None):
   """One pass from a full, uncached forward with the explicit mask: query logits [B, Q, V],
   the queries' target positions and validity [B, Q]."""
   n = order.shape[1]
   tok_BxF, pos_BxF, tgt_BxF, mask_BxFxF, qpos_BxQ, is_q_BxQ = full_step_slots(
-      order, tokens, known, q0, k, queries=queries)
+      order, tokens, known, q0, k, queries=queries,
+      block=prompt_block(model.cfg, prompt_len))
   hidden_BxFxD, _ = model.hidden_slots(tok_BxF, pos_BxF, tgt_BxF, mask=mask_BxFxF)
   return model.head(hidden_BxFxD[:, n:], tgt_BxF[:, n:]), qpos_BxQ, is_q_BxQ
 
 
-def sample_uncached(model: AOGPT, order, tokens0, tok_keys, passes: Passes, queries: int,
-                    draw: Draw):
+def sample_uncached(model: AOGPT, order, tokens0, prompt_len, tok_keys, passes: Passes,
+                    queries: int, draw: Draw):
   """Same plan and keys (and returns) as `sample_cached`, but every step re-reads the whole
   sequence (the prompt is in ``tokens0`` at ranks < m; no block, no prefill)."""
 
   def step(carry, p):
     tokens_BxN, rec_BxNx2 = carry
     logits_BxQxV, qpos_BxQ, is_q_BxQ = full_step_logits(model, order, tokens_BxN, p.m, p.q0,
-                                                        p.k, queries=queries)
+                                                        p.k, queries=queries,
+                                                        prompt_len=prompt_len)
     tokens_BxN, out, rec_BxNx2 = tokens_lib.draw_commit_record(
         tokens_BxN, rec_BxNx2, logits_BxQxV, tokens_lib.token_keys(tok_keys, qpos_BxQ),
         jnp.where(is_q_BxQ, qpos_BxQ, order.shape[1]), **draw.kwargs())

@@ -258,6 +258,10 @@ def prepare(cfg: ModelConfig, key: jax.Array, s: SampleSettings, *, prompt=None,
     raise ValueError(f"sample: batch {batch} differs from the prompt's {ptok.shape[0]} rows")
   b = ptok.shape[0]
   plen = pmask.sum(axis=1).astype(np.int32)
+  if cfg.prompt_attention == "bidirectional_target" and plen.any():
+    raise ValueError("model.prompt_attention='bidirectional_target': its prompt block holds the "
+                     "first answer position, so no sampler can reuse it; sample with a prompt "
+                     "from a model with 'causal' or 'bidirectional'")
   if s.method == "ar":
     prefix = np.arange(n)[None, :] < plen[:, None]
     if (pmask != prefix).any():
@@ -358,7 +362,7 @@ def sampler_program(model, order, tokens0, prompt_len, tok_keys, passes: Passes 
   the third the order's))."""
   if kind == "ar":
     return _with_record(*ar_lib.sample_ar(model, tokens0, prompt_len, tok_keys, shape.prefill,
-                                          draw), order)
+                                          draw, shape.block), order)
   if kind == "speculative":
     toks, npasses, trace = spec_lib.sample_speculative(
         model, order, tokens0, prompt_len, tok_keys, draft=draft, temperature=draw.temperature,
@@ -374,23 +378,26 @@ def sampler_program(model, order, tokens0, prompt_len, tok_keys, passes: Passes 
     return _with_record(*diffusion.sample_cached(model, order, tokens0, prompt_len, tok_keys,
                                                  passes, shape, draw), order)
   if kind == "uncached":
-    return _with_record(*diffusion.sample_uncached(model, order, tokens0, tok_keys, passes,
-                                                   shape.queries, draw), order)
+    return _with_record(*diffusion.sample_uncached(model, order, tokens0, prompt_len, tok_keys,
+                                                   passes, shape.queries, draw), order)
   fn = {"encoder": encoder_lib.sample_encoder}[kind]
   return fn(model, order, tokens0, tok_keys, passes, shape.queries, draw)
 
 
 def program_args(p: Prepared, pl: schedules.StepPlan | None, s: SampleSettings, debug: bool,
                  adaptive: adaptive_lib.AdaptiveShape | None = None, encoder: bool = False,
-                 return_logp: bool = False):
+                 return_logp: bool = False, prompt_blocked: bool = False):
   """The sampler program's arguments and static keywords (``encoder``: the model is the encoder
-  MDM, `encoder_model.is_encoder`, which sizes the adaptive sampler without a cache)."""
+  MDM, `encoder_model.is_encoder`, which sizes the adaptive sampler without a cache;
+  ``prompt_blocked``: the model attends to a prompt bidirectionally, `aogpt.prompt_block`)."""
   draw = Draw(temperature=float(s.temperature), top_p=float(s.top_p),
               top_p_rule=str(s.top_p_rule), greedy=bool(s.greedy), debug=bool(debug),
               logp=bool(return_logp))
   shape, passes, draft, queries = None, None, None, None
   if s.method == "ar":
-    shape = PassShape(block=1, queries=1, prefill=int(p.prompt_len.min()))
+    # steps from the shortest prefix; a bidirectional prompt's prefill covers the longest
+    shape = PassShape(block=int(p.prompt_len.max(initial=0)) if prompt_blocked else 1,
+                      queries=1, prefill=int(p.prompt_len.min()))
   elif s.method == "speculative":
     draft = s.draft if s.draft == "auto" else int(s.draft)
     queries = str(s.draft_queries)
@@ -409,7 +416,8 @@ def compile_sampler(model: AOGPT, p: Prepared, pl: schedules.StepPlan | None,
                     adaptive: adaptive_lib.AdaptiveShape | None = None):
   """Ahead-of-time compiles the sampler for this batch shape; returns ``run() -> (tokens,
   logits)`` (for benchmarks: compile time apart from run time)."""
-  args, kw = program_args(p, pl, s, debug, adaptive, encoder_model.is_encoder(model.cfg))
+  args, kw = program_args(p, pl, s, debug, adaptive, encoder_model.is_encoder(model.cfg),
+                          prompt_blocked=model.cfg.prompt_attention != "causal")
   with tokens_lib.exact_sampling():
     return model_jit.compile_ahead(sampler_program, model, *args, **kw)
 
@@ -430,7 +438,7 @@ def sample_batch(model: AOGPT, p: Prepared, pl: schedules.StepPlan | None, s: Sa
   ``return_logp``: fill `Samples.logp` and ``model_logp`` (LOGP_METHODS)."""
   check_return_logp(s, return_logp, model.cfg)
   args, kw = program_args(p, pl, s, debug, adaptive, encoder_model.is_encoder(model.cfg),
-                          return_logp)
+                          return_logp, prompt_blocked=model.cfg.prompt_attention != "causal")
   with tokens_lib.exact_sampling():
     toks, logits = model_jit.call(sampler_program, model, *args, **kw)
   if s.method == "adaptive":

@@ -70,7 +70,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from aogpt_jax.model import orders as orders_lib
-from aogpt_jax.model.aogpt import AOGPT, NO_TARGET
+from aogpt_jax.model.aogpt import AOGPT, NO_TARGET, prompt_block
 from aogpt_jax.model.layers import check_choice
 from aogpt_jax.sampling import tokens as tokens_lib
 
@@ -294,7 +294,8 @@ def sample_speculative(model: AOGPT, order, tokens0, prompt_len, tok_keys, *, dr
   tok_BxN, pos_BxN = orders_lib.rank_slots(order, tokens0, r_BxN)
   tgt_BxN = jnp.where(ok_BxN, order, NO_TARGET).astype(jnp.int32)
   write_BxN = jnp.where(ok_BxN, r_BxN, cache_len)
-  mask_BxNxC = (((kk_1x1xC < r_BxN[:, :, None]) | (kk_1x1xC == write_BxN[:, :, None]))
+  lim_BxN = orders_lib.block_limit(r_BxN, prompt_block(model.cfg, plen_B))  # (bidirectional)
+  mask_BxNxC = (((kk_1x1xC < lim_BxN[:, :, None]) | (kk_1x1xC == write_BxN[:, :, None]))
                 & ok_BxN[:, :, None])
   _, cache = model.hidden_slots(tok_BxN, pos_BxN, tgt_BxN, mask=mask_BxNxC, cache=cache,
                                 write_index=write_BxN)
