@@ -57,7 +57,8 @@ def _state(workdir, step):
 def _lines(workdir, timed=False):
   rows = [json.loads(x) for x in (pathlib.Path(workdir) / "metrics.jsonl").read_text()
           .splitlines()]
-  return rows if timed else [{k: v for k, v in r.items() if not k.endswith("_sec")} for r in rows]
+  timing = lambda k: k.endswith(("_sec", "update_share"))  # noqa: E731
+  return rows if timed else [{k: v for k, v in r.items() if not timing(k)} for r in rows]
 
 
 @pytest.fixture(scope="module")

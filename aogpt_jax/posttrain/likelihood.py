@@ -146,6 +146,35 @@ def step_queries(steps: jax.Array, scored: jax.Array, max_steps: int, width: int
                      slot=jnp.where(scored, r_1xN - m_BxN, 0))
 
 
+def _passes(model: AOGPT, tokens, order, steps, prompt, max_steps, width, steps_per_pass):
+  """What `order_pass` and `order_scan` share: (`StepQueries`, c steps per pass, the passes'
+  inputs (frontiers, targets) [P, B, c W] (padding queries past the last step), and
+  ``logits_of(m, targets)``: one pass's query logits [B, c W, V])."""
+  b, n = tokens.shape
+  check_length(model.cfg, n)
+  t, w = int(max_steps or n), int(width or n)
+  prompt = jnp.zeros((b, n), bool) if prompt is None else prompt
+  sq = step_queries(steps, orders_lib.scored_ranks(prompt), t, w)
+  block = prompt_block(model.cfg, jnp.sum(prompt, -1, dtype=jnp.int32))
+  per = max(1, min(t, int(steps_per_pass or n // w)))          # steps per pass
+  passes = -(-t // per)
+  start_BxP = jnp.pad(sq.start, ((0, 0), (0, passes * per - t)), constant_values=n)
+  valid_BxPxW = start_BxP[:, :, None] + jnp.arange(w, dtype=jnp.int32) < n
+  rank_BxPxW = jnp.minimum(start_BxP[:, :, None] + jnp.arange(w, dtype=jnp.int32), n - 1)
+  tgt_BxPxW = jnp.where(valid_BxPxW, orders_lib.slot_target(order, rank_BxPxW.reshape(b, -1))
+                        .reshape(b, -1, w), NO_TARGET)
+  m_BxPxW = jnp.where(valid_BxPxW, start_BxP[:, :, None], 0)
+  chunks = lambda x: jnp.moveaxis(x.reshape(b, passes, per * w), 1, 0)  # noqa: E731
+  query_BxG = jnp.broadcast_to(jnp.arange(n, n + per * w, dtype=jnp.int32), (b, per * w))
+
+  def logits_of(m_BxG, tgt_BxG):
+    tok, pos, tgt, mask = likelihood_slots(tokens, order, m_BxG, tgt_BxG, block)
+    hidden_BxGxD, _ = model.hidden_slots(tok, pos, tgt, mask=mask, query=query_BxG)
+    return model.head(hidden_BxGxD, tgt_BxG)
+
+  return sq, per, (chunks(m_BxPxW), chunks(tgt_BxPxW)), logits_of
+
+
 def order_pass(model: AOGPT, tokens: jax.Array, order: jax.Array, steps: jax.Array,
                prompt: jax.Array | None = None, *, max_steps: int | None = None,
                width: int | None = None, steps_per_pass: int | None = None):
@@ -159,29 +188,10 @@ def order_pass(model: AOGPT, tokens: jax.Array, order: jax.Array, steps: jax.Arr
   for every c; the attention costs (T / c) (n + c W)^2, least at c W = n, so None takes
   c = max(1, n // W): about T passes of 2n slots at W = n, T times `sequence_logp`'s one pass of
   2n (6x6 Sudoku, n = 36 at one cell per step: 36 passes of 72 slots)."""
-  b, n = tokens.shape
-  check_length(model.cfg, n)
-  t, w = int(max_steps or n), int(width or n)
-  prompt = jnp.zeros((b, n), bool) if prompt is None else prompt
-  sq = step_queries(steps, orders_lib.scored_ranks(prompt), t, w)
-  block = prompt_block(model.cfg, jnp.sum(prompt, -1, dtype=jnp.int32))
-  rank_BxTxW = jnp.minimum(sq.start[:, :, None] + jnp.arange(w, dtype=jnp.int32), n - 1)
-  tgt_BxTxW = jnp.where(sq.valid, orders_lib.slot_target(order, rank_BxTxW.reshape(b, -1))
-                        .reshape(b, t, w), NO_TARGET)
-  m_BxTxW = jnp.where(sq.valid, sq.start[:, :, None], 0)
-  per = max(1, min(t, int(steps_per_pass or n // w)))          # steps per pass
-  passes = -(-t // per)
-  pad = lambda x, v: jnp.pad(x, ((0, 0), (0, passes * per - t), (0, 0)), constant_values=v)  # noqa: E731
-  chunks = lambda x: jnp.moveaxis(x.reshape(b, passes, per * w), 1, 0)  # noqa: E731
-
-  def one(args):
-    m_BxG, tgt_BxG = args
-    tok, pos, tgt, mask = likelihood_slots(tokens, order, m_BxG, tgt_BxG, block)
-    query_BxG = jnp.broadcast_to(jnp.arange(n, n + per * w, dtype=jnp.int32), (b, per * w))
-    hidden_BxGxD, _ = model.hidden_slots(tok, pos, tgt, mask=mask, query=query_BxG)
-    return model.head(hidden_BxGxD, tgt_BxG)
-
-  args = (chunks(pad(m_BxTxW, 0)), chunks(pad(tgt_BxTxW, NO_TARGET)))
+  sq, per, args, logits_of = _passes(model, tokens, order, steps, prompt, max_steps, width,
+                                     steps_per_pass)
+  (b, t), w, passes = sq.start.shape, sq.valid.shape[2], args[0].shape[0]
+  one = lambda a: logits_of(*a)  # noqa: E731
   logits = one(jax.tree.map(lambda x: x[0], args))[None] if passes == 1 else jax.lax.map(one, args)
   logits_BxTxWxV = jnp.moveaxis(logits, 0, 1).reshape(b, passes * per, w, -1)[:, :t]
   return logits_BxTxWxV, sq
@@ -245,29 +255,15 @@ def order_scan(model: AOGPT, tokens: jax.Array, order: jax.Array, steps: jax.Arr
   under `jax.checkpoint` (the gradient recomputes a pass instead of keeping its activations).
   Memory: one pass of n + c W slots and O(B T W + B n V) outputs, never the [B, T, W, V]
   logits or every pass's activations; the values and gradients are `order_pass`'s."""
-  b, n = tokens.shape
-  check_length(model.cfg, n)
-  t, w = int(max_steps or n), int(width or n)
-  prompt = jnp.zeros((b, n), bool) if prompt is None else prompt
-  sq = step_queries(steps, orders_lib.scored_ranks(prompt), t, w)
-  per = max(1, min(t, int(steps_per_pass or n // w)))          # steps per pass
-  passes = -(-t // per)
-  start_BxP = jnp.pad(sq.start, ((0, 0), (0, passes * per - t)), constant_values=n)
-  valid_BxPxW = start_BxP[:, :, None] + jnp.arange(w, dtype=jnp.int32) < n
-  rank_BxPxW = jnp.minimum(start_BxP[:, :, None] + jnp.arange(w, dtype=jnp.int32), n - 1)
-  tgt_BxPxW = jnp.where(valid_BxPxW, orders_lib.slot_target(order, rank_BxPxW.reshape(b, -1))
-                        .reshape(b, -1, w), NO_TARGET)
-  m_BxPxW = jnp.where(valid_BxPxW, start_BxP[:, :, None], 0)
-  chunks = lambda x: jnp.moveaxis(x.reshape(b, passes, per * w), 1, 0)  # noqa: E731
-  query_BxG = jnp.broadcast_to(jnp.arange(n, n + per * w, dtype=jnp.int32), (b, per * w))
+  sq, per, (m_PxBxG, tgt_PxBxG), logits_of = _passes(model, tokens, order, steps, prompt,
+                                                     max_steps, width, steps_per_pass)
+  (b, t), w, passes, n = sq.start.shape, sq.valid.shape[2], m_PxBxG.shape[0], tokens.shape[1]
   step_BxN = jnp.maximum(sq.step, 0)
 
   @jax.checkpoint
   def one(args):
     k, m_BxG, tgt_BxG = args
-    tok, pos, tgt, mask = likelihood_slots(tokens, order, m_BxG, tgt_BxG)
-    hidden_BxGxD, _ = model.hidden_slots(tok, pos, tgt, mask=mask, query=query_BxG)
-    logits_BxCxWxV = model.head(hidden_BxGxD, tgt_BxG).reshape(b, per, w, -1)
+    logits_BxCxWxV = logits_of(m_BxG, tgt_BxG).reshape(b, per, w, -1)
     pl_BxCxW = (step_order_logp(logits_BxCxWxV, sq, k * per, order, policy=policy,
                                 policy_temperature=policy_temperature, temperature=temperature)
                 if policy_temperature > 0 else jnp.zeros((b, per, w), jnp.float32))
@@ -283,7 +279,7 @@ def order_scan(model: AOGPT, tokens: jax.Array, order: jax.Array, steps: jax.Arr
 
   v = model.cfg.vocab_size
   acc0 = jnp.zeros((b, n, v), jnp.float32)
-  args = (jnp.arange(passes, dtype=jnp.int32), chunks(m_BxPxW), chunks(tgt_BxPxW))
+  args = (jnp.arange(passes, dtype=jnp.int32), m_PxBxG, tgt_PxBxG)
   rl_BxNxV, pl_PxBxCxW = jax.lax.scan(body, acc0, args)
   pl_BxTxW = jnp.moveaxis(pl_PxBxCxW, 0, 1).reshape(b, passes * per, w)[:, :t]
   olp_BxN = (jnp.where(sq.step >= 0, gather_steps(pl_BxTxW, sq), 0.0) if policy_temperature > 0

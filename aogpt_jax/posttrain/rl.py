@@ -110,6 +110,7 @@ class GRPOAlgorithm:
     self.trainer = grpo.GRPO(model, settings, task=task, reference=reference)
     self.prompts, self.ema_decay, self.seed, self.heldout = prompts, ema_decay, seed, heldout
     self._eval_model = None
+    self._ref_placed = False
     self.mesh = None   # set by the loop (run.run): the batch rows are sharded over it
 
   def init_opt_state(self, params):
@@ -126,6 +127,10 @@ class GRPOAlgorithm:
     if self.mesh is None:
       batch = jax.tree.map(jax.numpy.asarray, batch)
     else:   # the rows over the data axes (build checked that they split evenly)
+      if self.trainer.ref_state is not None and not self._ref_placed:   # replicated, as params
+        self.trainer.ref_state = jax.device_put(self.trainer.ref_state,
+                                                sharding_lib.replicated(self.mesh))
+        self._ref_placed = True
       batch = {k: jax.device_put(v, sharding_lib.batch_sharding(self.mesh, v.ndim))
                for k, v in batch.items()}
     params, opt_state, m = self.trainer.update(params, opt_state, batch)
