@@ -208,6 +208,10 @@ def check_compatible(saved: dict, current: dict, where: str) -> None:
   the current run; logs the fields that differ harmlessly (e.g. learning rate, total_steps)."""
   old = config_lib.flatten(saved["config"])
   new = config_lib.flatten(current["config"])
+  task = new.get("task.name")
+  if task and old.get("task.name") == task:   # a task option left out is at its default
+    for d in (old, new):
+      d["task.options"] = config_lib.task_options_full(task, d.get("task.options"))
   harmless = []
   for key in sorted(set(old) | set(new)):
     a, b = old.get(key, "<absent>"), new.get(key, "<absent>")

@@ -75,6 +75,7 @@ def build(cfg, mc) -> "GRPOAlgorithm":
         raise ConfigError(f"rl.prompts: {prompts} prompts x rl.group_size {settings.group_size} "
                           f"rollouts must split evenly over the {dp} data-parallel devices "
                           f"(mesh.data * mesh.fsdp)")
+    check_sampler(settings, task, mc)
   except ConfigError:
     raise
   except (ValueError, TypeError) as err:
@@ -91,6 +92,26 @@ def build(cfg, mc) -> "GRPOAlgorithm":
   except ValueError as err:
     raise ConfigError(str(err) if str(err).startswith("rl.") else f"rl: {err}") from None
   return algorithm
+
+
+def check_sampler(settings: grpo.GRPOSettings, task, mc) -> None:
+  """The rollouts' and the held-out eval's sampler settings, checked as ``--mode=sample``
+  checks its own, with the ``rl.*`` key that sets each named (not ``sample.*``)."""
+  try:
+    for s in (settings.sample_settings(task.length), eval_settings(settings, task)):
+      s.validate(mc)
+  except ValueError as err:
+    msg = str(err)
+    key = msg.split(":", 1)[0].removeprefix("sample.")
+    if msg.startswith("sample.") and key in GRPO_KEYS:
+      msg = msg.replace("(greedy=True for argmax decoding)", "(the rollouts are drawn at it; "
+                        "the held-out eval decodes greedily)")
+      raise ValueError(f"rl.{msg.removeprefix('sample.')}") from None
+    raise ValueError(f"rl: the rollouts' sampler (rl.method / order / steps / temperature / "
+                     f"policy): {msg}") from None
+
+
+GRPO_KEYS = {f.name for f in dataclasses.fields(grpo.GRPOSettings)}
 
 
 def eval_settings(settings: grpo.GRPOSettings, task):
