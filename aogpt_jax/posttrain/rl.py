@@ -29,6 +29,7 @@ from aogpt_jax.evaluation import solve as solve_lib
 from aogpt_jax.posttrain import grpo
 from aogpt_jax.posttrain import run as run_lib
 from aogpt_jax.posttrain import settings as settings_lib
+from aogpt_jax.sampling import prompts as prompts_lib
 from aogpt_jax.train import sharding as sharding_lib
 
 ConfigError = config_lib.ConfigError
@@ -100,6 +101,11 @@ def check_sampler(settings: grpo.GRPOSettings, task, mc) -> None:
   try:
     for s in (settings.sample_settings(task.length), eval_settings(settings, task)):
       s.validate(mc)
+      if s.method != "ar" and isinstance(s.order, str):
+        try:
+          prompts_lib.check_order(s.order, 1, s.length)
+        except ValueError as err:
+          raise ValueError(f"sample.order: {err}") from None
   except ValueError as err:
     msg = str(err)
     key = msg.split(":", 1)[0].removeprefix("sample.")
