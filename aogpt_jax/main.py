@@ -52,9 +52,9 @@ _VERBOSE = flags.DEFINE_bool("verbose", False, "On an error, show the full trace
                              "one line.")
 _MODE = flags.DEFINE_string("mode", "train", "What to do; one of the keys of MODES.")
 _CHECKPOINT = flags.DEFINE_string(
-    "checkpoint", "", "eval/sample/genppl/solve: load this instead of WORKDIR's checkpoint (published "
-    ".pt, converted folder, hf:OWNER/REPO/PATH from the local HF cache, hf:/local/hub/folder, "
-    "gpt2:DIR (a Hugging Face GPT-2) or l2r:WORKDIR (a model.target=none run), both as AO-GPTs; "
+    "checkpoint", "", "eval/sample/genppl/solve: load this instead of WORKDIR's checkpoint "
+    "(published .pt, converted folder, hf:OWNER/REPO/PATH from the local HF cache, "
+    "hf:/local/hub/folder, gpt2:DIR (a Hugging Face GPT-2) or l2r:WORKDIR (a model.target=none run), both as AO-GPTs; "
     "see aogpt_jax/checkpoints/spec.py); WORKDIR then only receives outputs.")
 
 CHECKPOINT_MODES = ("eval", "sample", "genppl", "solve")   # the modes that take --checkpoint

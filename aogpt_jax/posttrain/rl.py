@@ -30,10 +30,12 @@ from aogpt_jax.posttrain import grpo
 from aogpt_jax.posttrain import run as run_lib
 from aogpt_jax.posttrain import settings as settings_lib
 from aogpt_jax.sampling import prompts as prompts_lib
+from aogpt_jax.sampling import sampler as sampler_lib
 from aogpt_jax.train import sharding as sharding_lib
 
 ConfigError = config_lib.ConfigError
 EVAL_BATCH = 64   # held-out puzzles per sampler batch (the results do not depend on it)
+GRPO_KEYS = {f.name for f in dataclasses.fields(grpo.GRPOSettings)}   # rl.* keys of the sampler
 
 
 def _int(group, key: str, low: int) -> int:
@@ -97,7 +99,10 @@ def build(cfg, mc) -> "GRPOAlgorithm":
 
 def check_sampler(settings: grpo.GRPOSettings, task, mc) -> None:
   """The rollouts' and the held-out eval's sampler settings, checked as ``--mode=sample``
-  checks its own, with the ``rl.*`` key that sets each named (not ``sample.*``)."""
+  checks its own, with the ``rl.*`` key that sets each named (not ``sample.*``). A method that
+  records no log-probabilities is `grpo.GRPOSettings.validate`'s to refuse."""
+  if settings.method not in sampler_lib.LOGP_METHODS:
+    return
   try:
     for s in (settings.sample_settings(task.length), eval_settings(settings, task)):
       s.validate(mc)
@@ -113,11 +118,8 @@ def check_sampler(settings: grpo.GRPOSettings, task, mc) -> None:
       msg = msg.replace("(greedy=True for argmax decoding)", "(the rollouts are drawn at it; "
                         "the held-out eval decodes greedily)")
       raise ValueError(f"rl.{msg.removeprefix('sample.')}") from None
-    raise ValueError(f"rl: the rollouts' sampler (rl.method / order / steps / temperature / "
-                     f"policy): {msg}") from None
-
-
-GRPO_KEYS = {f.name for f in dataclasses.fields(grpo.GRPOSettings)}
+    raise ValueError(f"rl.method: the rollouts' sampler ({settings.method!r}, order "
+                     f"{settings.order!r}, steps {settings.steps}) is refused: {msg}") from None
 
 
 def eval_settings(settings: grpo.GRPOSettings, task):

@@ -426,7 +426,7 @@ def _loop(cfg, trainer, state, start: int, data_iter, ckpt, writer, meta) -> dic
           with progress.paused(), stop.interruptible():   # a stop signal ends the eval at once
             ev = heldout_eval(trainer, state[eval_params], cfg)
         except workdir_lib.StopRequested:
-          stopping, is_eval, ev = True, False, {}
+          stopping, is_eval = True, False
       if is_eval:
         writer.write_scalars(step, ev)
         last.update(ev)
