@@ -317,6 +317,7 @@ def resolve(cfg) -> model_lib.ModelConfig:
     if mc.loss_chunk:
       _fail("model.loss_chunk", f"{mc.loss_chunk}: the chunked loss scores every token; a task "
             f"trains on the tokens after its prompt (set model.loss_chunk=0)")
+    check_task_tokenizer(cfg)
 
   if cfg.seq_len > mc.block_size:
     _fail("seq_len", f"{cfg.seq_len} is longer than model.block_size={mc.block_size}")
@@ -380,6 +381,25 @@ def task_of(cfg):
   if not name:
     return None
   return _make_task(name, json.dumps(task_options(cfg), sort_keys=True))
+
+
+def check_task_tokenizer(cfg) -> None:
+  """A task that reads text with a tokenizer (``task.options.tokenizer``) makes that the run's
+  tokenizer: ``data.tokenizer`` (what config.json records and --mode=sample / eval decode with)
+  must name the same one."""
+  task = task_of(cfg)
+  name = getattr(task, "tokenizer_name", None)
+  if name is not None and str(cfg.data.tokenizer) != name:
+    _fail("data.tokenizer", f"{cfg.data.tokenizer!r}, but the task's rows are in "
+          f"task.options.tokenizer={name!r}; set --config.data.tokenizer={name} (the run's "
+          f"tokenizer: config.json records it and --mode=sample / eval decode with it)")
+
+
+def task_options_full(name: str, options: dict) -> dict:
+  """``options`` of task ``name`` with every option it leaves out at its default (what two
+  configs of one task are compared by)."""
+  from aogpt_jax import tasks  # pylint: disable=g-import-not-at-top
+  return {**tasks.base.defaults(name), **(options or {})}
 
 
 @functools.lru_cache(maxsize=16)

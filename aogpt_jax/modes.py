@@ -27,6 +27,8 @@ import json
 import os
 
 import jax
+import numpy as np
+from absl import logging
 
 from aogpt_jax import config as config_lib
 from aogpt_jax import data
@@ -74,7 +76,10 @@ def _check_run(cfg, workdir: str, key: str) -> None:
     return                        # load_model reports the missing run
   valid = run["model"].get("valid_vocab_size")
   tok = data.get_tokenizer(cfg.data.tokenizer)
-  if config_lib.task_of(cfg) is None and tok.vocab_size != valid:
+  task = config_lib.task_of(cfg)
+  if task is not None and hasattr(task, "tokenizer_name"):
+    config_lib.check_task_tokenizer(cfg)        # a text task: its tokenizer is the run's
+  if (task is None or hasattr(task, "tokenizer_name")) and tok.vocab_size != valid:
     raise ConfigError(f"data.tokenizer: {cfg.data.tokenizer!r} has {tok.vocab_size} ids but the "
                       f"run in {workdir} has {valid}; use the run's tokenizer")
   trained = objectives.get(run.get("objective", "ao"))
@@ -393,7 +398,21 @@ def load_puzzles(task, cfg) -> tuple[dict, dict]:
     puzzles = task.load(src, limit=count or None)
   except (ValueError, OSError) as err:
     raise ConfigError(f"solve.puzzles: {err}") from None
-  return puzzles, {"puzzles": os.path.abspath(src), "count": int(len(puzzles["tokens"]))}
+  rows = len(puzzles["tokens"])
+  repeats = rows - distinct_puzzles(puzzles)
+  if repeats:
+    logging.warning("solve.puzzles: %d of the %d rows of %s repeat an earlier row (the same "
+                    "puzzle and solution): the 95%% interval treats all %d rows as independent "
+                    "puzzles, though only %d differ", repeats, rows, src, rows, rows - repeats)
+  return puzzles, {"puzzles": os.path.abspath(src), "count": int(rows),
+                   "duplicates": int(repeats)}
+
+
+def distinct_puzzles(puzzles: dict) -> int:
+  """How many different rows (tokens and given cells) ``puzzles`` holds."""
+  both = np.concatenate([np.asarray(puzzles["tokens"], np.int64),
+                         np.asarray(puzzles["prompt"], np.int64)], axis=1)
+  return int(len(np.unique(both, axis=0)))
 
 
 def solve_mode(cfg, workdir: str, checkpoint: str = "") -> dict:
@@ -412,15 +431,19 @@ def solve_mode(cfg, workdir: str, checkpoint: str = "") -> dict:
   puzzles, source = load_puzzles(task, cfg)
   if not checkpoint and not os.path.isdir(os.path.join(workdir, "checkpoints")):
     raise FileNotFoundError(f"--workdir: no run in {workdir} (no checkpoints/ folder); pass the "
-                            f"workdir of a trained run, or --checkpoint=SPEC")
+                            f"workdir of a trained run, or --checkpoint=WORKDIR or SPEC to solve "
+                            f"with those weights (the outputs go to --workdir)")
   checkpoint_lib.check_writable(os.path.join(workdir, "solve"), "--workdir", keep=False)
+  run = workdir
+  if checkpoint and os.path.isdir(os.path.join(os.path.expanduser(checkpoint), "checkpoints")):
+    run, checkpoint = os.path.expanduser(checkpoint), ""   # a run's WORKDIR: checked alike
   if checkpoint:
     from aogpt_jax.checkpoints import spec as checkpoint_spec  # pylint: disable=g-import-not-at-top
     m, _, prov = checkpoint_spec.load(checkpoint, cfg.sample.which or None)
   else:
-    _check_task(cfg, workdir)
-    _check_run(cfg, workdir, "sample.method")
-    m, run_cfg = checkpoint_lib.load_model(workdir, which=cfg.sample.which or "ema")
+    _check_task(cfg, run)
+    _check_run(cfg, run, "sample.method")
+    m, run_cfg = checkpoint_lib.load_model(run, which=cfg.sample.which or "ema")
     prov = run_cfg.loaded.to_dict()
   config_lib.follow_objective(cfg)
   if m.cfg.valid_vocab_size != task.vocab_size:
@@ -451,8 +474,11 @@ def _check_task(cfg, workdir: str) -> None:
   run = read_run_config(workdir)
   if run is None:
     return
-  theirs = run.get("task") or {}
+  theirs = dict(run.get("task") or {})
   ours = {"name": str(cfg.task.name), "options": config_lib.task_options(cfg)}
+  if theirs.get("name") == ours["name"]:   # an option left out is at its default
+    theirs["options"] = config_lib.task_options_full(ours["name"], theirs.get("options"))
+    ours["options"] = config_lib.task_options_full(ours["name"], ours["options"])
   for key in ("name", "options"):
     if theirs.get(key, "" if key == "name" else {}) != ours[key]:
       raise ConfigError(f"task.{key}: the run in {workdir} trained with task.{key}="

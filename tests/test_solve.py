@@ -128,15 +128,27 @@ def test_solve_mode_on_a_short_task_run(tmp_path):
   out = np.array([r["output"] for r in rows])
   np.testing.assert_array_equal(out[puzzles["prompt"]], puzzles["tokens"][puzzles["prompt"]])
   assert summary["summary"]["solved"]["count"] == int(task.verify(out, puzzles)["solved"].sum())
-  # A puzzle file in the common format (one puzzle,solution per row).
+  # A puzzle file in the common format (one puzzle,solution per row), saved by Excel (a UTF-8
+  # byte-order mark), with a repeated row and a row with no blank; solved into a workdir with
+  # no run, with --checkpoint=WORKDIR as the error of such a workdir says.
   f = tmp_path / "p.csv"
-  f.write_text("puzzle,solution\n" + "".join(
-      f"{tasks.sudoku.to_string(t, p)},{tasks.sudoku.to_string(t)}\n"
-      for t, p in zip(puzzles["tokens"], puzzles["prompt"])))
+  lines = [f"{tasks.sudoku.to_string(t, p)},{tasks.sudoku.to_string(t)}\n"
+           for t, p in zip(puzzles["tokens"], puzzles["prompt"])]
+  solution = tasks.sudoku.to_string(puzzles["tokens"][0])
+  f.write_text("puzzle,solution\n" + "".join(lines + [lines[0], f"{solution},{solution}\n"]),
+               encoding="utf-8-sig")
+  other = tmp_path / "other"
   trainer_helpers.run(solve + [f"--config.solve.puzzles={f}", "--config.solve.count=0",
-                               "--config.solve.name=file"], tmp_path / "file.log")
-  file_rows = (wd / "solve" / "file.jsonl").read_text().splitlines()
-  assert [json.loads(r)["given"] for r in file_rows] == [r["given"] for r in rows]
+                               "--config.solve.name=file", f"--workdir={other}",
+                               f"--checkpoint={wd}"], tmp_path / "file.log")
+  assert "1 of the 8 rows of" in (tmp_path / "file.log").read_text()
+  file_rows = [json.loads(r) for r in (other / "solve" / "file.jsonl").read_text().splitlines()]
+  assert [r["given"] for r in file_rows[:6]] == [r["given"] for r in rows]
+  assert [r["output"] for r in file_rows[:6]] == [r["output"] for r in rows]  # the same weights
+  assert file_rows[6]["given"] == rows[0]["given"]
+  assert file_rows[7]["solved"] and file_rows[7]["first_error_rank"] == -1   # nothing to fill
+  summary = json.loads((other / "solve" / "file.json").read_text())
+  assert summary["provenance"]["duplicates"] == 1 and summary["provenance"]["model"]["step"] == 4
   # Another task than the run's: one line.
   bad = pathlib.Path(tmp_path / "bad.log")
   p = trainer_helpers.start(solve + ["--config.task.options.max_givens=20"], bad)

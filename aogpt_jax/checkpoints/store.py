@@ -208,6 +208,10 @@ def check_compatible(saved: dict, current: dict, where: str) -> None:
   the current run; logs the fields that differ harmlessly (e.g. learning rate, total_steps)."""
   old = config_lib.flatten(saved["config"])
   new = config_lib.flatten(current["config"])
+  task = new.get("task.name")
+  if task and old.get("task.name") == task:   # a task option left out is at its default
+    for d in (old, new):
+      d["task.options"] = config_lib.task_options_full(task, d.get("task.options"))
   harmless = []
   for key in sorted(set(old) | set(new)):
     a, b = old.get(key, "<absent>"), new.get(key, "<absent>")
@@ -312,6 +316,8 @@ class Checkpointer:
         yield
     except Exception as e:  # noqa: BLE001 - orbax wraps the OSError in several layers
       self._saving, self._failed = None, True
+      _quiet_failed_futures()
+      removed = self._remove_partial(step)
       root = _root(e)
       why = getattr(root, "strerror", None) or getattr(e, "strerror", None) or one_line(root)
       if "No space left on device" in why:   # tensorstore's ValueError says it at the end
@@ -319,7 +325,19 @@ class Checkpointer:
       raise CheckpointSaveError(
           f"checkpoint: saving step {step} to {self.directory} failed ({why}); the steps "
           f"saved before it are intact ({self.last_saved if self.last_saved is not None else 'none'}"
-          f" is the newest); free space or fix the folder, then rerun to resume") from e
+          f" is the newest){removed}; free space or fix the folder, then rerun to resume"
+      ) from e
+
+  def _remove_partial(self, step: int | None) -> str:
+    """Removes the temporary folder of the failed save of ``step`` (on a full disk it holds the
+    space the resume needs); returns what the error adds about it."""
+    if step is None or jax.process_index() != 0:
+      return ""
+    removed = []
+    for tmp in self.directory.glob(f"{step}{_ORBAX_TMP_SUFFIX}*"):
+      shutil.rmtree(tmp, ignore_errors=True)
+      removed.append(tmp.name)
+    return f"; its partial folder {', '.join(removed)} was removed" if removed else ""
 
   def restore_latest(self, abstract_state: dict, data_iter, meta: dict):
     """``(step, state)`` from the newest readable compatible checkpoint (the data iterator is
@@ -408,6 +426,22 @@ def _newest_readable(manager, directory, read: Callable[[int], Any],
     return _try_newest(manager, directory, read, on_failure)
 
 
+class _FailedFutures(logging.Filter):
+  """asyncio's "Future exception was never retrieved" reports of a failed save's background
+  writes (one per array), each with a traceback: the save's one error line says it all."""
+
+  def filter(self, record) -> bool:
+    return "exception was never retrieved" not in str(record.msg)
+
+
+def _quiet_failed_futures() -> None:
+  """After a save failed: asyncio's reports of its abandoned writes are dropped (for the rest of
+  the process, which ends with the save's error; they arrive when the futures are collected)."""
+  log = logging.getLogger("asyncio")
+  if not any(isinstance(f, _FailedFutures) for f in log.filters):
+    log.addFilter(_FailedFutures())
+
+
 class _quiet_unraisable:  # pylint: disable=invalid-name
   """Counts, instead of printing, the "Exception ignored in ..." reports of orbax / tensorstore
   objects collected after a failed read (hundreds of lines per corrupt checkpoint otherwise);
@@ -434,9 +468,9 @@ class _quiet_unraisable:  # pylint: disable=invalid-name
   def __exit__(self, *exc):
     gc.collect()
     sys.unraisablehook = self.previous
-    if self.dropped:
-      logging.info("dropped %d 'Exception ignored' reports of orbax after a failed read",
-                   self.dropped)
+    if self.dropped:   # WORKDIR/train.log only (main.py): the failure itself was reported
+      logging.info("dropped %d 'Exception ignored' reports of orbax after a failed read or save",
+                   self.dropped, extra={"file_only": True})
     return False
 
 

@@ -133,6 +133,8 @@ def early_errors(out_RxN, ref_RxN, given_RxN, order_RxN) -> tuple[np.ndarray, np
   correct = np.where(inside, np.take_along_axis(right_RxN, np.minimum(cols, given_RxN.shape[1]
                                                                       - 1), axis=1), False)
   wrong = inside & ~correct
+  if not a:       # every cell given (a solved puzzle): no answer cell to get wrong
+    return correct, np.full(len(m_R), -1)
   first = np.where(wrong.any(axis=1), wrong.argmax(axis=1), -1)
   return correct, first
 

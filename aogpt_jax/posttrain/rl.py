@@ -29,10 +29,13 @@ from aogpt_jax.evaluation import solve as solve_lib
 from aogpt_jax.posttrain import grpo
 from aogpt_jax.posttrain import run as run_lib
 from aogpt_jax.posttrain import settings as settings_lib
+from aogpt_jax.sampling import prompts as prompts_lib
+from aogpt_jax.sampling import sampler as sampler_lib
 from aogpt_jax.train import sharding as sharding_lib
 
 ConfigError = config_lib.ConfigError
 EVAL_BATCH = 64   # held-out puzzles per sampler batch (the results do not depend on it)
+GRPO_KEYS = {f.name for f in dataclasses.fields(grpo.GRPOSettings)}   # rl.* keys of the sampler
 
 
 def _int(group, key: str, low: int) -> int:
@@ -75,6 +78,7 @@ def build(cfg, mc) -> "GRPOAlgorithm":
         raise ConfigError(f"rl.prompts: {prompts} prompts x rl.group_size {settings.group_size} "
                           f"rollouts must split evenly over the {dp} data-parallel devices "
                           f"(mesh.data * mesh.fsdp)")
+    check_sampler(settings, task, mc)
   except ConfigError:
     raise
   except (ValueError, TypeError) as err:
@@ -91,6 +95,31 @@ def build(cfg, mc) -> "GRPOAlgorithm":
   except ValueError as err:
     raise ConfigError(str(err) if str(err).startswith("rl.") else f"rl: {err}") from None
   return algorithm
+
+
+def check_sampler(settings: grpo.GRPOSettings, task, mc) -> None:
+  """The rollouts' and the held-out eval's sampler settings, checked as ``--mode=sample``
+  checks its own, with the ``rl.*`` key that sets each named (not ``sample.*``). A method that
+  records no log-probabilities is `grpo.GRPOSettings.validate`'s to refuse."""
+  if settings.method not in sampler_lib.LOGP_METHODS:
+    return
+  try:
+    for s in (settings.sample_settings(task.length), eval_settings(settings, task)):
+      s.validate(mc)
+      if s.method != "ar" and isinstance(s.order, str):
+        try:
+          prompts_lib.check_order(s.order, 1, s.length)
+        except ValueError as err:
+          raise ValueError(f"sample.order: {err}") from None
+  except ValueError as err:
+    msg = str(err)
+    key = msg.split(":", 1)[0].removeprefix("sample.")
+    if msg.startswith("sample.") and key in GRPO_KEYS:
+      msg = msg.replace("(greedy=True for argmax decoding)", "(the rollouts are drawn at it; "
+                        "the held-out eval decodes greedily)")
+      raise ValueError(f"rl.{msg.removeprefix('sample.')}") from None
+    raise ValueError(f"rl.method: the rollouts' sampler ({settings.method!r}, order "
+                     f"{settings.order!r}, steps {settings.steps}) is refused: {msg}") from None
 
 
 def eval_settings(settings: grpo.GRPOSettings, task):

@@ -20,6 +20,7 @@ held-out ones, so no instance (and no puzzle made from one) is in both.
 """
 
 import inspect
+import io
 import zlib
 
 import numpy as np
@@ -55,6 +56,15 @@ def make(name: str, **options) -> "Task":
       raise ValueError(f"task {name!r}: unknown option {key}={options[key]!r}; expected one of "
                        f"{', '.join(known)}")
   return cls(**options)
+
+
+def defaults(name: str) -> dict:
+  """Every option of task ``name`` with its default (the keys a config's ``task.options`` can
+  set; ``make(name, **defaults(name) | options)`` is ``make(name, **options)``)."""
+  if name not in REGISTRY:
+    return {}
+  return {k: p.default for k, p in inspect.signature(REGISTRY[name].__init__).parameters.items()
+          if k != "self" and p.default is not inspect.Parameter.empty}
 
 
 def heldout_mask(keys: np.ndarray, frac: float) -> np.ndarray:
@@ -136,6 +146,24 @@ class Task:
     free = (~prompt).sum(1)
     acc = np.where(free > 0, (same & ~prompt).sum(1) / np.maximum(free, 1), 1.0)
     return acc.astype(np.float64), (same | ~prompt).all(1)
+
+
+def open_text(path: str, newline: str | None = None) -> io.StringIO:
+  """A UTF-8 text file as a stream of lines (a byte-order mark, as Excel's "CSV UTF-8" writes,
+  dropped); bytes that are not UTF-8 are a one-line ValueError naming the file, the line and
+  the column."""
+  with open(path, "rb") as f:
+    raw = f.read()
+  try:
+    text = raw.decode("utf-8-sig")
+  except UnicodeDecodeError as e:
+    bom = 3 if raw.startswith(b"\xef\xbb\xbf") else 0
+    start = bom + e.start
+    line = raw.count(b"\n", 0, start) + 1
+    column = start - (raw.rfind(b"\n", 0, start) + 1) + 1
+    raise ValueError(f"{path}: line {line}: byte 0x{raw[start]:02x} at column {column} is not "
+                     f"UTF-8; expected a UTF-8 text file (re-save it as UTF-8)") from None
+  return io.StringIO(text, newline=newline)
 
 
 def seeds(*parts: int) -> np.random.Generator:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import shlex
 import signal
 import sys
@@ -279,19 +280,36 @@ def load_init(cfg, model_cfg):
   against the run's model field for field (`from_gpt.FUNCTION_FIELDS`) before anything
   compiles."""
   from aogpt_jax.checkpoints import from_gpt  # pylint: disable=g-import-not-at-top
-  from aogpt_jax.checkpoints import spec as spec_lib  # pylint: disable=g-import-not-at-top
   spec = str(cfg.train.init_from)
-  try:
-    m, _ = spec_lib.load_any(spec)
-  except (ValueError, OSError) as err:
-    msg = str(err).splitlines()[0] if str(err) else type(err).__name__
-    raise config_lib.ConfigError(f"train.init_from: {msg}") from None
+  m = load_spec(spec, "train.init_from")
   diff = [f"model.{f}={getattr(m.cfg, f)!r} (the run has {getattr(model_cfg, f)!r})"
           for f in from_gpt.FUNCTION_FIELDS if getattr(m.cfg, f) != getattr(model_cfg, f)]
   if diff:
     raise config_lib.ConfigError(
         f"train.init_from: {spec} is a different model: {'; '.join(diff)}; set those model.* "
         f"fields (a2o configs: configs/a2o_gpt2_small.py)")
+  return m
+
+
+def load_spec(spec: str, key: str):
+  """The model of a WORKDIR or SPEC that config key ``key`` names (``train.init_from``,
+  ``rl.reference``, ...); a read error is one `ConfigError` naming ``key`` (not --checkpoint,
+  which the user did not type)."""
+  from aogpt_jax.checkpoints import from_gpt  # pylint: disable=g-import-not-at-top
+  from aogpt_jax.checkpoints import spec as spec_lib  # pylint: disable=g-import-not-at-top
+  try:
+    m, _ = spec_lib.load_any(spec)
+  except (ValueError, OSError) as err:
+    msg = str(err).splitlines()[0] if str(err) else type(err).__name__
+    prefixed = spec.startswith("hf:") or from_gpt.is_spec(spec)
+    if not prefixed and not os.path.exists(os.path.expanduser(spec)):
+      msg = ("no such folder or file; expected the WORKDIR of a trained run (train one there "
+             "first) or a model SPEC: a published .pt, a converted folder, hf:OWNER/REPO/PATH, "
+             "gpt2:DIR or causal:DIR")
+    else:
+      msg = msg.removeprefix(f"--checkpoint={spec}: ")
+    raise config_lib.ConfigError(f"{key}: {spec}: {msg.replace('--checkpoint=', '')}"
+                                 ) from None
   return m
 
 
@@ -404,8 +422,12 @@ def _loop(cfg, trainer, state, start: int, data_iter, ckpt, writer, meta) -> dic
           logging.info("%s", _progress_line(step, total, scalars, eta))
         window = _Window()
       if is_eval:
-        with progress.paused():
-          ev = heldout_eval(trainer, state[eval_params], cfg)
+        try:
+          with progress.paused(), stop.interruptible():   # a stop signal ends the eval at once
+            ev = heldout_eval(trainer, state[eval_params], cfg)
+        except workdir_lib.StopRequested:
+          stopping, is_eval = True, False
+      if is_eval:
         writer.write_scalars(step, ev)
         last.update(ev)
         if is_main:
