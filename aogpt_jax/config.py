@@ -272,7 +272,9 @@ def model_config(cfg) -> model_lib.ModelConfig:
       raise ConfigError(str(e)) from None
     what = f"tokenizer {cfg.data.tokenizer!r}"
   overrides = {k: v for k, v in cfg.model.items() if k != "preset" and v is not None}
-  derived = {"valid_vocab_size": ids, "vocab_size": data.padded_vocab_size(ids)}
+  # the encoder MDM's [MASK] is the first padding id: it needs one (ids a multiple of 64)
+  mask_id = 1 if cfg.get("objective", "ao") == "mdm" else 0
+  derived = {"valid_vocab_size": ids, "vocab_size": data.padded_vocab_size(ids + mask_id)}
   for k in _DERIVED_MODEL_FIELDS:
     overrides.setdefault(k, derived[k])
   if overrides["valid_vocab_size"] < ids:

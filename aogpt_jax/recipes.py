@@ -14,8 +14,9 @@
 * `a2o_gpt2_small()` / `a2o_tiny()`: adapting a left-to-right model (GPT-2 Small; the tiny
   ``configs/gpt2_small.py:tiny`` run) to every order (`adapt`).
 * `task(name, options, ...)`: training on a puzzle task (configs/sudoku.py, configs/star_graph.py):
-  AO-GPT on the given cells (`TASK_VARIANTS`: ``l2r``, the left-to-right baseline of the same
-  size, and ``mdm``, the encoder-only MDM), at one accelerator's size or, with ``tiny``, a CPU's.
+  AO-GPT on the given cells with a bidirectional prompt (`TASK_VARIANTS`: ``l2r``, the
+  left-to-right baseline of the same size, and ``mdm``, the encoder-only MDM), at one
+  accelerator's size or, with ``tiny``, a CPU's.
 * `from_arg(arg, base, variants)`: parses a config file's ``:variant,tiny`` argument.
 """
 
@@ -189,8 +190,9 @@ def task(name: str, options: dict[str, Any], *, tiny_options: dict[str, Any],
          model: dict[str, Any], tiny_model: dict[str, Any], steps: int, tiny_steps: int,
          arg: str | None) -> config_dict.ConfigDict:
   """A run on the puzzle task ``name`` (aogpt_jax/tasks): AO-GPT with the paper's order mixture
-  (10% left to right) over the cells after the givens, which come first in every order and are
-  not scored. ``arg``: a config file's ``:VARIANT,tiny`` (`TASK_VARIANTS`); ``tiny`` takes
+  (10% left to right) over the cells after the givens, which come first in every order, are
+  not scored and attend to each other both ways (``model.prompt_attention='bidirectional'``;
+  the ``mdm`` variant: 'causal', the encoder being bidirectional already). ``arg``: a config file's ``:VARIANT,tiny`` (`TASK_VARIANTS`); ``tiny`` takes
   ``tiny_options`` / ``tiny_model`` / ``tiny_steps``, the CPU size, else ``options`` / ``model`` /
   ``steps``, the size for one accelerator. Solving (``--mode=solve``) defaults to greedy
   adaptive decoding (``max_prob``), one cell per step."""
@@ -207,6 +209,9 @@ def task(name: str, options: dict[str, Any], *, tiny_options: dict[str, Any],
   apply(c, {"model.preset": "tiny", "model.block_size": t.length, "seq_len": t.length})
   apply(c, {f"model.{k}": v for k, v in (tiny_model if small else model).items()})
   apply(c, {
+      # the givens (edges, a question) attend both ways; the answer stays causal in the order
+      # (docs/tasks.md, "Reasoning like the encoder"; the MDM variant keeps 'causal')
+      "model.prompt_attention": "bidirectional",
       "task.name": name, "task.options": t.options(), "task.heldout_count": 256,
       "order.name": AO_GPT_ORDER[0], "order.kwargs": dict(AO_GPT_ORDER[1]),
       "batch_size": 64 if small else 256, "total_steps": tiny_steps if small else steps,
@@ -254,7 +259,7 @@ TASK_VARIANTS: dict[str, dict[str, Any]] = {
     "l2r": {"order.name": "l2r", "order.kwargs": {}, "sample.method": "diffusion",
             "sample.order": "l2r"},
     # The encoder-only masked diffusion model (LLaDA / Dream / Kim et al.'s architecture).
-    "mdm": {"objective": "mdm", "model.target": "none"},
+    "mdm": {"objective": "mdm", "model.target": "none", "model.prompt_attention": "causal"},
 }
 
 
