@@ -117,7 +117,12 @@ def solve(model, task, puzzles: dict, settings: sampler_lib.SampleSettings, *,
   out_RxN = np.concatenate(outs)
   order_RxN = np.concatenate(order_parts)
   steps_R = np.concatenate(steps_parts)
-  verdict = task.verify(out_RxN, {"tokens": ref_RxN, "prompt": given_RxN})
+  try:
+    verdict = task.verify(out_RxN, {"tokens": ref_RxN, "prompt": given_RxN})
+  except Exception as e:  # noqa: BLE001 - a task's verifier may raise anything
+    msg = (str(e).strip().splitlines() or [repr(e)])[0]
+    raise ValueError(f"task {task.name!r}: its verifier raised {type(e).__name__}: {msg} on the "
+                     f"model's outputs") from e
   wall = float(sum(times))
   return _result(task, ref_RxN, given_RxN, out_RxN, order_RxN, steps_R, verdict, wall, settings)
 

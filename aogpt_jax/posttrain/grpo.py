@@ -52,7 +52,8 @@ verifier). A user reward, worked example (the fraction of answer cells that are 
       metrics = trainer.step(jax.random.key(i), trainer.task_prompts(seed=0, index=i))
     # metrics["reward"]: the batch's mean reward before the update; the model is updated in place
 
-(or pass the function itself: ``GRPOSettings(reward=zeros)``).
+(or pass the function itself: ``GRPOSettings(reward=zeros)``; from the command line,
+``--config.rl.reward=MODULE:FUNCTION`` imports it from a module of one's own).
 
 Shape suffixes: G rollouts per prompt, P prompts, R = P G rollouts, N sequence length n, V vocab.
 """
@@ -83,12 +84,20 @@ def register_reward(name: str) -> Callable[[RewardFn], RewardFn]:
   """Registers ``fn(tokens, puzzles, task) -> float [R]`` as reward ``name``."""
 
   def deco(fn: RewardFn) -> RewardFn:
-    if name in REWARDS:
+    old = REWARDS.get(name)
+    if old is not None and _origin(old) != _origin(fn):   # the same function re-imported: fine
       raise ValueError(f"grpo reward {name!r} is already registered")
     REWARDS[name] = fn
     return fn
 
   return deco
+
+
+def _origin(fn) -> tuple:
+  code = getattr(fn, "__code__", None)
+  return (getattr(fn, "__qualname__", None),
+          code.co_filename if code is not None else getattr(fn, "__module__", None), id(fn)
+          if code is None else None)
 
 
 def _verified(field: str) -> RewardFn:
@@ -105,11 +114,26 @@ register_reward("cell_accuracy")(_verified("cell_accuracy"))
 
 
 def get_reward(reward: str | RewardFn) -> RewardFn:
+  """A reward function: ``reward`` itself when callable, a `REWARDS` name, or ``MODULE:FUNCTION``
+  (a dotted module name or a .py file, imported as ``task.module`` is: `tasks.import_module`)."""
   if callable(reward):
     return reward
+  if isinstance(reward, str) and ":" in reward and reward not in REWARDS:
+    from aogpt_jax import tasks  # pylint: disable=g-import-not-at-top
+    module_name, _, fn_name = reward.rpartition(":")
+    try:
+      module = tasks.import_module(module_name)
+    except ValueError as e:
+      raise ValueError(f"rl.reward: {reward!r}: {str(e).removeprefix('task.module: ')}") from e
+    fn = getattr(module, fn_name, None)
+    if not callable(fn):
+      raise ValueError(f"rl.reward: {reward!r}: {module_name} has no function {fn_name!r}; "
+                       f"expected MODULE:FUNCTION with FUNCTION(tokens, puzzles, task) -> [R]")
+    return fn
   if reward not in REWARDS:
     raise ValueError(f"rl.reward: unknown reward {reward!r}; expected one of "
-                     f"{', '.join(sorted(REWARDS))} or a function (tokens, puzzles, task) -> [R]")
+                     f"{', '.join(sorted(REWARDS))}, MODULE:FUNCTION or a function (tokens, "
+                     f"puzzles, task) -> [R]")
   return REWARDS[reward]
 
 

@@ -170,5 +170,6 @@ class GRPOAlgorithm:
 def rl_mode(cfg, workdir: str) -> dict[str, float]:
   """``--mode=rl``: GRPO from ``train.init_from`` with the ``rl`` group (module docstring)."""
   mc = config_lib.resolve(cfg)
+  config_lib.check_task(cfg)   # a task's rows and verifier, before anything loads or compiles
   algorithm = build(cfg, mc)
   return run_lib.run(cfg, workdir, algorithm, mc=mc, mode="rl")
