@@ -157,6 +157,21 @@ def test_the_module_is_found_again_from_the_runs_config_json(toy, tmp_path):
   assert config_lib.task_module_of_run(other, str(run)) == "" and other.task.module == ""
 
 
+def test_loading_a_run_imports_its_task_module(toy, caplog):
+  """What `aogpt_jax.load` / `store.load_model` do with a run's config: its task.module imported,
+  so tasks.make finds the task; a module gone since is a warning (the weights still load)."""
+  from ml_collections import config_dict  # pylint: disable=g-import-not-at-top
+  from aogpt_jax.checkpoints import store  # pylint: disable=g-import-not-at-top
+  assert toy not in tasks.names()
+  store._import_task_module(config_dict.ConfigDict(  # noqa: SLF001
+      {"task": {"name": toy, "module": "my_tasks"}}))
+  assert tasks.make(toy).length == 4
+  with caplog.at_level(logging.WARNING):
+    store._import_task_module(config_dict.ConfigDict(  # noqa: SLF001
+        {"task": {"name": "gone", "module": "gone_tasks"}}))
+  assert "no module named 'gone_tasks'" in caplog.text and "'gone' cannot be made" in caplog.text
+
+
 def test_reward_from_module_colon_function():
   fn = grpo.get_reward(f"{EXAMPLE}:in_order")
   tokens = np.array([[3, 1, 1, 3], [3, 1, 3, 1]])
