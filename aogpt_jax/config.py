@@ -386,9 +386,7 @@ def import_task_module(cfg) -> None:
     tasks.import_modules(spec)
   except ValueError as e:
     raise ConfigError(str(e)) from e
-  parts = [s.strip() for s in spec.split(",") if s.strip()]
-  full = ",".join(os.path.abspath(os.path.expanduser(s)) if s.endswith(".py") or os.sep in s
-                  else s for s in parts)
+  full = tasks.base.canonical(spec)
   if full != spec:   # a .py file by its absolute path: a resume from another folder finds it
     group.module = full
 

@@ -73,7 +73,7 @@ def import_module(spec: str):
   no-op. Returns the module; a missing module or an error inside it is a one-line ValueError
   naming ``task.module`` (its cause keeps the traceback)."""
   spec = str(spec).strip()
-  if spec.endswith(".py") or os.sep in spec:
+  if _is_path(spec):
     path = os.path.realpath(os.path.expanduser(spec))
     if not os.path.isfile(path):
       raise ValueError(f"task.module: no such file {spec!r}; expected a .py file or a dotted "
@@ -109,6 +109,17 @@ def import_module(spec: str):
 def import_modules(specs: str) -> list:
   """`import_module` of each comma-separated entry of ``specs`` ("" = none)."""
   return [import_module(s) for s in str(specs or "").split(",") if s.strip()]
+
+
+def _is_path(spec: str) -> bool:
+  return spec.endswith(".py") or os.sep in spec
+
+
+def canonical(specs: str) -> str:
+  """``specs`` (comma-separated) with each .py file as its absolute path (what a run records,
+  so that a resume from another folder imports the same file)."""
+  parts = [s.strip() for s in str(specs or "").split(",") if s.strip()]
+  return ",".join(os.path.abspath(os.path.expanduser(s)) if _is_path(s) else s for s in parts)
 
 
 def _first_line(e: BaseException) -> str:
