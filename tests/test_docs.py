@@ -272,6 +272,8 @@ def test_documented_commands(page, quickstart):
       assert json.loads((root / run / "config.json").read_text())["task"]["module"] == module
     assert json.loads((root / "sort" / "solve" / "solve.json").read_text())["summary"]["task"] == (
         "sort")
+    rl = json.loads((root / "sort_rl" / "config.json").read_text())["rl"]
+    assert rl["reward"] == f"{module}:in_order" and rl["steps"] == 12   # steps: the task's length
 
 
 # A shortened quickstart: every kind of console line the full run prints, in seconds.

@@ -29,6 +29,7 @@ from aogpt_jax.evaluation import solve as solve_lib
 from aogpt_jax.posttrain import grpo
 from aogpt_jax.posttrain import run as run_lib
 from aogpt_jax.posttrain import settings as settings_lib
+from aogpt_jax.tasks import base as tasks_base
 from aogpt_jax.train import sharding as sharding_lib
 
 ConfigError = config_lib.ConfigError
@@ -61,6 +62,9 @@ def build(cfg, mc) -> "GRPOAlgorithm":
     raise ConfigError("task.name: --mode=rl needs a task (its training puzzles are the prompts "
                       "and its verifier the reward); configs/rl_sudoku.py sets one")
   rl = cfg.rl
+  if isinstance(rl.reward, str) and ":" in rl.reward.strip(":"):   # MODULE:FUNCTION, recorded
+    module, _, fn = rl.reward.rpartition(":")                      # with a .py file absolute
+    rl.reward = f"{tasks_base.canonical(module)}:{fn}"
   prompts = _int(rl, "prompts", 1)
   d = run_lib.check_ema_decay(rl.ema_decay, "rl.ema_decay")
   try:
