@@ -19,7 +19,6 @@ from aogpt_jax import modes
 from aogpt_jax import recipes
 from aogpt_jax import tasks
 from aogpt_jax.posttrain import grpo
-from tests.helpers import trainer as trainer_helpers
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 EXAMPLE = REPO / "examples" / "sort_task.py"
@@ -258,28 +257,62 @@ def test_a_misspelt_key_of_a_config_that_defines_its_task_gets_the_hint(tmp_path
   assert line == "--config.task.nmae: no config key 'task.nmae'; did you mean --config.task.name?"
 
 
-# ---------------------------------------------------------------------------- the run
+# ---------------------------------------------------------------------------- the run loops
 
 
-def test_the_checkpoint_is_written_before_the_final_eval(toy, tmp_path, monkeypatch):
-  """A final eval that fails loses no trained step. (The route through train, solve, rl and dpo
-  from the command line is docs/tasks.md's "Your own task", run by test_docs.py.)"""
-  from aogpt_jax.train import loop as train_loop  # pylint: disable=g-import-not-at-top
+class _Checkpointer:
+  """Stands in for `store.Checkpointer`: records each save in ``events``."""
 
-  def failing_eval(*args, **kwargs):
+  def __init__(self, events, directory):
+    self.events, self.directory, self.last_saved = events, directory, None
+
+  def check(self):
+    pass
+
+  def wait(self):
+    pass
+
+  def save(self, step, state, data_iter, meta):
+    self.events.append(("save", step))
+
+
+class _Writer:
+  def write_scalars(self, step, scalars):
+    pass
+
+  def flush(self):
+    pass
+
+
+def _failing_eval(events):
+  def fn(*args, **kwargs):
+    events.append("eval")
     raise RuntimeError("the eval broke")
+  return fn
 
-  monkeypatch.setattr(train_loop, "heldout_eval", failing_eval)
-  cfg = recipes.apply(_cfg(toy), {"total_steps": 2, "log_every": 1, "eval_every": 0,
-                                  "checkpoint_every": 0})
+
+def test_training_saves_before_its_final_eval(tmp_path, monkeypatch):
+  """The training loop (`train.loop._loop`) with a stand-in step, checkpointer and writer: the
+  last step is saved before the eval that fails, so no trained step is lost."""
+  from ml_collections import config_dict  # pylint: disable=g-import-not-at-top
+  from aogpt_jax.model import aogpt as model_lib  # pylint: disable=g-import-not-at-top
+  from aogpt_jax.train import loop as train_loop  # pylint: disable=g-import-not-at-top
+  events = []
+  m = {"nll_sum": 1.0, "token_count": 1.0, "grad_norm": 1.0, "param_norm": 1.0, "lr": 1e-3}
+  monkeypatch.setattr(train_loop.sharding_lib, "global_batch", lambda local, mesh: local)
+  monkeypatch.setattr(train_loop, "_compile_step", lambda *a: lambda state, batch: (state, m))
+  monkeypatch.setattr(train_loop, "heldout_eval", _failing_eval(events))
+  trainer = type("Trainer", (), {"model_cfg": model_lib.preset("tiny"), "mesh": None})()
+  cfg = config_dict.ConfigDict(dict(total_steps=2, batch_size=2, seq_len=4, microbatches=1,
+                                    log_every=1, eval_every=0, checkpoint_every=0))
   with pytest.raises(RuntimeError, match="the eval broke"):
-    train_loop.train(cfg, str(tmp_path / "run"))
-  assert trainer_helpers.checkpoint_steps(tmp_path / "run") == [2]
+    train_loop._loop(cfg, trainer, {"params": {}}, 0, iter(dict, None),  # noqa: SLF001
+                     _Checkpointer(events, tmp_path), _Writer(), {})
+  assert events == [("save", 2), "eval"]
 
 
 def test_a_post_training_run_saves_before_its_final_eval(tmp_path):
-  """The post-training loop (`posttrain.run`) with a stand-in algorithm, checkpointer and writer:
-  the last update is saved before the eval that fails."""
+  """The post-training loop (`posttrain.run._loop`) the same way, with a stand-in algorithm."""
   import jax  # pylint: disable=g-import-not-at-top
   from ml_collections import config_dict  # pylint: disable=g-import-not-at-top
   from aogpt_jax.posttrain import run as run_lib  # pylint: disable=g-import-not-at-top
@@ -287,38 +320,17 @@ def test_a_post_training_run_saves_before_its_final_eval(tmp_path):
 
   class Algorithm:
     name, ema_decay = "rl", 0.0
+    evaluate = staticmethod(_failing_eval(events))
 
     def update(self, params, opt_state, step, key):
       return params, opt_state, {"loss": 0.0, "grad_norm": 0.0}
 
-    def evaluate(self, params):
-      events.append("eval")
-      raise RuntimeError("the eval broke")
-
     def progress(self, means):
       return ""
-
-  class Checkpointer:
-    last_saved, directory = None, tmp_path
-
-    def check(self):
-      pass
-
-    def wait(self):
-      pass
-
-    def save(self, step, state, data_iter, meta):
-      events.append(("save", step))
-
-  class Writer:
-    def write_scalars(self, step, scalars):
-      pass
-
-    def flush(self):
-      pass
 
   cfg = config_dict.ConfigDict(dict(total_steps=2, log_every=1, eval_every=0, checkpoint_every=0))
   state = {"params": {}, "opt_state": {}, "rng": jax.random.PRNGKey(0), "step": 0}
   with pytest.raises(RuntimeError, match="the eval broke"):
-    run_lib._loop(cfg, Algorithm(), state, 0, Checkpointer(), Writer(), {})  # noqa: SLF001
+    run_lib._loop(cfg, Algorithm(), state, 0, _Checkpointer(events, tmp_path), _Writer(),  # noqa: SLF001
+                  {})
   assert events == [("save", 2), "eval"]
