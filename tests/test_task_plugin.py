@@ -176,6 +176,18 @@ def test_reward_from_module_colon_function():
   tokens = np.array([[3, 1, 1, 3], [3, 1, 3, 1]])
   task = type("T", (), {"digits": 2})()
   np.testing.assert_allclose(fn(tokens, None, task), [1.0, 0.0])
+  # A reward registered by a module imported again (a config file loaded twice): not an error;
+  # another function under a taken name is.
+  src = "def r(tokens, puzzles, task):\n  return tokens[:, 0] * 0.0\n"
+  try:
+    for _ in range(2):
+      ns = {}
+      exec(compile(src, str(REPO / "my_rewards.py"), "exec"), ns)  # noqa: S102
+      grpo.register_reward("again")(ns["r"])
+    with pytest.raises(ValueError, match="grpo reward 'again' is already registered"):
+      grpo.register_reward("again")(lambda tokens, puzzles, task: tokens[:, 0])
+  finally:
+    grpo.REWARDS.pop("again", None)
   for reward, want in ((f"{EXAMPLE}:nope", "has no function 'nope'"),
                        ("no_such_mod:f", "no module named 'no_such_mod'")):
     with pytest.raises(ValueError) as e:

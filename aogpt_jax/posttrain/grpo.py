@@ -94,10 +94,9 @@ def register_reward(name: str) -> Callable[[RewardFn], RewardFn]:
 
 
 def _origin(fn) -> tuple:
+  """(qualified name, file) of a function: the same for one whose module was imported again."""
   code = getattr(fn, "__code__", None)
-  return (getattr(fn, "__qualname__", None),
-          code.co_filename if code is not None else getattr(fn, "__module__", None), id(fn)
-          if code is None else None)
+  return (fn, None) if code is None else (fn.__qualname__, code.co_filename)
 
 
 def _verified(field: str) -> RewardFn:
