@@ -18,8 +18,8 @@ given cells) and a rule-based checker. Every task has:
 
 A task of one's own lives in any module that registers it (``@register("name")``); a run names the
 module in ``task.module`` (`import_module`: a dotted name or a .py file), so every mode and
-``aogpt_jax.load`` import it before the task is looked up. `check_rows` is what the runs check on
-one training batch and the held-out rows before the first step.
+``aogpt_jax.load`` import it before the task is looked up. `check_task` is what the runs check on
+the first training batch and the held-out rows before the first step.
 
 The split: each instance has canonical bytes (a sudoku's solution grid; a star graph's edge set
 and center), bucketed by ``zlib.crc32(bytes) % 2**20``; it is held out iff the bucket is below
