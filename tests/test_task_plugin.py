@@ -188,6 +188,17 @@ def test_reward_from_module_colon_function():
       grpo.register_reward("again")(lambda tokens, puzzles, task: tokens[:, 0])
   finally:
     grpo.REWARDS.pop("again", None)
+  # A reward that raises, or gives another shape: one line (up front on the first prompts'
+  # reference answers, and on the rollouts).
+  def broken(tokens, puzzles, task):
+    raise KeyError("answer")
+
+  for fn, want in ((broken, "rl.reward: broken raised KeyError: 'answer' on the rollouts"),
+                   (lambda t, p, k: t, "rl.reward: returned shape (2, 4) on the rollouts; "
+                                       "expected (2,), one reward per rollout")):
+    with pytest.raises(ValueError) as e:
+      grpo.reward_values(fn, np.zeros((2, 4)), {}, None, "the rollouts")
+    assert _one_line(e) == want
   for reward, want in ((f"{EXAMPLE}:nope", "has no function 'nope'"),
                        ("no_such_mod:f", "no module named 'no_such_mod'")):
     with pytest.raises(ValueError) as e:

@@ -136,6 +136,21 @@ def get_reward(reward: str | RewardFn) -> RewardFn:
   return REWARDS[reward]
 
 
+def reward_values(fn: RewardFn, tokens, puzzles: dict, task, what: str) -> np.ndarray:
+  """float64 [R]: ``fn(tokens, puzzles, task)``, one reward per row of ``tokens`` (``what``
+  they are, for the message); a reward that raises or returns another shape is one line."""
+  try:
+    rewards = np.asarray(fn(tokens, puzzles, task), np.float64)
+  except Exception as e:  # noqa: BLE001 - a reward of one's own may raise anything
+    msg = (str(e).strip().splitlines() or [repr(e)])[0]
+    raise ValueError(f"rl.reward: {getattr(fn, '__name__', fn)} raised {type(e).__name__}: "
+                     f"{msg} on {what}") from e
+  if rewards.shape != (np.shape(tokens)[0],):
+    raise ValueError(f"rl.reward: returned shape {rewards.shape} on {what}; expected "
+                     f"({np.shape(tokens)[0]},), one reward per rollout")
+  return rewards
+
+
 @dataclasses.dataclass(frozen=True)
 class GRPOSettings:
   reward: Any = "solved"           # a REWARDS name or fn(tokens, puzzles, task) -> [R]
@@ -399,10 +414,7 @@ class GRPO:
     the rewards [R], the repeated puzzles)."""
     s = self.settings
     out, puzzles = self.rollouts(key, prompts)
-    rewards = np.asarray(self.reward_fn(out.tokens, puzzles, self.task), np.float64)
-    if rewards.shape != (out.tokens.shape[0],):
-      raise ValueError(f"rl.reward: returned shape {rewards.shape}; expected "
-                       f"({out.tokens.shape[0]},), one reward per rollout")
+    rewards = reward_values(self.reward_fn, out.tokens, puzzles, self.task, "the rollouts")
     batch = {"tokens": np.asarray(out.tokens), "order": np.asarray(out.order),
              "steps": np.asarray(out.step_of_rank), "prompt": np.asarray(puzzles["prompt"]),
              "old_logp": np.asarray(out.logp if out.order_logp is None else

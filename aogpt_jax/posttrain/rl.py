@@ -90,7 +90,10 @@ def build(cfg, mc) -> "GRPOAlgorithm":
                               ema_decay=float(d), seed=int(cfg.seed),
                               heldout=task.heldout(int(cfg.task.heldout_seed),
                                                    int(cfg.task.heldout_count)))
-    algorithm.trainer.check_prompts(task.train_batch(int(cfg.seed), 0, prompts))
+    first = task.train_batch(int(cfg.seed), 0, prompts)
+    algorithm.trainer.check_prompts(first)
+    grpo.reward_values(algorithm.trainer.reward_fn, first["tokens"], first, task,
+                       "the reference answers of the first prompts")
     solve_lib.check_puzzles(task, algorithm.heldout, eval_settings(settings, task))
   except ValueError as err:
     raise ConfigError(str(err) if str(err).startswith("rl.") else f"rl: {err}") from None
@@ -123,7 +126,8 @@ class GRPOAlgorithm:
     nnx.update(self.model, params)          # the rollouts sample with the current weights
     prompts = self.task.train_batch(self.seed, step, self.prompts)
     batch, rewards, puzzles = self.trainer.rollout_batch(key, prompts)
-    solved = np.asarray(self.task.verify(batch["tokens"], puzzles)["solved"], np.float64)
+    solved = np.asarray(tasks_base.verify(self.task, batch["tokens"], puzzles,
+                                          "the rollouts")["solved"], np.float64)
     t_rollout = time.perf_counter() - t
     t = time.perf_counter()
     if self.mesh is None:

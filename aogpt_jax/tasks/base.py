@@ -263,16 +263,22 @@ def check_rows(task: "Task", rows, what: str) -> int:
   return int(tokens.shape[0])
 
 
+def verify(task: "Task", tokens, puzzle: dict, what: str) -> dict:
+  """``task.verify(tokens, puzzle)``; a verifier that raises is one ValueError line naming the
+  task, the exception and ``what`` was verified (its cause: the traceback)."""
+  try:
+    return task.verify(tokens, puzzle)
+  except Exception as e:  # noqa: BLE001 - a task's verifier may raise anything
+    raise ValueError(f"task {task.name!r}: its verifier raised {type(e).__name__}: "
+                     f"{_first_line(e)} on {what}") from e
+
+
 def check_verifier(task: "Task", rows: dict, what: str) -> None:
   """The verifier must run on ``rows``' reference answers and call every one ``solved``; a
   verifier that raises is one line naming the task and the exception (its cause: the
   traceback)."""
   n = len(np.asarray(rows["tokens"]))
-  try:
-    out = task.verify(np.asarray(rows["tokens"]), rows)
-  except Exception as e:  # noqa: BLE001 - a task's verifier may raise anything
-    raise ValueError(f"task {task.name!r}: its verifier raised {type(e).__name__}: "
-                     f"{_first_line(e)} on the reference answers of {what}") from e
+  out = verify(task, np.asarray(rows["tokens"]), rows, f"the reference answers of {what}")
   expected = f"expected a dict with 'solved' (and 'cell_accuracy') of shape [{n}]"
   if not isinstance(out, dict) or "solved" not in out:
     got = sorted(out) if isinstance(out, dict) else type(out).__name__
