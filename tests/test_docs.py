@@ -52,8 +52,8 @@ SIZE = ["--config.model.rope=False",
         "--config.microbatches=1", "--config.total_steps=2", "--config.log_every=1",
         "--config.eval_every=0", "--config.checkpoint_every=0",
         "--config.eval.train_max_blocks=4", "--config.eval.batch_size=4"]
-# The task configs (configs/sudoku.py, star_graph.py) fix seq_len and block_size to the task's
-# rows: the same small model, without those two.
+# The task configs (configs/sudoku.py, star_graph.py; configs/task.py follows the task) fix
+# seq_len and block_size to the task's rows: the same small model, without those two.
 TASK_CONFIGS = ("sudoku.py", "star_graph.py", "task.py")
 TASK_SIZE = [a for a in SIZE if not a.startswith(("--config.seq_len", "--config.model.block_size",
                                                   "--config.model.rope"))]
