@@ -233,6 +233,9 @@ def main(argv) -> None:
                      "the run's folder)")
   try:
     config_lib.check_keys(cfg)
+    if config_lib.task_module_of_run(cfg, _WORKDIR.value, cfg.train.init_from):
+      logging.info("task.module=%s: the run's (its config.json)", cfg.task.module)
+    config_lib.import_task_module(cfg)   # a task of one's own, in every mode
     sharding_lib.maybe_initialize_distributed(cfg)   # before anything touches the devices
     logging.info("mode %s, workdir %s", _MODE.value, _WORKDIR.value, extra=train_loop.FILE_ONLY)
     if _CHECKPOINT.value:

@@ -386,7 +386,15 @@ def load_puzzles(task, cfg) -> tuple[dict, dict]:
     if count < 1:
       raise ConfigError("solve.count: the held-out split needs a count >= 1, got 0")
     seed = int(cfg.task.heldout_seed)
-    return task.heldout(seed, count), {"puzzles": "heldout", "heldout_seed": seed, "count": count}
+    puzzles = task.heldout(seed, count)
+    have = len(puzzles["tokens"])
+    if not have:
+      raise ConfigError(f"solve.count: task {task.name!r} has an empty held-out split "
+                        f"(heldout(seed={seed}, count={count}) returned no rows)")
+    if have < count:
+      logging.warning("solve.count=%d: task %r has %d held-out puzzles; solving those %d", count,
+                      task.name, have, have)
+    return puzzles, {"puzzles": "heldout", "heldout_seed": seed, "count": have}
   if not src:
     raise ConfigError("solve.puzzles: expected 'heldout' or a puzzle file, got ''")
   if not os.path.exists(src):
@@ -417,7 +425,10 @@ def distinct_puzzles(puzzles: dict) -> int:
 
 def solve_mode(cfg, workdir: str, checkpoint: str = "") -> dict:
   """Solves ``solve.puzzles`` of the run's task with the ``sample`` settings (module docstring)."""
+  from aogpt_jax import tasks  # pylint: disable=g-import-not-at-top
   from aogpt_jax.evaluation import solve as solve_lib  # pylint: disable=g-import-not-at-top
+  if cfg.seq_len == 0:
+    config_lib.follow_task(cfg)
   task = config_lib.task_of(cfg)
   if task is None:
     raise ConfigError("task.name: --mode=solve needs a task (a config such as configs/sudoku.py "
@@ -429,6 +440,10 @@ def solve_mode(cfg, workdir: str, checkpoint: str = "") -> dict:
   if not isinstance(cfg.solve.seed, int) or isinstance(cfg.solve.seed, bool):
     raise ConfigError(f"solve.seed: must be an integer, got {cfg.solve.seed!r}")
   puzzles, source = load_puzzles(task, cfg)
+  try:   # before sampling: the verifier runs on the reference answers
+    tasks.base.check_verifier(task, puzzles, f"solve.puzzles={cfg.solve.puzzles}")
+  except ValueError as err:
+    raise ConfigError(str(err)) from err
   if not checkpoint and not os.path.isdir(os.path.join(workdir, "checkpoints")):
     raise FileNotFoundError(f"--workdir: no run in {workdir} (no checkpoints/ folder); pass the "
                             f"workdir of a trained run, or --checkpoint=WORKDIR or SPEC to solve "
@@ -462,6 +477,8 @@ def solve_mode(cfg, workdir: str, checkpoint: str = "") -> dict:
                 "jax": jax.__version__, "backend": jax.default_backend()}
   path = solve_lib.write(result, workdir, str(cfg.solve.name), provenance)
   if jax.process_index() == 0:
+    print(f"puzzle 0 of {len(result.rows)} as the model filled it "
+          f"({'solved' if result.rows[0]['solved'] else 'not solved'}):")
     print(result.rows[0]["rendered"])
     print(solve_lib.summary_line(result.summary))
     print(f"solutions written to {path} (summary: {path[:-1]} and {path[:-5]}md)")

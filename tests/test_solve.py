@@ -100,6 +100,20 @@ def test_bad_puzzles_are_one_line(model):
     solve_lib.solve(model, TASK, TASK.heldout(0, 2), SampleSettings(length=12))
 
 
+def test_a_verifier_that_raises_on_the_outputs_is_one_line(model, monkeypatch):
+  task = tasks.make("sudoku", size=4, min_givens=5, max_givens=8)
+
+  def verify(tokens, puzzle):
+    raise IndexError("index 16 is out of bounds")
+
+  monkeypatch.setattr(task, "verify", verify)
+  s = SampleSettings(length=16, greedy=True, method="diffusion", order="random", steps=16)
+  with pytest.raises(ValueError) as e:
+    solve_lib.solve(model, task, TASK.heldout(0, 12), s, batch_size=5, warm=False)
+  assert str(e.value) == ("task 'sudoku': its verifier raised IndexError: index 16 is out of "
+                          "bounds on the model's outputs")
+
+
 @pytest.mark.slow
 @pytest.mark.subprocess
 def test_solve_mode_on_a_short_task_run(tmp_path):

@@ -59,7 +59,7 @@ _STREAM_KEYS = {"seed", "batch_size", "seq_len", "data.source", "data.tokenizer"
 # Keys added to the config since a checkpoint may have been written; absent there and at this
 # default here, they change nothing.
 _ADDED_KEYS = {"task.name": "", "task.options": {}, "task.heldout_seed": 0,
-               "task.heldout_count": 256}
+               "task.heldout_count": 256, "task.module": ""}
 MANIFEST = "aogpt_sha256.json"
 _ORBAX_TMP_SUFFIX = ".orbax-checkpoint-tmp"  # orbax: STEP<suffix> is renamed to STEP on commit
 FORMAT = 1
@@ -493,6 +493,19 @@ def _try_newest(manager, directory, read, on_failure):
 # ----------------------------------------------------------------------------- loading models
 
 
+def _import_task_module(run_cfg) -> None:
+  """The run's ``task.module`` (a task of one's own), imported so that ``tasks.make`` finds the
+  run's task after loading it; a module that cannot be imported now is a warning (the weights
+  load all the same)."""
+  from aogpt_jax import tasks  # pylint: disable=g-import-not-at-top
+  module = str((run_cfg.get("task", None) or {}).get("module", "") or "")
+  try:
+    tasks.import_modules(module)
+  except ValueError as e:
+    logging.warning("%s (the run's task %r cannot be made until it imports)", e,
+                    run_cfg.task.get("name", ""))
+
+
 def load_model(workdir: str | os.PathLike, which: str = "ema", step: int | None = None,
                **model_overrides) -> tuple[model_lib.AOGPT, config_dict.ConfigDict]:
   """An `AOGPT` with the weights of a checkpoint in ``workdir`` and the run's config; the
@@ -533,6 +546,7 @@ def load_model(workdir: str | os.PathLike, which: str = "ema", step: int | None 
                           nnx.to_pure_dict(abstract))
     r = manager.restore(s, args=ocp.args.Composite(**{item: ocp.args.StandardRestore(target)}))
     run_cfg = config_dict.ConfigDict(meta["config"])
+    _import_task_module(run_cfg)
     # What was actually loaded (after any fallback), for every output's provenance.
     run_cfg.loaded = {"checkpoint": str(directory / str(s)), "step": int(s), "weights": item}
     return nnx.merge(graphdef, r[item]), run_cfg

@@ -158,5 +158,6 @@ class DPOAlgorithm:
 def dpo_mode(cfg, workdir: str) -> dict[str, float]:
   """``--mode=dpo``: DPO from ``train.init_from`` with the ``dpo`` group (module docstring)."""
   mc = config_lib.resolve(cfg)
+  config_lib.check_task(cfg)   # a task's rows and verifier, before anything loads or compiles
   algorithm = build(cfg, mc)
   return run_lib.run(cfg, workdir, algorithm, mc=mc, mode="dpo")

@@ -31,6 +31,7 @@ from aogpt_jax.posttrain import run as run_lib
 from aogpt_jax.posttrain import settings as settings_lib
 from aogpt_jax.sampling import prompts as prompts_lib
 from aogpt_jax.sampling import sampler as sampler_lib
+from aogpt_jax.tasks import base as tasks_base
 from aogpt_jax.train import sharding as sharding_lib
 
 ConfigError = config_lib.ConfigError
@@ -64,6 +65,9 @@ def build(cfg, mc) -> "GRPOAlgorithm":
     raise ConfigError("task.name: --mode=rl needs a task (its training puzzles are the prompts "
                       "and its verifier the reward); configs/rl_sudoku.py sets one")
   rl = cfg.rl
+  if isinstance(rl.reward, str) and ":" in rl.reward.strip(":"):   # MODULE:FUNCTION, recorded
+    module, _, fn = rl.reward.rpartition(":")                      # with a .py file absolute
+    rl.reward = f"{tasks_base.canonical(module)}:{fn}"
   prompts = _int(rl, "prompts", 1)
   d = run_lib.check_ema_decay(rl.ema_decay, "rl.ema_decay")
   try:
@@ -90,7 +94,10 @@ def build(cfg, mc) -> "GRPOAlgorithm":
                               ema_decay=float(d), seed=int(cfg.seed),
                               heldout=task.heldout(int(cfg.task.heldout_seed),
                                                    int(cfg.task.heldout_count)))
-    algorithm.trainer.check_prompts(task.train_batch(int(cfg.seed), 0, prompts))
+    first = task.train_batch(int(cfg.seed), 0, prompts)
+    algorithm.trainer.check_prompts(first)
+    grpo.reward_values(algorithm.trainer.reward_fn, first["tokens"], first, task,
+                       "the reference answers of the first prompts")
     solve_lib.check_puzzles(task, algorithm.heldout, eval_settings(settings, task))
   except ValueError as err:
     raise ConfigError(str(err) if str(err).startswith("rl.") else f"rl: {err}") from None
@@ -148,7 +155,8 @@ class GRPOAlgorithm:
     nnx.update(self.model, params)          # the rollouts sample with the current weights
     prompts = self.task.train_batch(self.seed, step, self.prompts)
     batch, rewards, puzzles = self.trainer.rollout_batch(key, prompts)
-    solved = np.asarray(self.task.verify(batch["tokens"], puzzles)["solved"], np.float64)
+    solved = np.asarray(tasks_base.verify(self.task, batch["tokens"], puzzles,
+                                          "the rollouts")["solved"], np.float64)
     t_rollout = time.perf_counter() - t
     t = time.perf_counter()
     if self.mesh is None:
@@ -199,5 +207,6 @@ class GRPOAlgorithm:
 def rl_mode(cfg, workdir: str) -> dict[str, float]:
   """``--mode=rl``: GRPO from ``train.init_from`` with the ``rl`` group (module docstring)."""
   mc = config_lib.resolve(cfg)
+  config_lib.check_task(cfg)   # a task's rows and verifier, before anything loads or compiles
   algorithm = build(cfg, mc)
   return run_lib.run(cfg, workdir, algorithm, mc=mc, mode="rl")

@@ -265,6 +265,10 @@ def _loop(cfg, algorithm, state, start: int, ckpt, writer, meta) -> dict[str, fl
                      total, 100.0 * step / total, algorithm.progress(means), rate,
                      metrics_lib.format_duration(eta))
         window = {}
+      if is_ckpt or stopping:   # before the eval: a failing eval loses no update
+        with progress.paused():
+          ckpt.save(step, state, None, meta)
+        writer.flush()
       if is_eval:
         try:
           with progress.paused(), stop.interruptible():   # a stop signal ends the eval at once
@@ -277,10 +281,6 @@ def _loop(cfg, algorithm, state, start: int, ckpt, writer, meta) -> dict[str, fl
         last.update(ev)
         logging.info("%s update %d eval (%s weights): %s", name, step,
                      "EMA" if eval_weights == "ema" else "live", line)
-      if is_ckpt or stopping:
-        with progress.paused():
-          ckpt.save(step, state, None, meta)
-        writer.flush()
       if stopping:
         ckpt.wait()
         logging.warning("stopped at %s update %d on request; the checkpoint is saved (run the "

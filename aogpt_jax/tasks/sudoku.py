@@ -308,6 +308,11 @@ class Sudoku(base.Task):
         return np.concatenate(out)[:count]
     raise AssertionError("unreachable: both sides of the split are non-empty")
 
+  @property
+  def grid(self) -> tuple[int, int, int, int]:
+    """(rows, columns, box rows, box columns): what ``model.position_init="grid:..."`` codes."""
+    return (self.size, self.size, *BOXES[self.size])
+
   def load(self, path: str, limit: int | None = None) -> dict[str, np.ndarray]:
     """Puzzles of this size from a file or dataset (`load_puzzles`): ``--mode=solve`` with
     ``solve.puzzles=FILE``."""

@@ -169,6 +169,7 @@ def train(cfg, workdir: str) -> dict[str, float]:
   """Trains (or resumes) the run in ``workdir``; returns the last logged and eval scalars."""
   t0 = time.perf_counter()
   model_cfg = config_lib.resolve(cfg)
+  config_lib.check_task(cfg)   # a task's rows and verifier, before anything compiles
   mesh = sharding_lib.make_mesh(cfg)
   sharding_lib.check_batch_sizes(cfg, mesh)
   workdir = workdir_lib.prepare_workdir(workdir)
@@ -421,6 +422,10 @@ def _loop(cfg, trainer, state, start: int, data_iter, ckpt, writer, meta) -> dic
         if is_main:
           logging.info("%s", _progress_line(step, total, scalars, eta))
         window = _Window()
+      if is_ckpt or stopping:   # before the eval: a failing eval loses no trained step
+        with progress.paused():
+          ckpt.save(step, state, data_iter, meta)
+        writer.flush()
       if is_eval:
         try:
           with progress.paused(), stop.interruptible():   # a stop signal ends the eval at once
@@ -434,10 +439,6 @@ def _loop(cfg, trainer, state, start: int, data_iter, ckpt, writer, meta) -> dic
           logging.info("step %d eval (%s weights, %d held-out blocks of %d tokens, nats/token): "
                        "%s", step, "EMA" if eval_params == "ema" else "live", heldout_eval.blocks,
                        cfg.seq_len, _eval_line(ev))
-      if is_ckpt or stopping:
-        with progress.paused():
-          ckpt.save(step, state, data_iter, meta)
-        writer.flush()
       if stopping:
         ckpt.wait()
         logging.warning("stopped at step %d on request; the checkpoint is saved (run the same "
