@@ -17,7 +17,8 @@ Top-level keys::
     optimizer.*   AdamW, warmup + cosine schedule, clipping, EMA
     mesh.*        (data, fsdp, tensor) sizes, -1 = all remaining devices; rules: logical -> mesh
     data.*        source, tokenizer, cache_dir
-    task.*        a puzzle task (aogpt_jax.tasks) instead of text: name, options, held-out set
+    task.*        a puzzle task (aogpt_jax.tasks) instead of text: module (a task of one's own),
+                  name, options, held-out set
     eval.*        evaluation: held-out eval during training and --mode=eval
                   (aogpt_jax/evaluation/settings.py, eval_config)
     sample.*      --mode=sample (aogpt_jax/sampling/sampler.py, sample_config)
@@ -35,7 +36,9 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import logging
 import math
+import os
 from typing import Any
 
 import jax
@@ -44,6 +47,7 @@ from ml_collections import config_dict
 from aogpt_jax import config_groups
 from aogpt_jax.data import config as data_config
 from aogpt_jax.model import aogpt as model_lib
+from aogpt_jax.model import layers as layers_lib
 from aogpt_jax.model import objectives as objectives_lib
 from aogpt_jax.model import orders as orders_lib
 
@@ -112,6 +116,8 @@ def default_config() -> config_dict.ConfigDict:
   # in every order and only the rest is scored (prompt-conditioned training); the vocabulary is
   # the task's and seq_len must be its row length. --mode=solve solves its held-out puzzles.
   c.task = config_dict.ConfigDict(dict(
+      module="",                     # a module of one's own that registers the task, imported
+                                     # first: a dotted name or a .py file (comma-separated: more)
       name="",                       # "" = text from data.*
       options=config_dict.ConfigDict({}),   # the task's options (tasks.make(name, **options))
       heldout_seed=0,                # the held-out puzzles: task.heldout(heldout_seed, count)
@@ -272,7 +278,9 @@ def model_config(cfg) -> model_lib.ModelConfig:
       raise ConfigError(str(e)) from None
     what = f"tokenizer {cfg.data.tokenizer!r}"
   overrides = {k: v for k, v in cfg.model.items() if k != "preset" and v is not None}
-  derived = {"valid_vocab_size": ids, "vocab_size": data.padded_vocab_size(ids)}
+  # the encoder MDM's [MASK] is the first padding id: it needs one (ids a multiple of 64)
+  mask_id = 1 if cfg.get("objective", "ao") == "mdm" else 0
+  derived = {"valid_vocab_size": ids, "vocab_size": data.padded_vocab_size(ids + mask_id)}
   for k in _DERIVED_MODEL_FIELDS:
     overrides.setdefault(k, derived[k])
   if overrides["valid_vocab_size"] < ids:
@@ -288,6 +296,7 @@ def model_config(cfg) -> model_lib.ModelConfig:
 def resolve(cfg) -> model_lib.ModelConfig:
   """Checks every key and value that can be checked without devices; returns the model."""
   check_keys(cfg)
+  follow_task(cfg)
   _positive(cfg, "total_steps", "batch_size", "microbatches", "seq_len", "log_every")
   _positive(cfg, "eval_every", "checkpoint_every", "checkpoint.keep", "checkpoint.keep_every",
             "eval.batch_size", "eval.train_max_blocks", "eval.max_blocks", allow_zero=True)
@@ -317,6 +326,8 @@ def resolve(cfg) -> model_lib.ModelConfig:
     if mc.loss_chunk:
       _fail("model.loss_chunk", f"{mc.loss_chunk}: the chunked loss scores every token; a task "
             f"trains on the tokens after its prompt (set model.loss_chunk=0)")
+    check_task_tokenizer(cfg)
+    check_grid(mc.position_init, task)
 
   if cfg.seq_len > mc.block_size:
     _fail("seq_len", f"{cfg.seq_len} is longer than model.block_size={mc.block_size}")
@@ -372,25 +383,146 @@ def task_options(cfg) -> dict[str, Any]:
   return {} if opts is None else dict(opts.to_dict() if hasattr(opts, "to_dict") else opts)
 
 
+def import_task_module(cfg) -> None:
+  """Imports ``task.module`` (a task of one's own: a dotted name or a .py file), a one-line
+  ConfigError naming it when that fails; importing it again is a no-op."""
+  from aogpt_jax import tasks  # pylint: disable=g-import-not-at-top
+  group = cfg.get("task", None)
+  spec = "" if group is None else str(group.get("module", "") or "")
+  try:
+    tasks.import_modules(spec)
+  except ValueError as e:
+    raise ConfigError(str(e)) from e
+  full = tasks.base.canonical(spec)
+  if full != spec:   # a .py file by its absolute path: a resume from another folder finds it
+    group.module = full
+
+
 def task_of(cfg):
-  """The `aogpt_jax.tasks` task a run trains on (``task.name``), or None for text data; a bad
-  name or option is a ConfigError naming ``task.name`` / ``task.options``."""
+  """The `aogpt_jax.tasks` task a run trains on (``task.name``, after importing ``task.module``),
+  or None for text data; a bad name or option is a ConfigError naming ``task.name`` /
+  ``task.options``."""
   group = cfg.get("task", None)
   name = "" if group is None else str(group.get("name", "") or "")
   if not name:
     return None
+  import_task_module(cfg)
   return _make_task(name, json.dumps(task_options(cfg), sort_keys=True))
+
+
+def check_task_tokenizer(cfg) -> None:
+  """A task that reads text with a tokenizer (``task.options.tokenizer``) makes that the run's
+  tokenizer: ``data.tokenizer`` (what config.json records and --mode=sample / eval decode with)
+  must name the same one."""
+  task = task_of(cfg)
+  name = getattr(task, "tokenizer_name", None)
+  if name is not None and str(cfg.data.tokenizer) != name:
+    _fail("data.tokenizer", f"{cfg.data.tokenizer!r}, but the task's rows are in "
+          f"task.options.tokenizer={name!r}; set --config.data.tokenizer={name} (the run's "
+          f"tokenizer: config.json records it and --mode=sample / eval decode with it)")
+
+
+def task_options_full(name: str, options: dict) -> dict:
+  """``options`` of task ``name`` with every option it leaves out at its default (what two
+  configs of one task are compared by)."""
+  from aogpt_jax import tasks  # pylint: disable=g-import-not-at-top
+  return {**tasks.base.defaults(name), **(options or {})}
 
 
 @functools.lru_cache(maxsize=16)
 def _make_task(name: str, options_json: str):
   from aogpt_jax import tasks  # pylint: disable=g-import-not-at-top
   if name not in tasks.names():
-    _fail("task.name", f"unknown task {name!r}; known: {', '.join(tasks.names())}")
+    _fail("task.name", f"unknown task {name!r}; known: {', '.join(tasks.names())}; a task of "
+          f"your own: set task.module to the module that registers it (a dotted name or a .py "
+          f"file; docs/tasks.md, \"Your own task\")")
   try:
     return tasks.make(name, **json.loads(options_json))
   except (ValueError, TypeError) as e:
     _fail("task.options", str(e))
+
+
+def follow_task(cfg) -> None:
+  """``seq_len=0`` (configs/task.py) follows the task: the task's row length, with
+  ``model.block_size`` and ``sample.steps`` (when unset: one cell per step) set to it; and
+  ``rl.steps=0`` is the task's length; in place."""
+  rl_steps = "rl" in cfg and cfg.rl.steps == 0 and not isinstance(cfg.rl.steps, bool)
+  if cfg.seq_len != 0 and not rl_steps:
+    return
+  task = task_of(cfg)
+  if task is None:
+    if cfg.seq_len == 0:
+      _fail("seq_len", "0 follows the task's row length, and task.name is unset; set "
+            "--config.task.name=NAME (and --config.task.module=MODULE for a task of your own)")
+    return
+  if rl_steps:
+    cfg.rl.steps = task.length
+  if cfg.seq_len != 0:
+    return
+  cfg.seq_len = task.length
+  if cfg.model.block_size is None:
+    cfg.model.block_size = task.length
+  if cfg.sample.steps is None:
+    cfg.sample.steps = task.length
+
+
+def check_grid(position_init: str, task) -> None:
+  """``model.position_init="grid:R,C,BR,BC"`` must code the grid task's rows, columns and
+  boxes (a one-line ConfigError naming both)."""
+  grid = getattr(task, "grid", None)
+  if not str(position_init or "").startswith("grid:") or grid is None:
+    return
+  try:
+    ours = layers_lib.grid_shape(position_init)
+  except ValueError:
+    return                          # the model's own check names the bad code
+  if tuple(ours) != tuple(grid):
+    r, c, br, bc = grid
+    _fail("model.position_init", f"{position_init!r} codes a {ours[0]}x{ours[1]} grid of "
+          f"{ours[2]}x{ours[3]} boxes but task {task.name!r} is a {r}x{c} grid of {br}x{bc} "
+          f"boxes; use 'grid:{r},{c},{br},{bc}'")
+
+
+def check_task(cfg) -> None:
+  """A run's task, checked on its first training batch and its held-out rows before the first
+  step (`tasks.check_task`: shapes, ids in range, the prompt mask, the verifier on the reference
+  answers); a ``task.heldout_count`` above the held-out split's size is capped to it, with a
+  line. One-line ConfigErrors."""
+  task = task_of(cfg)
+  if task is None:
+    return
+  from aogpt_jax import tasks  # pylint: disable=g-import-not-at-top
+  count = int(cfg.task.heldout_count)
+  try:
+    have = tasks.check_task(task, seed=int(cfg.seed), batch=int(cfg.batch_size),
+                            heldout_seed=int(cfg.task.heldout_seed), heldout_count=count)
+  except ValueError as e:
+    raise ConfigError(str(e)) from e
+  if have < count:
+    logging.warning("task.heldout_count=%d: task %r has %d held-out rows; scoring those %d",
+                    count, task.name, have, have)
+    cfg.task.heldout_count = have
+
+
+def task_module_of_run(cfg, *workdirs) -> str:
+  """When ``task.module`` is unset and a run folder in ``workdirs`` (the run's WORKDIR, its
+  ``train.init_from``) trained this task from a module, that module (recorded in its
+  config.json), set in ``cfg``; "" otherwise."""
+  if str(cfg.task.module or "") or not str(cfg.task.name or ""):
+    return ""
+  for wd in workdirs:
+    path = os.path.join(os.path.expanduser(str(wd or "")), "config.json")
+    if not wd or not os.path.isfile(path):
+      continue
+    try:
+      with open(path, encoding="utf-8") as f:
+        task = json.load(f).get("task") or {}
+    except (OSError, ValueError, AttributeError):
+      continue
+    if task.get("name") == cfg.task.name and task.get("module"):
+      cfg.task.module = str(task["module"])
+      return cfg.task.module
+  return ""
 
 
 def order_kwargs(cfg) -> dict[str, Any]:

@@ -75,3 +75,23 @@ def run_cli(fn: Callable[[list[str]], object], argv: Sequence[str] | None = None
     if where and where not in msg:
       msg = f"{where}: {msg}"
     raise SystemExit(f"{prog}: {msg} (--verbose for the traceback)") from None
+
+
+def exit_on_ctrl_c(prog: str) -> None:
+  """While a command line starts (JAX, numpy and the rest import for seconds): a Ctrl-C ends
+  the process at once with one line and status 130. ``os._exit``, not an exception: raised in
+  an import, a finalizer or a C callback, an exception is swallowed ("Exception ignored") or
+  turned into an ImportError; nothing has been written yet. The command restores
+  ``signal.default_int_handler`` once it starts its work."""
+  import os  # pylint: disable=g-import-not-at-top
+  import signal  # pylint: disable=g-import-not-at-top
+
+  def handler(signum, frame):
+    del signum, frame
+    try:
+      sys.stdout.flush()
+      print(f"{prog}: interrupted (Ctrl-C)", file=sys.stderr, flush=True)
+    finally:
+      os._exit(130)
+
+  signal.signal(signal.SIGINT, handler)

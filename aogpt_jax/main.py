@@ -24,15 +24,16 @@ import sys
 from typing import Callable
 
 
-def _interrupted(signum=None, frame=None):
-  """Ctrl-C before the command has started (JAX still importing): one line, status 130."""
-  del signum, frame
-  print("aogpt_jax: interrupted (Ctrl-C)", file=sys.stderr)
-  raise SystemExit(130)
-
+from aogpt_jax import errors  # the lowest layer: imports nothing heavy
 
 if __name__ == "__main__":
-  signal.signal(signal.SIGINT, _interrupted)   # the imports below take seconds
+  errors.exit_on_ctrl_c("aogpt_jax")   # the imports below take seconds
+
+
+def _interrupted() -> None:
+  """Ctrl-C before the command has started: one line, status 130."""
+  print("aogpt_jax: interrupted (Ctrl-C)", file=sys.stderr)
+  raise SystemExit(130)
 
 from absl import app, flags, logging
 from ml_collections import config_flags
@@ -51,10 +52,12 @@ _VERBOSE = flags.DEFINE_bool("verbose", False, "On an error, show the full trace
                              "one line.")
 _MODE = flags.DEFINE_string("mode", "train", "What to do; one of the keys of MODES.")
 _CHECKPOINT = flags.DEFINE_string(
-    "checkpoint", "", "eval/sample/genppl: load this instead of WORKDIR's checkpoint (published "
-    ".pt, converted folder, hf:OWNER/REPO/PATH from the local HF cache, hf:/local/hub/folder, "
-    "gpt2:DIR (a Hugging Face GPT-2) or l2r:WORKDIR (a model.target=none run), both as AO-GPTs; "
+    "checkpoint", "", "eval/sample/genppl/solve: load this instead of WORKDIR's checkpoint "
+    "(published .pt, converted folder, hf:OWNER/REPO/PATH from the local HF cache, "
+    "hf:/local/hub/folder, gpt2:DIR (a Hugging Face GPT-2) or l2r:WORKDIR (a model.target=none run), both as AO-GPTs; "
     "see aogpt_jax/checkpoints/spec.py); WORKDIR then only receives outputs.")
+
+CHECKPOINT_MODES = ("eval", "sample", "genppl", "solve")   # the modes that take --checkpoint
 
 # mode name -> function(config, workdir).
 MODES: dict[str, Callable[..., object]] = {
@@ -230,12 +233,15 @@ def main(argv) -> None:
                      "the run's folder)")
   try:
     config_lib.check_keys(cfg)
+    if config_lib.task_module_of_run(cfg, _WORKDIR.value, cfg.train.init_from):
+      logging.info("task.module=%s: the run's (its config.json)", cfg.task.module)
+    config_lib.import_task_module(cfg)   # a task of one's own, in every mode
     sharding_lib.maybe_initialize_distributed(cfg)   # before anything touches the devices
     logging.info("mode %s, workdir %s", _MODE.value, _WORKDIR.value, extra=train_loop.FILE_ONLY)
     if _CHECKPOINT.value:
-      if _MODE.value not in ("eval", "sample", "genppl"):
-        raise app.UsageError(f"--checkpoint: only for --mode=eval, sample or genppl, "
-                             f"not {_MODE.value}")
+      if _MODE.value not in CHECKPOINT_MODES:   # one line, without absl's usage text
+        raise SystemExit(f"aogpt_jax: --checkpoint: only for --mode={', '.join(CHECKPOINT_MODES)}"
+                         f", not {_MODE.value} (rl and dpo start from --config.train.init_from)")
       MODES[_MODE.value](cfg, _WORKDIR.value, checkpoint=_CHECKPOINT.value)
     else:
       MODES[_MODE.value](cfg, _WORKDIR.value)

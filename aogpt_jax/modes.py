@@ -27,6 +27,8 @@ import json
 import os
 
 import jax
+import numpy as np
+from absl import logging
 
 from aogpt_jax import config as config_lib
 from aogpt_jax import data
@@ -74,7 +76,10 @@ def _check_run(cfg, workdir: str, key: str) -> None:
     return                        # load_model reports the missing run
   valid = run["model"].get("valid_vocab_size")
   tok = data.get_tokenizer(cfg.data.tokenizer)
-  if config_lib.task_of(cfg) is None and tok.vocab_size != valid:
+  task = config_lib.task_of(cfg)
+  if task is not None and hasattr(task, "tokenizer_name"):
+    config_lib.check_task_tokenizer(cfg)        # a text task: its tokenizer is the run's
+  if (task is None or hasattr(task, "tokenizer_name")) and tok.vocab_size != valid:
     raise ConfigError(f"data.tokenizer: {cfg.data.tokenizer!r} has {tok.vocab_size} ids but the "
                       f"run in {workdir} has {valid}; use the run's tokenizer")
   trained = objectives.get(run.get("objective", "ao"))
@@ -381,7 +386,15 @@ def load_puzzles(task, cfg) -> tuple[dict, dict]:
     if count < 1:
       raise ConfigError("solve.count: the held-out split needs a count >= 1, got 0")
     seed = int(cfg.task.heldout_seed)
-    return task.heldout(seed, count), {"puzzles": "heldout", "heldout_seed": seed, "count": count}
+    puzzles = task.heldout(seed, count)
+    have = len(puzzles["tokens"])
+    if not have:
+      raise ConfigError(f"solve.count: task {task.name!r} has an empty held-out split "
+                        f"(heldout(seed={seed}, count={count}) returned no rows)")
+    if have < count:
+      logging.warning("solve.count=%d: task %r has %d held-out puzzles; solving those %d", count,
+                      task.name, have, have)
+    return puzzles, {"puzzles": "heldout", "heldout_seed": seed, "count": have}
   if not src:
     raise ConfigError("solve.puzzles: expected 'heldout' or a puzzle file, got ''")
   if not os.path.exists(src):
@@ -393,12 +406,29 @@ def load_puzzles(task, cfg) -> tuple[dict, dict]:
     puzzles = task.load(src, limit=count or None)
   except (ValueError, OSError) as err:
     raise ConfigError(f"solve.puzzles: {err}") from None
-  return puzzles, {"puzzles": os.path.abspath(src), "count": int(len(puzzles["tokens"]))}
+  rows = len(puzzles["tokens"])
+  repeats = rows - distinct_puzzles(puzzles)
+  if repeats:
+    logging.warning("solve.puzzles: %d of the %d rows of %s repeat an earlier row (the same "
+                    "puzzle and solution): the 95%% interval treats all %d rows as independent "
+                    "puzzles, though only %d differ", repeats, rows, src, rows, rows - repeats)
+  return puzzles, {"puzzles": os.path.abspath(src), "count": int(rows),
+                   "duplicates": int(repeats)}
+
+
+def distinct_puzzles(puzzles: dict) -> int:
+  """How many different rows (tokens and given cells) ``puzzles`` holds."""
+  both = np.concatenate([np.asarray(puzzles["tokens"], np.int64),
+                         np.asarray(puzzles["prompt"], np.int64)], axis=1)
+  return int(len(np.unique(both, axis=0)))
 
 
 def solve_mode(cfg, workdir: str, checkpoint: str = "") -> dict:
   """Solves ``solve.puzzles`` of the run's task with the ``sample`` settings (module docstring)."""
+  from aogpt_jax import tasks  # pylint: disable=g-import-not-at-top
   from aogpt_jax.evaluation import solve as solve_lib  # pylint: disable=g-import-not-at-top
+  if cfg.seq_len == 0:
+    config_lib.follow_task(cfg)
   task = config_lib.task_of(cfg)
   if task is None:
     raise ConfigError("task.name: --mode=solve needs a task (a config such as configs/sudoku.py "
@@ -410,17 +440,25 @@ def solve_mode(cfg, workdir: str, checkpoint: str = "") -> dict:
   if not isinstance(cfg.solve.seed, int) or isinstance(cfg.solve.seed, bool):
     raise ConfigError(f"solve.seed: must be an integer, got {cfg.solve.seed!r}")
   puzzles, source = load_puzzles(task, cfg)
+  try:   # before sampling: the verifier runs on the reference answers
+    tasks.base.check_verifier(task, puzzles, f"solve.puzzles={cfg.solve.puzzles}")
+  except ValueError as err:
+    raise ConfigError(str(err)) from err
   if not checkpoint and not os.path.isdir(os.path.join(workdir, "checkpoints")):
     raise FileNotFoundError(f"--workdir: no run in {workdir} (no checkpoints/ folder); pass the "
-                            f"workdir of a trained run, or --checkpoint=SPEC")
+                            f"workdir of a trained run, or --checkpoint=WORKDIR or SPEC to solve "
+                            f"with those weights (the outputs go to --workdir)")
   checkpoint_lib.check_writable(os.path.join(workdir, "solve"), "--workdir", keep=False)
+  run = workdir
+  if checkpoint and os.path.isdir(os.path.join(os.path.expanduser(checkpoint), "checkpoints")):
+    run, checkpoint = os.path.expanduser(checkpoint), ""   # a run's WORKDIR: checked alike
   if checkpoint:
     from aogpt_jax.checkpoints import spec as checkpoint_spec  # pylint: disable=g-import-not-at-top
     m, _, prov = checkpoint_spec.load(checkpoint, cfg.sample.which or None)
   else:
-    _check_task(cfg, workdir)
-    _check_run(cfg, workdir, "sample.method")
-    m, run_cfg = checkpoint_lib.load_model(workdir, which=cfg.sample.which or "ema")
+    _check_task(cfg, run)
+    _check_run(cfg, run, "sample.method")
+    m, run_cfg = checkpoint_lib.load_model(run, which=cfg.sample.which or "ema")
     prov = run_cfg.loaded.to_dict()
   config_lib.follow_objective(cfg)
   if m.cfg.valid_vocab_size != task.vocab_size:
@@ -439,6 +477,8 @@ def solve_mode(cfg, workdir: str, checkpoint: str = "") -> dict:
                 "jax": jax.__version__, "backend": jax.default_backend()}
   path = solve_lib.write(result, workdir, str(cfg.solve.name), provenance)
   if jax.process_index() == 0:
+    print(f"puzzle 0 of {len(result.rows)} as the model filled it "
+          f"({'solved' if result.rows[0]['solved'] else 'not solved'}):")
     print(result.rows[0]["rendered"])
     print(solve_lib.summary_line(result.summary))
     print(f"solutions written to {path} (summary: {path[:-1]} and {path[:-5]}md)")
@@ -451,8 +491,11 @@ def _check_task(cfg, workdir: str) -> None:
   run = read_run_config(workdir)
   if run is None:
     return
-  theirs = run.get("task") or {}
+  theirs = dict(run.get("task") or {})
   ours = {"name": str(cfg.task.name), "options": config_lib.task_options(cfg)}
+  if theirs.get("name") == ours["name"]:   # an option left out is at its default
+    theirs["options"] = config_lib.task_options_full(ours["name"], theirs.get("options"))
+    ours["options"] = config_lib.task_options_full(ours["name"], ours["options"])
   for key in ("name", "options"):
     if theirs.get(key, "" if key == "name" else {}) != ours[key]:
       raise ConfigError(f"task.{key}: the run in {workdir} trained with task.{key}="

@@ -14,8 +14,12 @@
 * `a2o_gpt2_small()` / `a2o_tiny()`: adapting a left-to-right model (GPT-2 Small; the tiny
   ``configs/gpt2_small.py:tiny`` run) to every order (`adapt`).
 * `task(name, options, ...)`: training on a puzzle task (configs/sudoku.py, configs/star_graph.py):
-  AO-GPT on the given cells (`TASK_VARIANTS`: ``l2r``, the left-to-right baseline of the same
-  size, and ``mdm``, the encoder-only MDM), at one accelerator's size or, with ``tiny``, a CPU's.
+  AO-GPT on the given cells with a bidirectional prompt (`TASK_VARIANTS`: ``l2r``, the
+  left-to-right baseline of the same size, and ``mdm``, the encoder-only MDM), at one
+  accelerator's size or, with ``tiny``, a CPU's; `task_run`: the same recipe for a task named
+  later (configs/task.py).
+* `post_training(cfg, ...)`, `rl_group`, `dpo_group`: the loop and the ``rl`` / ``dpo`` settings
+  of a post-training run on a task config (configs/rl_sudoku.py, configs/dpo_sudoku.py).
 * `from_arg(arg, base, variants)`: parses a config file's ``:variant,tiny`` argument.
 """
 
@@ -187,38 +191,61 @@ def a2o_tiny() -> config_dict.ConfigDict:
 
 def task(name: str, options: dict[str, Any], *, tiny_options: dict[str, Any],
          model: dict[str, Any], tiny_model: dict[str, Any], steps: int, tiny_steps: int,
-         arg: str | None) -> config_dict.ConfigDict:
+         arg: str | None, module: str = "") -> config_dict.ConfigDict:
   """A run on the puzzle task ``name`` (aogpt_jax/tasks): AO-GPT with the paper's order mixture
-  (10% left to right) over the cells after the givens, which come first in every order and are
-  not scored. ``arg``: a config file's ``:VARIANT,tiny`` (`TASK_VARIANTS`); ``tiny`` takes
+  (10% left to right) over the cells after the givens, which come first in every order, are
+  not scored and attend to each other both ways (``model.prompt_attention='bidirectional'``;
+  the ``mdm`` variant: 'causal', the encoder being bidirectional already). ``arg``: a config
+  file's ``:VARIANT,tiny`` (`TASK_VARIANTS`); ``tiny`` takes
   ``tiny_options`` / ``tiny_model`` / ``tiny_steps``, the CPU size, else ``options`` / ``model`` /
-  ``steps``, the size for one accelerator. Solving (``--mode=solve``) defaults to greedy
-  adaptive decoding (``max_prob``), one cell per step."""
+  ``steps``, the size for one accelerator. ``module``: the module of a task of one's own (a dotted
+  name or a .py file; ``task.module``), imported first. Solving (``--mode=solve``) defaults to
+  greedy adaptive decoding (``max_prob``), one cell per step."""
   from aogpt_jax import tasks  # pylint: disable=g-import-not-at-top
+  small, variant = task_arg(arg)
+  tasks.import_modules(module)
+  t = tasks.make(name, **dict(options, **(tiny_options if small else {})))
+  c = task_run(small, variant, length=t.length, model=tiny_model if small else model,
+               steps=tiny_steps if small else steps)
+  return apply(c, {"task.module": module, "task.name": name, "task.options": t.options()})
+
+
+def task_arg(arg: str | None, extra: tuple[str, ...] = ()) -> tuple[bool, str | None]:
+  """A task config's ``:VARIANT,tiny`` argument: (tiny?, the variant of `TASK_VARIANTS` or None);
+  ``extra``: more words the config file takes (and looks for itself)."""
   tokens = [t.strip() for t in (arg or "").split(",") if t.strip()]
-  small = "tiny" in tokens
-  names = [t for t in tokens if t != "tiny"]
+  names = [t for t in tokens if t != "tiny" and t not in extra]
   if len(names) > 1 or (names and names[0] not in TASK_VARIANTS):
     raise ValueError(f"config argument {arg!r}: expected at most one of "
-                     f"{', '.join(map(repr, sorted(TASK_VARIANTS)))}, optionally with 'tiny'")
-  opts = dict(options, **(tiny_options if small else {}))
-  t = tasks.make(name, **opts)
+                     f"{', '.join(map(repr, sorted(TASK_VARIANTS)))}, optionally with 'tiny'"
+                     + "".join(f" or {e!r}" for e in extra))
+  return "tiny" in tokens, (names[0] if names else None)
+
+
+def task_run(small: bool, variant: str | None = None, *, length: int = 0,
+             model: dict[str, Any] | None = None, steps: int = 1000) -> config_dict.ConfigDict:
+  """The task recipe of `task` without a task: ``length`` 0 leaves ``seq_len`` (and with it
+  ``model.block_size``, ``sample.steps``) to follow the task named later (`config.follow_task`);
+  ``model``: ``model.*`` fields over the ``tiny`` preset; ``small``: the CPU batch and EMA."""
   c = config_lib.default_config()
-  apply(c, {"model.preset": "tiny", "model.block_size": t.length, "seq_len": t.length})
-  apply(c, {f"model.{k}": v for k, v in (tiny_model if small else model).items()})
+  apply(c, {"model.preset": "tiny", "model.block_size": length or None, "seq_len": length})
+  apply(c, {f"model.{k}": v for k, v in (model or {}).items()})
   apply(c, {
-      "task.name": name, "task.options": t.options(), "task.heldout_count": 256,
+      # the givens (edges, a question) attend both ways; the answer stays causal in the order
+      # (docs/tasks.md, "Reasoning like the encoder"; the MDM variant keeps 'causal')
+      "model.prompt_attention": "bidirectional",
+      "task.heldout_count": 256,
       "order.name": AO_GPT_ORDER[0], "order.kwargs": dict(AO_GPT_ORDER[1]),
-      "batch_size": 64 if small else 256, "total_steps": tiny_steps if small else steps,
+      "batch_size": 64 if small else 256, "total_steps": steps,
       "log_every": 100, "eval_every": 1000, "checkpoint_every": 1000,
       "optimizer.lr": 1e-3, "optimizer.warmup_steps": 100, "optimizer.weight_decay": 0.05,
       "optimizer.ema_decay": 0.99 if small else 0.999,
       "eval.batch_size": 128, "checkpoint.keep": 2,
       "sample.method": "adaptive", "sample.policy": "max_prob", "sample.greedy": True,
-      "sample.steps": t.length,
+      "sample.steps": length or None,
   })
-  if names:
-    apply(c, TASK_VARIANTS[names[0]])
+  if variant:
+    apply(c, TASK_VARIANTS[variant])
   return c
 
 
@@ -248,13 +275,30 @@ def post_training(cfg: config_dict.ConfigDict, small: bool, *, steps: int, tiny_
   })
 
 
+def rl_group(small: bool) -> dict[str, Any]:
+  """The ``rl`` settings of a task's GRPO run (configs/rl_sudoku.py, configs/task.py): the
+  reward ``solved`` (the verifier), 8 rollouts per prompt in a random order, one cell per step
+  (``rl.steps`` 0: the task's length, `config.follow_task`)."""
+  return {"rl.reward": "solved", "rl.group_size": 8, "rl.prompts": 8 if small else 32,
+          "rl.lr": 1e-4 if small else 3e-5, "rl.steps": 0, "rl.order": "random",
+          "rl.method": "diffusion", "rl.ema_decay": 0.9}
+
+
+def dpo_group(small: bool) -> dict[str, Any]:
+  """The ``dpo`` settings of a task's DPO run (configs/dpo_sudoku.py, configs/task.py): chosen =
+  a training row, rejected = it with one or two answer cells changed, the exact left-to-right
+  log-likelihood."""
+  return {"dpo.pairs": 32 if small else 64, "dpo.beta": 0.1, "dpo.order": "l2r",
+          "dpo.lr": 1e-4 if small else 3e-5, "dpo.max_changes": 2, "dpo.ema_decay": 0.9}
+
+
 # The baselines of a task run (`task`): the same size, data and budget.
 TASK_VARIANTS: dict[str, dict[str, Any]] = {
     # GPT-style: the cells after the givens left to right; solved in that order.
     "l2r": {"order.name": "l2r", "order.kwargs": {}, "sample.method": "diffusion",
             "sample.order": "l2r"},
     # The encoder-only masked diffusion model (LLaDA / Dream / Kim et al.'s architecture).
-    "mdm": {"objective": "mdm", "model.target": "none"},
+    "mdm": {"objective": "mdm", "model.target": "none", "model.prompt_attention": "causal"},
 }
 
 

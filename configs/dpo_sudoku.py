@@ -23,7 +23,4 @@ def get_config(arg=None):
   c = recipes.config_file(pathlib.Path(__file__).with_name("sudoku.py"), arg)
   small = "tiny" in [t.strip() for t in (arg or "").split(",")]
   recipes.post_training(c, small, steps=1000, tiny_steps=100)
-  return recipes.apply(c, {
-      "dpo.pairs": 32 if small else 64, "dpo.beta": 0.1, "dpo.order": "l2r",
-      "dpo.lr": 1e-4 if small else 3e-5, "dpo.max_changes": 2, "dpo.ema_decay": 0.9,
-  })
+  return recipes.apply(c, recipes.dpo_group(small))

@@ -20,8 +20,4 @@ def get_config(arg=None):
   c = recipes.config_file(pathlib.Path(__file__).with_name("sudoku.py"), arg)
   small = "tiny" in [t.strip() for t in (arg or "").split(",")]
   recipes.post_training(c, small, steps=1000, tiny_steps=200)
-  return recipes.apply(c, {
-      "rl.reward": "solved", "rl.group_size": 8, "rl.prompts": 8 if small else 32,
-      "rl.lr": 1e-4 if small else 3e-5, "rl.steps": c.seq_len, "rl.order": "random",
-      "rl.method": "diffusion", "rl.ema_decay": 0.9,
-  })
+  return recipes.apply(c, {**recipes.rl_group(small), "rl.steps": c.seq_len})

@@ -21,12 +21,16 @@ reversed words), 32-token rows, 300 steps. Without it: AO-GPT Small with the GPT
 import os
 
 from aogpt_jax import recipes
+from aogpt_jax import tasks
 
 EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples",
                         "sft_tiny.jsonl")
 
 
 def get_config(arg=None):
+  """Every option of the ``pairs`` task is a key of ``task.options`` (``--config.task.options.
+  truncate=true``, ``dataset=``, ...); ``data.tokenizer`` follows ``task.options.tokenizer`` (the
+  run's tokenizer, recorded in config.json and read by --mode=sample / eval / solve)."""
   tokens = [t.strip() for t in (arg or "").split(",") if t.strip()]
   if tokens not in ([], ["tiny"]):
     raise ValueError(f"config argument {arg!r}: this config file takes only 'tiny'")
@@ -43,8 +47,8 @@ def get_config(arg=None):
            "eval_every": 250, "checkpoint_every": 500, "optimizer.lr": 2e-5,
            "optimizer.warmup_steps": 100, "optimizer.min_lr_ratio": 0.1,
            "optimizer.ema_decay": 0.0, "task.heldout_count": 256, "solve.count": 256}
-  return recipes.apply(c, {
-      "task.name": "pairs", "task.options": dict(options, heldout_frac=0.1),
+  c = recipes.apply(c, {
+      "task.name": "pairs", "task.options": dict(tasks.base.defaults("pairs"), **options),
       "seq_len": options["length"],
       "model.loss_chunk": 0,        # a task scores only its answer (the chunked loss scores all)
       "optimizer.decay_steps": 0,
@@ -52,3 +56,5 @@ def get_config(arg=None):
       "sample.method": "adaptive", "sample.policy": "max_prob", "sample.greedy": True,
       "sample.steps": options["length"],
       **run})
+  c.data.tokenizer = c.task.options.get_ref("tokenizer")   # one value: setting either sets both
+  return c

@@ -52,9 +52,9 @@ SIZE = ["--config.model.rope=False",
         "--config.microbatches=1", "--config.total_steps=2", "--config.log_every=1",
         "--config.eval_every=0", "--config.checkpoint_every=0",
         "--config.eval.train_max_blocks=4", "--config.eval.batch_size=4"]
-# The task configs (configs/sudoku.py, star_graph.py) fix seq_len and block_size to the task's
-# rows: the same small model, without those two.
-TASK_CONFIGS = ("sudoku.py", "star_graph.py")
+# The task configs (configs/sudoku.py, star_graph.py; configs/task.py follows the task) fix
+# seq_len and block_size to the task's rows: the same small model, without those two.
+TASK_CONFIGS = ("sudoku.py", "star_graph.py", "task.py")
 TASK_SIZE = [a for a in SIZE if not a.startswith(("--config.seq_len", "--config.model.block_size",
                                                   "--config.model.rope"))]
 TASK_SIZE += ["--config.task.heldout_count=4"]
@@ -166,9 +166,10 @@ def _run(argv, root, env, timeout=600):
 
 def _local(argv, root):
   """``argv`` for a run in ROOT (the test folder, which also receives relative outputs):
-  /tmp/ and WORKDIR point into ROOT, config files into the repository."""
+  /tmp/ and WORKDIR point into ROOT, config files and examples/ into the repository."""
   return [a.replace("/tmp/", f"{root}/").replace("WORKDIR", f"{root}/aogpt_quickstart")
-          .replace("--config=configs/", f"--config={REPO}/configs/") for a in argv]
+          .replace("--config=configs/", f"--config={REPO}/configs/")
+          .replace("=examples/", f"={REPO}/examples/") for a in argv]
 
 
 @pytest.fixture(scope="session")
@@ -265,6 +266,14 @@ def test_documented_commands(page, quickstart):
   root, env = quickstart
   for argv in commands(page):
     _check(argv, root, env)
+  if page.name == "tasks.md":   # "Your own task": the module named once, found by every run
+    module = str(REPO / "examples" / "sort_task.py")
+    for run in ("sort", "sort_rl", "sort_dpo"):
+      assert json.loads((root / run / "config.json").read_text())["task"]["module"] == module
+    assert json.loads((root / "sort" / "solve" / "solve.json").read_text())["summary"]["task"] == (
+        "sort")
+    rl = json.loads((root / "sort_rl" / "config.json").read_text())["rl"]
+    assert rl["reward"] == f"{module}:in_order" and rl["steps"] == 12   # steps: the task's length
 
 
 # A shortened quickstart: every kind of console line the full run prints, in seconds.

@@ -105,13 +105,14 @@ def test_a_resumed_dpo_run_equals_the_uninterrupted_one_bitwise(sft, full, tmp_p
     ({"dpo.ema_decay": 1.0}, r"^dpo.ema_decay: must be in \[0, 1\)"),
     ({"train.init_from": ""}, r"^train.init_from: --mode=dpo starts from a trained model"),
     ({"task.name": ""}, r"^task.name: --mode=dpo needs a task"),
-    ({"dpo.reference": "/no/such/run"}, r"^dpo.reference: "),
+    ({"dpo.reference": "/no/such/run"}, r"^dpo.reference: /no/such/run: no such folder or "),
+    ({"train.init_from": "/no/such/run"}, r"^train.init_from: /no/such/run: no such folder or "),
 ])
 def test_bad_settings_are_one_line_errors_before_anything_runs(sft, tmp_path, overrides, match):
   wd = tmp_path / "w"
   with pytest.raises(config_lib.ConfigError, match=match) as e:
     dpo_run.dpo_mode(dpo_config(sft, **overrides), str(wd))
-  assert "\n" not in str(e.value)
+  assert "\n" not in str(e.value) and "--checkpoint" not in str(e.value)
   assert not wd.exists()
 
 

@@ -309,9 +309,16 @@ def test_refused_resume_leaves_config_json_alone(cache_dir, trained, tmp_path):
 
 
 @pytest.mark.slow
-def test_metrics_of_a_run_killed_before_its_first_save_are_dropped(cache_dir, tmp_path):
+def test_metrics_of_a_run_killed_before_its_first_save_are_dropped(cache_dir, tmp_path,
+                                                                   monkeypatch):
   """Nothing restored (killed during the first save): the rerun truncates the old lines, so
-  every step appears once."""
+  every step appears once. The rerun's held-out eval runs for minutes (issue 51: a held-out
+  search) and gets SIGTERM: the eval ends at once, the checkpoint is saved, the run stops."""
+  def endless_eval(*args):
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(120)
+    raise AssertionError("the stop signal did not end the held-out eval")
+  monkeypatch.setattr(train_loop, "heldout_eval", endless_eval)
   work = tmp_path / "work"
   work.mkdir()
   (work / "metrics.jsonl").write_text('{"step": 2, "train/loss": 9.0}\n')
@@ -320,6 +327,7 @@ def test_metrics_of_a_run_killed_before_its_first_save_are_dropped(cache_dir, tm
   assert lines and all(x["step"] == 2 for x in lines)
   assert not [x for x in lines if x.get("train/loss") == 9.0], "the killed run's line stayed"
   assert sum("train/loss" in x for x in lines) == 1
+  assert checkpoint_steps(work) == [2] and not any("eval/loss_l2r" in x for x in lines)
 
 
 @pytest.mark.slow

@@ -220,12 +220,16 @@ runpy.run_module("aogpt_jax.main", run_name="__main__")
 def _check_one_line(p, work, max_step):
   lines = p.stderr.strip().splitlines()
   assert p.returncode == 1, p.stderr[-3000:]
-  for bad in ("Traceback", "Logging error", "Exception ignored", "Event loop is closed"):
+  for bad in ("Traceback", "Logging error", "Exception ignored", "Event loop is closed",
+              "exception was never retrieved", "dropped"):
     assert bad not in p.stderr, p.stderr[-5000:]
   errs = [ln for ln in lines if "CheckpointSaveError" in ln]
   assert len(errs) == 1 and errs[0] == lines[-1], lines[-5:]
   assert errs[0].startswith(f"aogpt_jax: CheckpointSaveError: checkpoint: saving step 4 to "
                             f"{work}/checkpoints failed (No space left on device)"), errs[0]
+  # the failed save's temporary folder is gone: its space is free for the resume (issue 51)
+  assert "its partial folder 4.orbax-checkpoint-tmp" in errs[0], errs[0]
+  assert not list((work / "checkpoints").glob("*orbax-checkpoint-tmp*"))
   steps = [json.loads(x)["step"] for x in (work / "metrics.jsonl").read_text().splitlines()]
   assert max(steps, default=0) <= max_step, steps
 
@@ -281,12 +285,7 @@ def _interrupt_after(args, seconds: float) -> subprocess.CompletedProcess:
   return subprocess.CompletedProcess(args, p.returncode, out, err)
 
 
-@pytest.mark.subprocess
-@pytest.mark.slow
-def test_ctrl_c_while_jax_imports_is_one_line_and_130(tmp_path):
-  p = _interrupt_after(cli_args(tmp_path / "cache", tmp_path / "work"), 1.0)
-  assert p.returncode == 130, p.stderr[-3000:]
-  assert p.stderr.strip().splitlines() == ["aogpt_jax: interrupted (Ctrl-C)"], p.stderr[-3000:]
+# Ctrl-C while the command lines import: tests/test_faults_4.py (at a chosen import, not a time).
 
 
 @pytest.mark.subprocess
@@ -294,7 +293,7 @@ def test_ctrl_c_while_jax_imports_is_one_line_and_130(tmp_path):
 def test_ctrl_c_during_figures_is_one_line_and_130(tmp_path):
   args = [sys.executable, "-m", "aogpt_jax.figures", "fig8", "--size=tiny",
           f"--workdir={tmp_path / 'fig'}"]
-  for seconds in (1.0, 12.0):       # while importing; once running
+  for seconds in (12.0,):           # once running
     p = _interrupt_after(args, seconds)
     assert p.returncode == 130, p.stderr[-3000:]
     assert "Traceback" not in p.stderr and "KeyboardInterrupt" not in p.stderr, p.stderr[-3000:]

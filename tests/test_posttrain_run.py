@@ -150,13 +150,15 @@ def test_stopped_and_resumed_run_equals_the_uninterrupted_one_bitwise(sft, full,
     ({"task.name": ""}, r"^task.name: --mode=rl needs a task"),
     ({"task.options": {"size": 4}}, r"^seq_len: 36: task 'sudoku' rows are 16 tokens"),
     ({"rl.kl_coef": 0.0, "rl.reference": "/x"}, r"^rl.reference: '/x' is used only by the KL"),
-    ({"rl.reference": "/no/such/run"}, r"^rl.reference: "),
+    ({"rl.reference": "/no/such/run"}, r"^rl.reference: /no/such/run: no such folder or "),
+    ({"train.init_from": "/no/such/run"}, r"^train.init_from: /no/such/run: no such folder or "),
+    ({"rl.temperature": 0.0}, r"^rl.temperature: must be a finite number >= "),
 ])
 def test_bad_settings_are_one_line_errors_before_anything_runs(sft, tmp_path, overrides, match):
   wd = tmp_path / "w"
   with pytest.raises(config_lib.ConfigError, match=match) as e:
     rl.rl_mode(rl_config(sft, **overrides), str(wd))
-  assert "\n" not in str(e.value)
+  assert "\n" not in str(e.value) and "--checkpoint" not in str(e.value)
   assert not wd.exists()                  # nothing written: the checks come first
 
 

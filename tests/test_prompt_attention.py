@@ -187,3 +187,19 @@ def test_options_where_they_cannot_apply_are_one_line_errors():
   with pytest.raises(ValueError, match=r"model.prompt_attention='bidirectional_target'"):
     sampler.generate(target, jax.random.key(0), sampler.SampleSettings(length=N),
                      prompt=_prompt())
+
+
+@pytest.mark.parametrize("file,arg,expected", [
+    ("sudoku", "tiny", "bidirectional"), ("sudoku", "l2r,tiny", "bidirectional"),
+    ("sudoku", "mdm,tiny", "causal"), ("star_graph", "", "bidirectional"),
+    ("star_graph", "mdm", "causal"), ("sft_text", "tiny", "causal")])
+def test_task_configs_resolve_with_their_prompt_attention(file, arg, expected):
+  """The task recipes train with a bidirectional prompt, the encoder MDM with its own attention
+  (and a [MASK] id even when the task's ids fill the padded vocabulary: star graphs of 64
+  nodes); SFT keeps the published causal attention."""
+  from aogpt_jax import config as config_lib
+  from aogpt_jax import recipes
+  from helpers.posttrain import REPO
+  mc = config_lib.resolve(recipes.config_file(REPO / "configs" / f"{file}.py", arg))
+  assert mc.prompt_attention == expected
+  assert mc.vocab_size > mc.valid_vocab_size or "mdm" not in arg

@@ -133,8 +133,10 @@ def test_ar_greedy_equals_uncached_argmax(model):
 @pytest.mark.parametrize("method", ["diffusion", "ar"])
 def test_scan_step_moves_no_cache_sized_array(model, method):
   """The compiled sampler's scan step writes its slots into the KV cache in place and attends
-  over it as stored: no transpose or copy of a whole layer's keys or values per step (a
-  [B, K, N, H] cache made XLA:CPU transpose every layer's keys and values in every step)."""
+  over it as stored: no transpose, copy or broadcast of a whole layer's keys or values per step
+  (a [B, K, N, H] cache made XLA:CPU transpose every layer's keys and values in every step; a
+  broadcast would be grouped-query attention's repeat, which a model without kv heads of its
+  own must not run). Without ``return_logp`` no log-probability record [B, n, 2] is built."""
   kw = dict(method="ar", order="l2r") if method == "ar" else dict(steps=N)
   s = sampler.SampleSettings(length=N, **kw)
   p = sampler.prepare(model.cfg, jax.random.key(0), s, batch=3)
@@ -146,10 +148,11 @@ def test_scan_step_moves_no_cache_sized_array(model, method):
   cache_len = N + (0 if method == "ar" else pl.shape().block)
   cache_dims = sorted((3, cache_len, cfg.n_head, cfg.head_dim))
   moved = [line.strip()[:120] for line in hlo.splitlines()   # in the scan's body (metadata)
-           if (mt := re.search(r"= f32\[([\d,]+)\]\S* (transpose|copy)\(", line))
+           if (mt := re.search(r"= f32\[([\d,]+)\]\S* (transpose|copy|broadcast)\(", line))
            and sorted(int(d) for d in mt.group(1).split(",")) == cache_dims
            and "/while/body/" in line]
   assert not moved, moved
+  assert f"f32[3,{N},2]" not in hlo
 
 
 @pytest.fixture(scope="module")

@@ -100,6 +100,20 @@ def test_bad_puzzles_are_one_line(model):
     solve_lib.solve(model, TASK, TASK.heldout(0, 2), SampleSettings(length=12))
 
 
+def test_a_verifier_that_raises_on_the_outputs_is_one_line(model, monkeypatch):
+  task = tasks.make("sudoku", size=4, min_givens=5, max_givens=8)
+
+  def verify(tokens, puzzle):
+    raise IndexError("index 16 is out of bounds")
+
+  monkeypatch.setattr(task, "verify", verify)
+  s = SampleSettings(length=16, greedy=True, method="diffusion", order="random", steps=16)
+  with pytest.raises(ValueError) as e:
+    solve_lib.solve(model, task, TASK.heldout(0, 12), s, batch_size=5, warm=False)
+  assert str(e.value) == ("task 'sudoku': its verifier raised IndexError: index 16 is out of "
+                          "bounds on the model's outputs")
+
+
 @pytest.mark.slow
 @pytest.mark.subprocess
 def test_solve_mode_on_a_short_task_run(tmp_path):
@@ -128,15 +142,27 @@ def test_solve_mode_on_a_short_task_run(tmp_path):
   out = np.array([r["output"] for r in rows])
   np.testing.assert_array_equal(out[puzzles["prompt"]], puzzles["tokens"][puzzles["prompt"]])
   assert summary["summary"]["solved"]["count"] == int(task.verify(out, puzzles)["solved"].sum())
-  # A puzzle file in the common format (one puzzle,solution per row).
+  # A puzzle file in the common format (one puzzle,solution per row), saved by Excel (a UTF-8
+  # byte-order mark), with a repeated row and a row with no blank; solved into a workdir with
+  # no run, with --checkpoint=WORKDIR as the error of such a workdir says.
   f = tmp_path / "p.csv"
-  f.write_text("puzzle,solution\n" + "".join(
-      f"{tasks.sudoku.to_string(t, p)},{tasks.sudoku.to_string(t)}\n"
-      for t, p in zip(puzzles["tokens"], puzzles["prompt"])))
+  lines = [f"{tasks.sudoku.to_string(t, p)},{tasks.sudoku.to_string(t)}\n"
+           for t, p in zip(puzzles["tokens"], puzzles["prompt"])]
+  solution = tasks.sudoku.to_string(puzzles["tokens"][0])
+  f.write_text("puzzle,solution\n" + "".join(lines + [lines[0], f"{solution},{solution}\n"]),
+               encoding="utf-8-sig")
+  other = tmp_path / "other"
   trainer_helpers.run(solve + [f"--config.solve.puzzles={f}", "--config.solve.count=0",
-                               "--config.solve.name=file"], tmp_path / "file.log")
-  file_rows = (wd / "solve" / "file.jsonl").read_text().splitlines()
-  assert [json.loads(r)["given"] for r in file_rows] == [r["given"] for r in rows]
+                               "--config.solve.name=file", f"--workdir={other}",
+                               f"--checkpoint={wd}"], tmp_path / "file.log")
+  assert "1 of the 8 rows of" in (tmp_path / "file.log").read_text()
+  file_rows = [json.loads(r) for r in (other / "solve" / "file.jsonl").read_text().splitlines()]
+  assert [r["given"] for r in file_rows[:6]] == [r["given"] for r in rows]
+  assert [r["output"] for r in file_rows[:6]] == [r["output"] for r in rows]  # the same weights
+  assert file_rows[6]["given"] == rows[0]["given"]
+  assert file_rows[7]["solved"] and file_rows[7]["first_error_rank"] == -1   # nothing to fill
+  summary = json.loads((other / "solve" / "file.json").read_text())
+  assert summary["provenance"]["duplicates"] == 1 and summary["provenance"]["model"]["step"] == 4
   # Another task than the run's: one line.
   bad = pathlib.Path(tmp_path / "bad.log")
   p = trainer_helpers.start(solve + ["--config.task.options.max_givens=20"], bad)

@@ -223,8 +223,15 @@ def test_heldout_difficulty_filter_and_unreachable_options():
   h = t.heldout(0, 3)
   assert all(sudoku.difficulty({"tokens": g, "prompt": p}) == "search"
              for g, p in zip(h["tokens"], h["prompt"]))
-  with pytest.raises(ValueError, match=r"found 0 of 2 held-out puzzles"):
-    tasks.make("sudoku", size=4, min_givens=1, max_givens=3).heldout(0, 2)   # 4 is the minimum
+  with pytest.raises(ValueError, match=r"found 0 of 256 held-out puzzles in 1000 tries"):
+    tasks.make("sudoku", size=4, difficulty="search").heldout(0, 256)  # singles solve all 4x4
+  # below the fewest givens of a one-solution puzzle: refused when the task is made (before
+  # training, not minutes of tries at the first held-out eval)
+  for size, least in sudoku.MIN_UNIQUE_GIVENS.items():
+    with pytest.raises(ValueError, match=rf"max_givens={least - 1} with unique=True: no "
+                       rf"{size}x{size} puzzle with fewer than {least} givens"):
+      tasks.make("sudoku", size=size, min_givens=0, max_givens=least - 1)
+    tasks.make("sudoku", size=size, min_givens=0, max_givens=least - 1, unique=False)
   h = tasks.make("sudoku", size=9, unique=False, min_givens=10, max_givens=12).heldout(0, 5)
   assert h["prompt"].sum(1).max() <= 12                      # no uniqueness asked: any count
 

@@ -59,7 +59,7 @@ _STREAM_KEYS = {"seed", "batch_size", "seq_len", "data.source", "data.tokenizer"
 # Keys added to the config since a checkpoint may have been written; absent there and at this
 # default here, they change nothing.
 _ADDED_KEYS = {"task.name": "", "task.options": {}, "task.heldout_seed": 0,
-               "task.heldout_count": 256}
+               "task.heldout_count": 256, "task.module": ""}
 MANIFEST = "aogpt_sha256.json"
 _ORBAX_TMP_SUFFIX = ".orbax-checkpoint-tmp"  # orbax: STEP<suffix> is renamed to STEP on commit
 FORMAT = 1
@@ -208,6 +208,10 @@ def check_compatible(saved: dict, current: dict, where: str) -> None:
   the current run; logs the fields that differ harmlessly (e.g. learning rate, total_steps)."""
   old = config_lib.flatten(saved["config"])
   new = config_lib.flatten(current["config"])
+  task = new.get("task.name")
+  if task and old.get("task.name") == task:   # a task option left out is at its default
+    for d in (old, new):
+      d["task.options"] = config_lib.task_options_full(task, d.get("task.options"))
   harmless = []
   for key in sorted(set(old) | set(new)):
     a, b = old.get(key, "<absent>"), new.get(key, "<absent>")
@@ -312,6 +316,8 @@ class Checkpointer:
         yield
     except Exception as e:  # noqa: BLE001 - orbax wraps the OSError in several layers
       self._saving, self._failed = None, True
+      _quiet_failed_futures()
+      removed = self._remove_partial(step)
       root = _root(e)
       why = getattr(root, "strerror", None) or getattr(e, "strerror", None) or one_line(root)
       if "No space left on device" in why:   # tensorstore's ValueError says it at the end
@@ -319,7 +325,19 @@ class Checkpointer:
       raise CheckpointSaveError(
           f"checkpoint: saving step {step} to {self.directory} failed ({why}); the steps "
           f"saved before it are intact ({self.last_saved if self.last_saved is not None else 'none'}"
-          f" is the newest); free space or fix the folder, then rerun to resume") from e
+          f" is the newest){removed}; free space or fix the folder, then rerun to resume"
+      ) from e
+
+  def _remove_partial(self, step: int | None) -> str:
+    """Removes the temporary folder of the failed save of ``step`` (on a full disk it holds the
+    space the resume needs); returns what the error adds about it."""
+    if step is None or jax.process_index() != 0:
+      return ""
+    removed = []
+    for tmp in self.directory.glob(f"{step}{_ORBAX_TMP_SUFFIX}*"):
+      shutil.rmtree(tmp, ignore_errors=True)
+      removed.append(tmp.name)
+    return f"; its partial folder {', '.join(removed)} was removed" if removed else ""
 
   def restore_latest(self, abstract_state: dict, data_iter, meta: dict):
     """``(step, state)`` from the newest readable compatible checkpoint (the data iterator is
@@ -408,6 +426,22 @@ def _newest_readable(manager, directory, read: Callable[[int], Any],
     return _try_newest(manager, directory, read, on_failure)
 
 
+class _FailedFutures(logging.Filter):
+  """asyncio's "Future exception was never retrieved" reports of a failed save's background
+  writes (one per array), each with a traceback: the save's one error line says it all."""
+
+  def filter(self, record) -> bool:
+    return "exception was never retrieved" not in str(record.msg)
+
+
+def _quiet_failed_futures() -> None:
+  """After a save failed: asyncio's reports of its abandoned writes are dropped (for the rest of
+  the process, which ends with the save's error; they arrive when the futures are collected)."""
+  log = logging.getLogger("asyncio")
+  if not any(isinstance(f, _FailedFutures) for f in log.filters):
+    log.addFilter(_FailedFutures())
+
+
 class _quiet_unraisable:  # pylint: disable=invalid-name
   """Counts, instead of printing, the "Exception ignored in ..." reports of orbax / tensorstore
   objects collected after a failed read (hundreds of lines per corrupt checkpoint otherwise);
@@ -434,9 +468,9 @@ class _quiet_unraisable:  # pylint: disable=invalid-name
   def __exit__(self, *exc):
     gc.collect()
     sys.unraisablehook = self.previous
-    if self.dropped:
-      logging.info("dropped %d 'Exception ignored' reports of orbax after a failed read",
-                   self.dropped)
+    if self.dropped:   # WORKDIR/train.log only (main.py): the failure itself was reported
+      logging.info("dropped %d 'Exception ignored' reports of orbax after a failed read or save",
+                   self.dropped, extra={"file_only": True})
     return False
 
 
@@ -457,6 +491,19 @@ def _try_newest(manager, directory, read, on_failure):
 
 
 # ----------------------------------------------------------------------------- loading models
+
+
+def _import_task_module(run_cfg) -> None:
+  """The run's ``task.module`` (a task of one's own), imported so that ``tasks.make`` finds the
+  run's task after loading it; a module that cannot be imported now is a warning (the weights
+  load all the same)."""
+  from aogpt_jax import tasks  # pylint: disable=g-import-not-at-top
+  module = str((run_cfg.get("task", None) or {}).get("module", "") or "")
+  try:
+    tasks.import_modules(module)
+  except ValueError as e:
+    logging.warning("%s (the run's task %r cannot be made until it imports)", e,
+                    run_cfg.task.get("name", ""))
 
 
 def load_model(workdir: str | os.PathLike, which: str = "ema", step: int | None = None,
@@ -499,6 +546,7 @@ def load_model(workdir: str | os.PathLike, which: str = "ema", step: int | None 
                           nnx.to_pure_dict(abstract))
     r = manager.restore(s, args=ocp.args.Composite(**{item: ocp.args.StandardRestore(target)}))
     run_cfg = config_dict.ConfigDict(meta["config"])
+    _import_task_module(run_cfg)
     # What was actually loaded (after any fallback), for every output's provenance.
     run_cfg.loaded = {"checkpoint": str(directory / str(s)), "step": int(s), "weights": item}
     return nnx.merge(graphdef, r[item]), run_cfg

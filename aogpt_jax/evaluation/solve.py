@@ -35,6 +35,7 @@ import jax
 import numpy as np
 
 from aogpt_jax.sampling import sampler as sampler_lib
+from aogpt_jax.tasks import base as tasks_base
 from aogpt_jax.train import workdir as workdir_lib
 
 EARLY_CELLS = (1, 3, 10)   # "the first k answer cells all right" rates in the summary
@@ -117,7 +118,8 @@ def solve(model, task, puzzles: dict, settings: sampler_lib.SampleSettings, *,
   out_RxN = np.concatenate(outs)
   order_RxN = np.concatenate(order_parts)
   steps_R = np.concatenate(steps_parts)
-  verdict = task.verify(out_RxN, {"tokens": ref_RxN, "prompt": given_RxN})
+  verdict = tasks_base.verify(task, out_RxN, {"tokens": ref_RxN, "prompt": given_RxN},
+                             "the model's outputs")
   wall = float(sum(times))
   return _result(task, ref_RxN, given_RxN, out_RxN, order_RxN, steps_R, verdict, wall, settings)
 
@@ -133,6 +135,8 @@ def early_errors(out_RxN, ref_RxN, given_RxN, order_RxN) -> tuple[np.ndarray, np
   correct = np.where(inside, np.take_along_axis(right_RxN, np.minimum(cols, given_RxN.shape[1]
                                                                       - 1), axis=1), False)
   wrong = inside & ~correct
+  if not a:       # every cell given (a solved puzzle): no answer cell to get wrong
+    return correct, np.full(len(m_R), -1)
   first = np.where(wrong.any(axis=1), wrong.argmax(axis=1), -1)
   return correct, first
 

@@ -2,11 +2,15 @@
 (--verbose: the traceback)."""
 
 import os
+import signal
 import sys
 
 if __name__ == "__main__":
+  from aogpt_jax import errors
+  errors.exit_on_ctrl_c("aogpt_jax.figures")   # importing cli (JAX, numpy) takes seconds
   try:
     from aogpt_jax.figures.cli import main
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     main()
   except KeyboardInterrupt as e:   # a run stopped by Ctrl-C saved its checkpoint first
     if "--verbose" in sys.argv:

@@ -231,6 +231,23 @@ def _task_pairs(task, rows: dict, rng: np.random.Generator, max_changes: int) ->
           "rejected": corrupt(tokens, prompt, task.vocab_size, rng, max_changes).astype(np.int32)}
 
 
+def check_distinct(task) -> int:
+  """For a task with its own pairs (``preferences``): how many of its training pairs have the
+  chosen row equal to the rejected one (after encoding; such a pair has loss log 2 and no
+  gradient); a ValueError when every one has. 0 for other tasks (their rejected rows are
+  corrupted copies)."""
+  if not hasattr(task, "preferences") or not hasattr(task, "rows"):
+    return 0
+  chosen, rejected = task.rows[task.chosen_key], task.rows[task.rejected_key]
+  same = (chosen == rejected).all(1)[task.train_index]
+  if same.all():
+    raise ValueError(f"task.options: every one of the {len(same)} training pairs of "
+                     f"{task.path or task.dataset} has {task.chosen_key!r} equal to "
+                     f"{task.rejected_key!r} (after encoding): DPO learns nothing from them "
+                     f"(loss log 2, gradient 0); expected pairs whose responses differ")
+  return int(same.sum())
+
+
 def preferences(task, seed: int, index: int, count: int, max_changes: int = 2) -> dict:
   """Training pairs number ``index`` (deterministic): the ``preferences`` task's own, or any
   other task's ``train_batch(seed, index, count)`` as chosen with `corrupt` rows as rejected."""

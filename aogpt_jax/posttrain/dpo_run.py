@@ -24,6 +24,7 @@ import time
 
 import jax
 import numpy as np
+from absl import logging
 
 from aogpt_jax import config as config_lib
 from aogpt_jax.posttrain import dpo
@@ -53,6 +54,13 @@ def build(cfg, mc) -> "DPOAlgorithm":
   if g.pairs % dp:
     raise ConfigError(f"dpo.pairs: {g.pairs} pairs must split evenly over the {dp} "
                       f"data-parallel devices (mesh.data * mesh.fsdp)")
+  try:
+    same = dpo.check_distinct(task)
+  except ValueError as err:
+    raise ConfigError(str(err)) from None
+  if same:
+    logging.warning("dpo: %d of the %d training pairs have chosen equal to rejected (after "
+                    "encoding): they add nothing to the gradient", same, len(task.train_index))
   model = run_lib.starting_model(cfg, mc, "dpo")
   reference = run_lib.load_reference(str(g.reference or ""), model, "dpo.reference")
   try:
@@ -150,5 +158,6 @@ class DPOAlgorithm:
 def dpo_mode(cfg, workdir: str) -> dict[str, float]:
   """``--mode=dpo``: DPO from ``train.init_from`` with the ``dpo`` group (module docstring)."""
   mc = config_lib.resolve(cfg)
+  config_lib.check_task(cfg)   # a task's rows and verifier, before anything loads or compiles
   algorithm = build(cfg, mc)
   return run_lib.run(cfg, workdir, algorithm, mc=mc, mode="dpo")

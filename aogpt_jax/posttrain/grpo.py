@@ -57,7 +57,8 @@ verifier). A user reward, worked example (the fraction of answer cells that are 
       metrics = trainer.step(jax.random.key(i), trainer.task_prompts(seed=0, index=i))
     # metrics["reward"]: the batch's mean reward before the update; the model is updated in place
 
-(or pass the function itself: ``GRPOSettings(reward=zeros)``).
+(or pass the function itself: ``GRPOSettings(reward=zeros)``; from the command line,
+``--config.rl.reward=MODULE:FUNCTION`` imports it from a module of one's own).
 
 Shape suffixes: G rollouts per prompt, P prompts, R = P G rollouts, N sequence length n, V vocab.
 """
@@ -89,12 +90,19 @@ def register_reward(name: str) -> Callable[[RewardFn], RewardFn]:
   """Registers ``fn(tokens, puzzles, task) -> float [R]`` as reward ``name``."""
 
   def deco(fn: RewardFn) -> RewardFn:
-    if name in REWARDS:
+    old = REWARDS.get(name)
+    if old is not None and _origin(old) != _origin(fn):   # the same function re-imported: fine
       raise ValueError(f"grpo reward {name!r} is already registered")
     REWARDS[name] = fn
     return fn
 
   return deco
+
+
+def _origin(fn) -> tuple:
+  """(qualified name, file) of a function: the same for one whose module was imported again."""
+  code = getattr(fn, "__code__", None)
+  return (fn, None) if code is None else (fn.__qualname__, code.co_filename)
 
 
 def _verified(field: str) -> RewardFn:
@@ -111,12 +119,42 @@ register_reward("cell_accuracy")(_verified("cell_accuracy"))
 
 
 def get_reward(reward: str | RewardFn) -> RewardFn:
+  """A reward function: ``reward`` itself when callable, a `REWARDS` name, or ``MODULE:FUNCTION``
+  (a dotted module name or a .py file, imported as ``task.module`` is: `tasks.import_module`)."""
   if callable(reward):
     return reward
+  if isinstance(reward, str) and ":" in reward and reward not in REWARDS:
+    from aogpt_jax import tasks  # pylint: disable=g-import-not-at-top
+    module_name, _, fn_name = reward.rpartition(":")
+    try:
+      module = tasks.import_module(module_name)
+    except ValueError as e:
+      raise ValueError(f"rl.reward: {reward!r}: {str(e).removeprefix('task.module: ')}") from e
+    fn = getattr(module, fn_name, None)
+    if not callable(fn):
+      raise ValueError(f"rl.reward: {reward!r}: {module_name} has no function {fn_name!r}; "
+                       f"expected MODULE:FUNCTION with FUNCTION(tokens, puzzles, task) -> [R]")
+    return fn
   if reward not in REWARDS:
     raise ValueError(f"rl.reward: unknown reward {reward!r}; expected one of "
-                     f"{', '.join(sorted(REWARDS))} or a function (tokens, puzzles, task) -> [R]")
+                     f"{', '.join(sorted(REWARDS))}, MODULE:FUNCTION or a function (tokens, "
+                     f"puzzles, task) -> [R]")
   return REWARDS[reward]
+
+
+def reward_values(fn: RewardFn, tokens, puzzles: dict, task, what: str) -> np.ndarray:
+  """float64 [R]: ``fn(tokens, puzzles, task)``, one reward per row of ``tokens`` (``what``
+  they are, for the message); a reward that raises or returns another shape is one line."""
+  try:
+    rewards = np.asarray(fn(tokens, puzzles, task), np.float64)
+  except Exception as e:  # noqa: BLE001 - a reward of one's own may raise anything
+    msg = (str(e).strip().splitlines() or [repr(e)])[0]
+    raise ValueError(f"rl.reward: {getattr(fn, '__name__', fn)} raised {type(e).__name__}: "
+                     f"{msg} on {what}") from e
+  if rewards.shape != (np.shape(tokens)[0],):
+    raise ValueError(f"rl.reward: returned shape {rewards.shape} on {what}; expected "
+                     f"({np.shape(tokens)[0]},), one reward per rollout")
+  return rewards
 
 
 @dataclasses.dataclass(frozen=True)
@@ -312,19 +350,15 @@ def reward_name(reward) -> str:
   return reward if isinstance(reward, str) else getattr(reward, "__name__", repr(reward))
 
 
-def check_rewards(rewards: np.ndarray, count: int, reward) -> np.ndarray:
-  """``rewards`` as float64 [count], or a one-line ValueError naming the reward: a wrong shape, or
-  a NaN / inf (which would make every weight NaN)."""
-  rewards = np.asarray(rewards, np.float64)
-  if rewards.shape != (count,):
-    raise ValueError(f"rl.reward: {reward_name(reward)!r} returned shape {rewards.shape}; "
-                     f"expected ({count},), one reward per rollout")
+def check_finite(rewards: np.ndarray, reward, what: str = "rollout") -> np.ndarray:
+  """``rewards``, or a one-line ValueError naming the reward when one is NaN or inf (which would
+  make every weight NaN); ``what`` a row is, for the message."""
   bad = ~np.isfinite(rewards)
   if bad.any():
     row = int(np.argmax(bad))
-    raise ValueError(f"rl.reward: {reward_name(reward)!r} returned {rewards[row]} for rollout "
-                     f"{row} ({int(bad.sum())} of {count} not finite); expected a finite "
-                     f"reward per rollout (no update was taken with it)")
+    raise ValueError(f"rl.reward: {reward_name(reward)!r} returned {rewards[row]} for {what} "
+                     f"{row} ({int(bad.sum())} of {len(rewards)} not finite); expected a finite "
+                     f"reward per {what} (no update was taken with it)")
   return rewards
 
 
@@ -486,8 +520,8 @@ class GRPO:
     weights: the old and new values of an inner update share its masks."""
     s = self.settings
     out, puzzles = self.rollouts(key, prompts)
-    rewards = check_rewards(self.reward_fn(out.tokens, puzzles, self.task), out.tokens.shape[0],
-                            s.reward)
+    rewards = check_finite(reward_values(self.reward_fn, out.tokens, puzzles, self.task,
+                                         "the rollouts"), s.reward)
     batch = {"tokens": np.asarray(out.tokens), "order": np.asarray(out.order),
              "steps": np.asarray(out.step_of_rank), "prompt": np.asarray(puzzles["prompt"]),
              "old_logp": np.asarray(out.logp if out.order_logp is None else

@@ -30,10 +30,14 @@ from aogpt_jax.evaluation import solve as solve_lib
 from aogpt_jax.posttrain import grpo
 from aogpt_jax.posttrain import run as run_lib
 from aogpt_jax.posttrain import settings as settings_lib
+from aogpt_jax.sampling import prompts as prompts_lib
+from aogpt_jax.sampling import sampler as sampler_lib
+from aogpt_jax.tasks import base as tasks_base
 from aogpt_jax.train import sharding as sharding_lib
 
 ConfigError = config_lib.ConfigError
 EVAL_BATCH = 64   # held-out puzzles per sampler batch (the results do not depend on it)
+GRPO_KEYS = {f.name for f in dataclasses.fields(grpo.GRPOSettings)}   # rl.* keys of the sampler
 
 
 def _int(group, key: str, low: int) -> int:
@@ -62,6 +66,9 @@ def build(cfg, mc) -> "GRPOAlgorithm":
     raise ConfigError("task.name: --mode=rl needs a task (its training puzzles are the prompts "
                       "and its verifier the reward); configs/rl_sudoku.py sets one")
   rl = cfg.rl
+  if isinstance(rl.reward, str) and ":" in rl.reward.strip(":"):   # MODULE:FUNCTION, recorded
+    module, _, fn = rl.reward.rpartition(":")                      # with a .py file absolute
+    rl.reward = f"{tasks_base.canonical(module)}:{fn}"
   prompts = _int(rl, "prompts", 1)
   d = run_lib.check_ema_decay(rl.ema_decay, "rl.ema_decay")
   try:
@@ -76,6 +83,7 @@ def build(cfg, mc) -> "GRPOAlgorithm":
         raise ConfigError(f"rl.prompts: {prompts} prompts x rl.group_size {settings.group_size} "
                           f"rollouts must split evenly over the {dp} data-parallel devices "
                           f"(mesh.data * mesh.fsdp)")
+    check_sampler(settings, task, mc)
   except ConfigError:
     raise
   except (ValueError, TypeError) as err:
@@ -87,11 +95,40 @@ def build(cfg, mc) -> "GRPOAlgorithm":
                               ema_decay=float(d), seed=int(cfg.seed),
                               heldout=task.heldout(int(cfg.task.heldout_seed),
                                                    int(cfg.task.heldout_count)))
-    algorithm.trainer.check_prompts(task.train_batch(int(cfg.seed), 0, prompts))
+    first = task.train_batch(int(cfg.seed), 0, prompts)
+    algorithm.trainer.check_prompts(first)
+    grpo.check_finite(grpo.reward_values(algorithm.trainer.reward_fn, first["tokens"], first,
+                                         task, "the reference answers of the first prompts"),
+                      settings.reward, "reference answer")
     solve_lib.check_puzzles(task, algorithm.heldout, eval_settings(settings, task))
   except ValueError as err:
     raise ConfigError(str(err) if str(err).startswith("rl.") else f"rl: {err}") from None
   return algorithm
+
+
+def check_sampler(settings: grpo.GRPOSettings, task, mc) -> None:
+  """The rollouts' and the held-out eval's sampler settings, checked as ``--mode=sample``
+  checks its own, with the ``rl.*`` key that sets each named (not ``sample.*``). A method that
+  records no log-probabilities is `grpo.GRPOSettings.validate`'s to refuse."""
+  if settings.method not in sampler_lib.LOGP_METHODS:
+    return
+  try:
+    for s in (settings.sample_settings(task.length), eval_settings(settings, task)):
+      s.validate(mc)
+      if s.method != "ar" and isinstance(s.order, str):
+        try:
+          prompts_lib.check_order(s.order, 1, s.length)
+        except ValueError as err:
+          raise ValueError(f"sample.order: {err}") from None
+  except ValueError as err:
+    msg = str(err)
+    key = msg.split(":", 1)[0].removeprefix("sample.")
+    if msg.startswith("sample.") and key in GRPO_KEYS:
+      msg = msg.replace("(greedy=True for argmax decoding)", "(the rollouts are drawn at it; "
+                        "the held-out eval decodes greedily)")
+      raise ValueError(f"rl.{msg.removeprefix('sample.')}") from None
+    raise ValueError(f"rl.method: the rollouts' sampler ({settings.method!r}, order "
+                     f"{settings.order!r}, steps {settings.steps}) is refused: {msg}") from None
 
 
 def eval_settings(settings: grpo.GRPOSettings, task):
@@ -121,7 +158,8 @@ class GRPOAlgorithm:
     nnx.update(self.model, params)          # the rollouts sample with the current weights
     prompts = self.task.train_batch(self.seed, step, self.prompts)
     batch, rewards, puzzles = self.trainer.rollout_batch(key, prompts)
-    solved = np.asarray(self.task.verify(batch["tokens"], puzzles)["solved"], np.float64)
+    solved = np.asarray(tasks_base.verify(self.task, batch["tokens"], puzzles,
+                                          "the rollouts")["solved"], np.float64)
     t_rollout = time.perf_counter() - t
     t = time.perf_counter()
     if self.mesh is None:
@@ -177,5 +215,6 @@ class GRPOAlgorithm:
 def rl_mode(cfg, workdir: str) -> dict[str, float]:
   """``--mode=rl``: GRPO from ``train.init_from`` with the ``rl`` group (module docstring)."""
   mc = config_lib.resolve(cfg)
+  config_lib.check_task(cfg)   # a task's rows and verifier, before anything loads or compiles
   algorithm = build(cfg, mc)
   return run_lib.run(cfg, workdir, algorithm, mc=mc, mode="rl")

@@ -99,7 +99,7 @@ def starting_model(cfg, mc, mode: str):
   if not cfg.train.init_from:
     raise config_lib.ConfigError(
         f"train.init_from: --mode={mode} starts from a trained model; set it to the run's "
-        f"WORKDIR or a --checkpoint SPEC (e.g. /tmp/sudoku, trained by configs/sudoku.py:tiny)")
+        f"WORKDIR or a model SPEC (e.g. /tmp/sudoku, trained by configs/sudoku.py:tiny)")
   return train_loop.load_init(cfg, mc)
 
 
@@ -108,13 +108,7 @@ def load_reference(spec: str, start_model, key: str):
   ``key``), or a copy of ``start_model``'s weights when ``spec`` is ""."""
   if not spec:
     return nnx.clone(start_model)   # a copy (nnx.merge(*nnx.split(m)) would share its variables)
-  from aogpt_jax.checkpoints import spec as spec_lib  # pylint: disable=g-import-not-at-top
-  try:
-    ref, _ = spec_lib.load_any(spec)
-  except (ValueError, OSError) as err:
-    msg = str(err).splitlines()[0] if str(err) else type(err).__name__
-    raise config_lib.ConfigError(f"{key}: {msg}") from None
-  return ref
+  return train_loop.load_spec(spec, key)
 
 
 def run_meta(cfg, mc, algorithm: Algorithm, mode: str) -> dict:
@@ -271,18 +265,22 @@ def _loop(cfg, algorithm, state, start: int, ckpt, writer, meta) -> dict[str, fl
                      total, 100.0 * step / total, algorithm.progress(means), rate,
                      metrics_lib.format_duration(eta))
         window = {}
-      if is_eval:
+      if is_ckpt or stopping:   # before the eval: a failing eval loses no update
         with progress.paused():
-          ev, line = algorithm.evaluate(state[eval_weights])
+          ckpt.save(step, state, None, meta)
+        writer.flush()
+      if is_eval:
+        try:
+          with progress.paused(), stop.interruptible():   # a stop signal ends the eval at once
+            ev, line = algorithm.evaluate(state[eval_weights])
+        except workdir_lib.StopRequested:
+          stopping, is_eval = True, False
+      if is_eval:
         ev = {f"eval/{k}": float(v) for k, v in ev.items()}
         writer.write_scalars(step, ev)
         last.update(ev)
         logging.info("%s update %d eval (%s weights): %s", name, step,
                      "EMA" if eval_weights == "ema" else "live", line)
-      if is_ckpt or stopping:
-        with progress.paused():
-          ckpt.save(step, state, None, meta)
-        writer.flush()
       if stopping:
         ckpt.wait()
         logging.warning("stopped at %s update %d on request; the checkpoint is saved (run the "

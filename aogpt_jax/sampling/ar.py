@@ -36,9 +36,9 @@ def sample_ar(model: AOGPT, tokens0, prefix_len, tok_keys, prefill: int, draw: D
   ``prefill`` = min prefix length (static): the steps start there. With a bidirectional prompt
   (`aogpt.prompt_block`) the prefill pass covers ``prefill_width`` (the max prefix length)
   rank-slots instead, each row's own block seeing itself both ways, and a later step over a
-  rank-slot inside the row's block keeps the prefilled keys and values. Returns (tokens, per-step logits [n-P, B, V] if
-  ``draw.debug``, the drawn tokens' log-probabilities [B, n, 2] if ``draw.logp``: as
-  `diffusion.sample_cached`)."""
+  rank-slot inside the row's block keeps the prefilled keys and values. Returns (tokens,
+  per-step logits [n-P, B, V] if ``draw.debug``, the drawn tokens' log-probabilities [B, n, 2]
+  if ``draw.logp``: as `diffusion.sample_cached`)."""
   batch, n = tokens0.shape
   cache = model.init_cache(batch, n)
   kk_N = jnp.arange(n, dtype=jnp.int32)

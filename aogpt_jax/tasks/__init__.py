@@ -11,10 +11,14 @@ part, a train / held-out split that shares no instance, and rule-based checkers.
 solver; outside puzzles from CSV, text or ``datasets``), `star_graph` (Bachmann & Nagarajan
 2024's path-star graphs, where left to right fails), `text_pairs` (``pairs``: prompt /
 response text from JSONL or ``datasets``, supervised fine-tuning's data). A new task: a
-`base.Task` subclass decorated with ``@tasks.register("name")`` in a module imported here.
+`base.Task` subclass decorated with ``@tasks.register("name")`` in a module of one's own, named
+by ``task.module`` (a dotted name or a .py file, `import_module`; docs/tasks.md, "Your own
+task"; examples/sort_task.py).
 """
 
-from aogpt_jax.tasks.base import REGISTRY, Task, make, names, register
+from aogpt_jax.tasks.base import (REGISTRY, Task, check_task, import_module, import_modules,
+                                  make, names, register)
 from aogpt_jax.tasks import sudoku, star_graph, text_pairs  # noqa: E402  (they register)
 
-__all__ = ["REGISTRY", "Task", "make", "names", "register", "sudoku", "star_graph", "text_pairs"]
+__all__ = ["REGISTRY", "Task", "check_task", "import_module", "import_modules", "make", "names",
+           "register", "sudoku", "star_graph", "text_pairs"]

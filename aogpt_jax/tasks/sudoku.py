@@ -42,6 +42,8 @@ from aogpt_jax.tasks import base
 
 BOXES = {4: (2, 2), 6: (2, 3), 9: (3, 3)}
 DEFAULT_GIVENS = {4: (5, 10), 6: (14, 24), 9: (28, 40)}
+# The fewest givens of a puzzle with one solution (4x4: 4; 6x6: 8; 9x9: 17, McGuire et al. 2012).
+MIN_UNIQUE_GIVENS = {4: 4, 6: 8, 9: 17}
 DIFFICULTIES = ("any", "propagation", "search")
 POOL = 32
 
@@ -272,6 +274,11 @@ class Sudoku(base.Task):
     self.heldout_frac = base.check_frac("sudoku", heldout_frac)
     if not isinstance(unique, bool):
       raise ValueError(f"task 'sudoku': unique={unique!r}; expected True or False")
+    if unique and self.max_givens < MIN_UNIQUE_GIVENS[size]:
+      raise ValueError(f"task 'sudoku': max_givens={self.max_givens} with unique=True: no "
+                       f"{size}x{size} puzzle with fewer than {MIN_UNIQUE_GIVENS[size]} givens "
+                       f"has one solution, so no held-out puzzle can be made; expected "
+                       f"max_givens >= {MIN_UNIQUE_GIVENS[size]}, or unique=False")
     self.unique = unique
     if difficulty not in DIFFICULTIES:
       raise ValueError(f"task 'sudoku': difficulty={difficulty!r}; expected one of "
@@ -301,6 +308,11 @@ class Sudoku(base.Task):
         return np.concatenate(out)[:count]
     raise AssertionError("unreachable: both sides of the split are non-empty")
 
+  @property
+  def grid(self) -> tuple[int, int, int, int]:
+    """(rows, columns, box rows, box columns): what ``model.position_init="grid:..."`` codes."""
+    return (self.size, self.size, *BOXES[self.size])
+
   def load(self, path: str, limit: int | None = None) -> dict[str, np.ndarray]:
     """Puzzles of this size from a file or dataset (`load_puzzles`): ``--mode=solve`` with
     ``solve.puzzles=FILE``."""
@@ -323,13 +335,15 @@ class Sudoku(base.Task):
     ``heldout(seed, k)`` is the first ``k`` rows of ``heldout(seed, m)``, ``k <= m``."""
     rng = base.seeds(0x4E1D, seed)
     tokens, prompts, seen = [], [], set()
-    attempts = 0
+    attempts, limit = 0, 200 * count + 2000
     while len(tokens) < count:
       for grid in self._grids(rng, 64, held=True):
         if len(tokens) == count:
           break
         attempts += 1
-        if attempts > 200 * count + 2000:
+        # bounded: past 1000 tries, a rate at which the limit would find under a quarter of
+        # them ends the search too (not minutes of tries first)
+        if attempts > limit or (attempts >= 1000 and 4 * len(tokens) * limit < count * attempts):
           raise ValueError(
               f"task 'sudoku': found {len(tokens)} of {count} held-out puzzles in {attempts} "
               f"tries with {self.options()}; expected reachable options (raise max_givens or "
@@ -525,7 +539,7 @@ def _looks_like_grid(s: str) -> bool:
 
 def _read_file(path: str):
   """Yields (where, puzzle, solution) with ``where`` = "path: line k"."""
-  with open(path, newline="", encoding="utf-8") as f:
+  with base.open_text(path, newline="") as f:
     if path.lower().endswith(".csv"):
       reader = csv.reader(f)
       header = None

@@ -113,7 +113,7 @@ def _jsonl(path: str, head: str):
   if not os.path.isfile(path):
     raise ValueError(f"{head}: path={path!r}: no such file; expected a JSONL file of "
                      f"{{\"prompt\": ..., \"response\": ...}} lines")
-  with open(path, encoding="utf-8") as f:
+  with base.open_text(path) as f:
     for k, line in enumerate(f, 1):
       if not line.strip():
         continue

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import shlex
 import signal
 import sys
@@ -168,6 +169,7 @@ def train(cfg, workdir: str) -> dict[str, float]:
   """Trains (or resumes) the run in ``workdir``; returns the last logged and eval scalars."""
   t0 = time.perf_counter()
   model_cfg = config_lib.resolve(cfg)
+  config_lib.check_task(cfg)   # a task's rows and verifier, before anything compiles
   mesh = sharding_lib.make_mesh(cfg)
   sharding_lib.check_batch_sizes(cfg, mesh)
   workdir = workdir_lib.prepare_workdir(workdir)
@@ -279,19 +281,36 @@ def load_init(cfg, model_cfg):
   against the run's model field for field (`from_gpt.FUNCTION_FIELDS`) before anything
   compiles."""
   from aogpt_jax.checkpoints import from_gpt  # pylint: disable=g-import-not-at-top
-  from aogpt_jax.checkpoints import spec as spec_lib  # pylint: disable=g-import-not-at-top
   spec = str(cfg.train.init_from)
-  try:
-    m, _ = spec_lib.load_any(spec)
-  except (ValueError, OSError) as err:
-    msg = str(err).splitlines()[0] if str(err) else type(err).__name__
-    raise config_lib.ConfigError(f"train.init_from: {msg}") from None
+  m = load_spec(spec, "train.init_from")
   diff = [f"model.{f}={getattr(m.cfg, f)!r} (the run has {getattr(model_cfg, f)!r})"
           for f in from_gpt.FUNCTION_FIELDS if getattr(m.cfg, f) != getattr(model_cfg, f)]
   if diff:
     raise config_lib.ConfigError(
         f"train.init_from: {spec} is a different model: {'; '.join(diff)}; set those model.* "
         f"fields (a2o configs: configs/a2o_gpt2_small.py)")
+  return m
+
+
+def load_spec(spec: str, key: str):
+  """The model of a WORKDIR or SPEC that config key ``key`` names (``train.init_from``,
+  ``rl.reference``, ...); a read error is one `ConfigError` naming ``key`` (not --checkpoint,
+  which the user did not type)."""
+  from aogpt_jax.checkpoints import from_gpt  # pylint: disable=g-import-not-at-top
+  from aogpt_jax.checkpoints import spec as spec_lib  # pylint: disable=g-import-not-at-top
+  try:
+    m, _ = spec_lib.load_any(spec)
+  except (ValueError, OSError) as err:
+    msg = str(err).splitlines()[0] if str(err) else type(err).__name__
+    prefixed = spec.startswith("hf:") or from_gpt.is_spec(spec)
+    if not prefixed and not os.path.exists(os.path.expanduser(spec)):
+      msg = ("no such folder or file; expected the WORKDIR of a trained run (train one there "
+             "first) or a model SPEC: a published .pt, a converted folder, hf:OWNER/REPO/PATH, "
+             "gpt2:DIR or causal:DIR")
+    else:
+      msg = msg.removeprefix(f"--checkpoint={spec}: ")
+    raise config_lib.ConfigError(f"{key}: {spec}: {msg.replace('--checkpoint=', '')}"
+                                 ) from None
   return m
 
 
@@ -403,19 +422,23 @@ def _loop(cfg, trainer, state, start: int, data_iter, ckpt, writer, meta) -> dic
         if is_main:
           logging.info("%s", _progress_line(step, total, scalars, eta))
         window = _Window()
-      if is_eval:
+      if is_ckpt or stopping:   # before the eval: a failing eval loses no trained step
         with progress.paused():
-          ev = heldout_eval(trainer, state[eval_params], cfg)
+          ckpt.save(step, state, data_iter, meta)
+        writer.flush()
+      if is_eval:
+        try:
+          with progress.paused(), stop.interruptible():   # a stop signal ends the eval at once
+            ev = heldout_eval(trainer, state[eval_params], cfg)
+        except workdir_lib.StopRequested:
+          stopping, is_eval = True, False
+      if is_eval:
         writer.write_scalars(step, ev)
         last.update(ev)
         if is_main:
           logging.info("step %d eval (%s weights, %d held-out blocks of %d tokens, nats/token): "
                        "%s", step, "EMA" if eval_params == "ema" else "live", heldout_eval.blocks,
                        cfg.seq_len, _eval_line(ev))
-      if is_ckpt or stopping:
-        with progress.paused():
-          ckpt.save(step, state, data_iter, meta)
-        writer.flush()
       if stopping:
         ckpt.wait()
         logging.warning("stopped at step %d on request; the checkpoint is saved (run the same "

@@ -3,6 +3,7 @@ stop signals (SIGTERM / Ctrl-C: save, then exit; a multi-host preemption notice)
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import pathlib
@@ -77,6 +78,11 @@ def fresh_stem(folder, name: str, exts: tuple[str, ...]) -> str:
   return stem
 
 
+class StopRequested(Exception):
+  """A stop signal arrived inside `StopSignal.interruptible` (a long host loop: a held-out eval):
+  the loop is abandoned, and the run saves and stops."""
+
+
 class StopSignal:
   """SIGTERM or SIGINT (Ctrl-C) -> "save and exit"; a second Ctrl-C stops at once, unsaved.
   Multi-host runs use JAX's preemption sync point instead, so that every process stops at the
@@ -89,6 +95,7 @@ class StopSignal:
     self.signum = None      # the signal that asked to stop (None: a multi-host preemption)
     self.multihost = jax.process_count() > 1
     self._previous = {}
+    self._interruptible = False
     if not self.multihost:
       self._previous = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
 
@@ -100,6 +107,20 @@ class StopSignal:
                     "saving)", signal.Signals(signum).name)
     self.requested = True
     self.signum = int(signum)
+    if self._interruptible:
+      raise StopRequested(signal.Signals(signum).name)
+
+  @contextlib.contextmanager
+  def interruptible(self):
+    """Within it a stop signal also raises `StopRequested` at once: for work that may run long
+    between two checks of `should_stop` (a held-out eval: minutes of host loops, sampling)."""
+    if self.requested:
+      raise StopRequested(signal.Signals(self.signum).name if self.signum else "preemption")
+    self._interruptible = True
+    try:
+      yield
+    finally:
+      self._interruptible = False
 
   def should_stop(self, step: int) -> bool:
     if self.multihost and not self.requested:

@@ -6,6 +6,11 @@ repeats, new / old of the bests, and new / old within each repeat (adjacent runs
 load that drifts). Needs git (the old tree is `git archive`d into a scratch folder).
 
     python benchmarks/profile/ours_ab.py --old=f748e15 [--parts=sample] [--repeats=3] [--steps=16,256]
+    python benchmarks/profile/ours_ab.py --old=f748e15 --parts=sample_hlo [--steps=16,256]
+
+``--parts=sample_hlo`` times nothing: it compiles the sampler program of each row on both trees
+and prints, per row, whether the optimised HLO is the same (source locations aside) or which op
+counts moved: the first check of a sampling-speed change on a loaded machine, free of noise.
 
 Writes the JSON (`benchmarks/common.py`'s schema) to ``--out`` (default
 benchmarks/results/ours_ab/<machine>.json).
@@ -35,6 +40,24 @@ def old_tree(rev: str) -> pathlib.Path:
   return out
 
 
+def compare_programs(old: pathlib.Path, steps: str, top_p: str) -> None:
+  """``--parts=sample_hlo``: per row, the same compiled program on both trees, or what moved."""
+  extra = [f"--steps={steps}", f"--top_p={top_p}"]
+  progs = {who: side("ours_side.py", "sample_hlo", extra, root)
+           for who, root in (("old", old), ("new", REPO))}
+  for name, new in progs["new"].items():
+    prev = progs["old"][name]
+    if prev["hlo_sha256"] == new["hlo_sha256"]:
+      print(f"{name}: the same program")
+      continue
+    moved = [f"  {k}: {prev['ops'].get(k, 0)} -> {new['ops'].get(k, 0)}"
+             for k in sorted(set(prev["ops"]) | set(new["ops"]))
+             if prev["ops"].get(k, 0) != new["ops"].get(k, 0)]
+    print(f"{name}: programs differ" + (", op counts (old -> new):" if moved else
+                                        " (the same op counts)"))
+    print("\n".join(moved))
+
+
 def main() -> None:
   ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   ap.add_argument("--old", required=True, help="git revision to compare the working tree with")
@@ -46,6 +69,10 @@ def main() -> None:
   ap.add_argument("--out", default="", help="default: results/ours_ab/<machine>.json")
   a = ap.parse_args()
   old = old_tree(a.old)
+  if a.parts == "sample_hlo":
+    compare_programs(old, a.steps, a.top_p)
+    shutil.rmtree(old, ignore_errors=True)
+    return
   load_before = os.getloadavg()
   best: dict[str, dict] = {}
   for rep in range(a.repeats):

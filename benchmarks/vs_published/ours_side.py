@@ -5,7 +5,9 @@ batch 8; fp32 on CPU, bf16 compute on ``--device=gpu``). ``train``: the trainer'
 (linear schedule, deterministic counts, temperature 1, the published top-p rule) at each T and
 top-p, and AR decoding. Compile time is reported apart. ``ensembles``: context-order ensembles
 (Eq. 4) of one 256-token sequence, M = 8 (`evaluation.ensembles`: the any-order base forward plus
-the prefix forwards); the first call counts compilation. Prints one JSON line."""
+the prefix forwards); the first call counts compilation. ``sample_hlo``: no timing, the sampler
+programs of ``sample`` compiled, each as the hash and op counts of its optimised HLO without
+source locations (`benchmarks/profile/ours_ab.py --parts=sample_hlo`). Prints one JSON line."""
 import argparse, json, os, sys, time
 os.environ.setdefault("JAX_PLATFORMS", "cuda" if "--device=gpu" in sys.argv else "cpu")
 import jax  # noqa: E402
@@ -19,7 +21,7 @@ from aogpt_jax.train import sharding
 from aogpt_jax.train import step as train_lib  # noqa: E402
 
 p = argparse.ArgumentParser()
-p.add_argument("part", choices=("train", "sample", "ensembles"))
+p.add_argument("part", choices=("train", "sample", "ensembles", "sample_hlo"))
 p.add_argument("--runs", type=int, default=3)
 p.add_argument("--steps", default="16,64,256")
 p.add_argument("--top_p", default="1.0,0.95")
@@ -42,6 +44,26 @@ def best(fn, runs):
   for _ in range(runs):
     t0 = time.perf_counter(); fn(); ts.append(time.perf_counter() - t0)
   return min(ts), ts, first
+
+
+def program_hlo(m, s_) -> dict:
+  """The compiled sampler program that `sampler.generate` runs for ``s_``: sha256 and op counts
+  (``dtype[shape] opcode``) of its HLO with metadata and source locations removed."""
+  import collections, hashlib, re
+  from aogpt_jax.model import jit as model_jit
+  from aogpt_jax.sampling import tokens as tokens_lib
+  p_ = sampler.prepare(m.cfg, jax.random.key(1), s_, batch=B)
+  pl = (None if s_.method in sampler.PLANLESS_METHODS else
+        sampler.plan([p_], method=s_.method)[0])
+  args, kw = sampler.program_args(p_, pl, s_, False)
+  with tokens_lib.exact_sampling():
+    hlo = model_jit.call(sampler.sampler_program.lower, m, *args, **kw).compile().as_text()
+  lines = [re.sub(r", (metadata=\{[^}]*\}|stack_frame_id=\d+)", "", x) for x in hlo.splitlines()
+           if x.startswith(("%", "ENTRY", " "))]   # computations only: no file/line tables
+  ops = collections.Counter(m_.group(1) + " " + m_.group(2) for x in lines if (
+      m_ := re.search(r"= (\w+\[[\d,]*\])\S* ([a-z-]+)\(", x)))
+  return dict(hlo_sha256=hashlib.sha256("\n".join(lines).encode()).hexdigest(),
+              ops=dict(sorted(ops.items())))
 
 
 res = {}
@@ -89,6 +111,9 @@ else:
   runs.append(("AR decoding", dict(method="ar", order="l2r")))
   for name, kw in runs:
     s_ = sampler.SampleSettings(length=T, **kw)
+    if a.part == "sample_hlo":
+      res[name] = program_hlo(m, s_)
+      continue
     k = [0]
 
     def gen():

@@ -1,0 +1,359 @@
+"""A task of one's own (issue 50): ``task.module`` (a dotted name or a .py file) in every mode and
+in ``aogpt_jax.load``, ``rl.reward=MODULE:FUNCTION``, configs/task.py, idempotent registration,
+the task checks before the first step (ids, shapes, prompt mask, the verifier, an empty or short
+held-out split), the grid code against the task's grid, the checkpoint before the final eval.
+examples/sort_task.py through train, solve, rl and dpo from the command line: docs/tasks.md's
+"Your own task" commands, run by test_docs.py."""
+
+import json
+import logging
+import pathlib
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from aogpt_jax import config as config_lib
+from aogpt_jax import modes
+from aogpt_jax import recipes
+from aogpt_jax import tasks
+from aogpt_jax.posttrain import grpo
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+EXAMPLE = REPO / "examples" / "sort_task.py"
+# configs/task.py:tiny at the size of the other trainer tests.
+SIZE = {"model.n_layer": 1, "model.n_embd": 32, "model.n_head": 2, "model.target_dim": 8,
+        "batch_size": 8, "task.heldout_count": 4, "eval.batch_size": 8}
+
+TOY = '''
+import numpy as np
+from aogpt_jax import tasks
+
+@tasks.register("{name}")
+class Toy(tasks.Task):
+  """Rows of 4 tokens: 2 given, then the same 2 again; every knob a test can break."""
+
+  def __init__(self, bad_id: int = -1, verify_raises: bool = False, heldout_rows: int = -1,
+               all_given: bool = False, wrong_reference: bool = False):
+    self.bad_id, self.verify_raises, self.heldout_rows = bad_id, verify_raises, heldout_rows
+    self.all_given, self.wrong_reference = all_given, wrong_reference
+    self.length, self.vocab_size = 4, 5
+
+  def options(self):
+    return {{}}
+
+  def _rows(self, n):
+    x = np.arange(n)[:, None] % 5 * np.ones((1, 2), int)
+    tokens = np.concatenate([x, x], 1).astype(np.int32)
+    if self.bad_id >= 0:
+      tokens[n // 2, 3] = self.bad_id
+    prompt = np.zeros((n, 4), bool)
+    prompt[:, :4 if self.all_given else 2] = True
+    return {{"tokens": tokens, "prompt": prompt}}
+
+  def train_batch(self, seed, index, batch):
+    return self._rows(batch)
+
+  def heldout(self, seed, count):
+    return self._rows(count if self.heldout_rows < 0 else min(count, self.heldout_rows))
+
+  def verify(self, tokens, puzzle):
+    if self.verify_raises:
+      raise KeyError("cells")
+    solved = (np.asarray(tokens)[:, 2:] == np.asarray(puzzle["tokens"])[:, :2]).all(1)
+    if self.wrong_reference:
+      solved[0] = False
+    return {{"solved": solved, "cell_accuracy": solved.astype(float)}}
+
+  def render(self, tokens_row, prompt_row=None):
+    return str(list(tokens_row))
+'''
+
+
+@pytest.fixture
+def toy(tmp_path, monkeypatch):
+  """A module of one's own in TMP/my_tasks.py (importable as ``my_tasks`` from TMP, the current
+  folder), registering the task "toy_<tmp>"; the registry is restored afterwards."""
+  name = f"toy_{tmp_path.name}".replace("-", "_")
+  (tmp_path / "my_tasks.py").write_text(TOY.format(name=name))
+  monkeypatch.chdir(tmp_path)
+  monkeypatch.syspath_prepend(str(tmp_path))
+  monkeypatch.delitem(sys.modules, "my_tasks", raising=False)
+  saved = dict(tasks.REGISTRY)
+  yield name
+  sys.modules.pop("my_tasks", None)
+  tasks.REGISTRY.clear()
+  tasks.REGISTRY.update(saved)
+
+
+def _cfg(name: str, module: str = "my_tasks", **options):
+  """configs/task.py:tiny on task NAME of MODULE with OPTIONS, at SIZE."""
+  return recipes.apply(recipes.config_file(REPO / "configs" / "task.py", "tiny"),
+                       {"task.module": module, "task.name": name, "task.options": options,
+                        **SIZE})
+
+
+def _one_line(e) -> str:
+  msg = str(e.value)
+  assert "\n" not in msg, msg
+  return msg
+
+
+# ---------------------------------------------------------------------------- task.module
+
+
+def test_task_module_by_dotted_name_or_path_and_errors(toy, tmp_path):
+  cfg = _cfg(toy)
+  assert config_lib.task_of(cfg).name == toy
+  assert config_lib.resolve(cfg).valid_vocab_size == 5 and cfg.seq_len == 4   # follows the task
+  assert cfg.model.block_size == 4 and cfg.sample.steps == 4 and cfg.rl.steps == 4
+  # A .py path (relative to the current folder) imports the same module, recorded absolute.
+  cfg = _cfg(toy, "my_tasks.py")
+  config_lib.import_task_module(cfg)
+  assert cfg.task.module == str(tmp_path / "my_tasks.py")
+  for module, want in (("no_such_mod", "task.module: no module named 'no_such_mod'"),
+                       ("nowhere/x.py", "task.module: no such file 'nowhere/x.py'")):
+    with pytest.raises(config_lib.ConfigError) as e:
+      config_lib.import_task_module(_cfg(toy, module))
+    assert _one_line(e).startswith(want)
+  (tmp_path / "broken.py").write_text("import numpy\nraise RuntimeError('half written')\n")
+  with pytest.raises(config_lib.ConfigError) as e:
+    config_lib.import_task_module(_cfg(toy, "broken"))
+  assert _one_line(e) == ("task.module: importing broken failed: RuntimeError: half written")
+  # An unknown name says how a task of one's own is found.
+  with pytest.raises(config_lib.ConfigError) as e:
+    config_lib.task_of(_cfg("nonesuch", ""))
+  assert "set task.module to the module that registers it" in _one_line(e)
+  # configs/task.py without a task name: one line saying what to set.
+  with pytest.raises(config_lib.ConfigError) as e:
+    config_lib.resolve(recipes.config_file(REPO / "configs" / "task.py", "tiny"))
+  assert "--config.task.name=NAME" in _one_line(e)
+
+
+def test_registration_is_idempotent_for_the_same_class(toy, tmp_path):
+  first = tasks.import_module("my_tasks")
+  # The same file again under other module names (a config file loaded twice, a path and a
+  # dotted name): no error, the newest class is the entry.
+  again = tasks.import_module(str(tmp_path / "my_tasks.py"))
+  assert again is not first and tasks.REGISTRY[toy].__module__ == again.__name__
+  assert tasks.import_module(str(tmp_path / "my_tasks.py")) is again      # cached
+  # Another class under a taken name: one line naming both.
+  (tmp_path / "other.py").write_text(TOY.format(name=toy).replace("class Toy", "class Other"))
+  with pytest.raises(config_lib.ConfigError) as e:
+    config_lib.import_task_module(_cfg(toy, "other"))
+  assert f"task {toy!r} is registered twice" in _one_line(e) and "other.Other" in str(e.value)
+
+
+def test_the_module_is_found_again_from_the_runs_config_json(toy, tmp_path):
+  run = tmp_path / "run"
+  run.mkdir()
+  (run / "config.json").write_text(json.dumps({"task": {"name": toy, "module": "my_tasks"}}))
+  cfg = _cfg(toy, "")
+  assert config_lib.task_module_of_run(cfg, str(tmp_path / "absent"), str(run)) == "my_tasks"
+  assert cfg.task.module == "my_tasks"
+  other = _cfg("sudoku", "")               # another task: not adopted
+  assert config_lib.task_module_of_run(other, str(run)) == "" and other.task.module == ""
+
+
+def test_loading_a_run_imports_its_task_module(toy, caplog):
+  """What `aogpt_jax.load` / `store.load_model` do with a run's config: its task.module imported,
+  so tasks.make finds the task; a module gone since is a warning (the weights still load)."""
+  from ml_collections import config_dict  # pylint: disable=g-import-not-at-top
+  from aogpt_jax.checkpoints import store  # pylint: disable=g-import-not-at-top
+  assert toy not in tasks.names()
+  store._import_task_module(config_dict.ConfigDict(  # noqa: SLF001
+      {"task": {"name": toy, "module": "my_tasks"}}))
+  assert tasks.make(toy).length == 4
+  with caplog.at_level(logging.WARNING):
+    store._import_task_module(config_dict.ConfigDict(  # noqa: SLF001
+        {"task": {"name": "gone", "module": "gone_tasks"}}))
+  assert "no module named 'gone_tasks'" in caplog.text and "'gone' cannot be made" in caplog.text
+
+
+def test_reward_from_module_colon_function():
+  fn = grpo.get_reward(f"{EXAMPLE}:in_order")
+  tokens = np.array([[3, 1, 1, 3], [3, 1, 3, 1]])
+  task = type("T", (), {"digits": 2})()
+  np.testing.assert_allclose(fn(tokens, None, task), [1.0, 0.0])
+  # A reward registered by a module imported again (a config file loaded twice): not an error;
+  # another function under a taken name is.
+  src = "def r(tokens, puzzles, task):\n  return tokens[:, 0] * 0.0\n"
+  try:
+    for _ in range(2):
+      ns = {}
+      exec(compile(src, str(REPO / "my_rewards.py"), "exec"), ns)  # noqa: S102
+      grpo.register_reward("again")(ns["r"])
+    with pytest.raises(ValueError, match="grpo reward 'again' is already registered"):
+      grpo.register_reward("again")(lambda tokens, puzzles, task: tokens[:, 0])
+  finally:
+    grpo.REWARDS.pop("again", None)
+  # A reward that raises, or gives another shape: one line (up front on the first prompts'
+  # reference answers, and on the rollouts).
+  def broken(tokens, puzzles, task):
+    raise KeyError("answer")
+
+  for fn, want in ((broken, "rl.reward: broken raised KeyError: 'answer' on the rollouts"),
+                   (lambda t, p, k: t, "rl.reward: returned shape (2, 4) on the rollouts; "
+                                       "expected (2,), one reward per rollout")):
+    with pytest.raises(ValueError) as e:
+      grpo.reward_values(fn, np.zeros((2, 4)), {}, None, "the rollouts")
+    assert _one_line(e) == want
+  for reward, want in ((f"{EXAMPLE}:nope", "has no function 'nope'"),
+                       ("no_such_mod:f", "no module named 'no_such_mod'")):
+    with pytest.raises(ValueError) as e:
+      grpo.get_reward(reward)
+    assert _one_line(e).startswith(f"rl.reward: {reward!r}") and want in str(e.value)
+
+
+# ---------------------------------------------------------------------------- the checks
+
+
+@pytest.mark.parametrize("options, want", [
+    ({"bad_id": 5}, "row 4 holds token id 5 at position 3; expected ids in [0, 5) "
+                    "(vocab_size=5)"),
+    ({"verify_raises": True}, "its verifier raised KeyError: 'cells' on the reference answers "
+                              "of train_batch(seed=0, index=0, batch=8)"),
+    ({"wrong_reference": True}, "its verifier says 1 of 8 reference answers of "
+                                "train_batch(seed=0, index=0, batch=8) are not solved"),
+    ({"all_given": True}, "no scored cells"),
+    ({"heldout_rows": 0}, "task.heldout_count: task {name!r} has an empty held-out split"),
+])
+def test_a_task_is_checked_before_the_first_step(toy, options, want):
+  cfg = _cfg(toy, **options)
+  config_lib.resolve(cfg)
+  with pytest.raises(config_lib.ConfigError) as e:
+    config_lib.check_task(cfg)
+  assert want.format(name=toy) in _one_line(e)
+  assert str(e.value).startswith(("task.heldout_count", f"task {toy!r}"))
+
+
+def test_a_short_heldout_split_is_capped_with_a_line(toy, caplog):
+  cfg = _cfg(toy, heldout_rows=3)
+  with caplog.at_level(logging.WARNING):
+    config_lib.check_task(cfg)
+  assert cfg.task.heldout_count == 3
+  assert f"task.heldout_count=4: task {toy!r} has 3 held-out rows; scoring those 3" in caplog.text
+  # --mode=solve's solve.count the same way; the default 256 needs no override.
+  cfg.solve.count = 256
+  with caplog.at_level(logging.WARNING):
+    puzzles, source = modes.load_puzzles(config_lib.task_of(cfg), cfg)
+  assert len(puzzles["tokens"]) == 3 and source["count"] == 3
+  assert "solve.count=256: task" in caplog.text and "solving those 3" in caplog.text
+
+
+def test_all_given_sudoku_is_refused_as_no_scored_cells():
+  cfg = recipes.apply(recipes.config_file(REPO / "configs" / "sudoku.py", "tiny"), {
+      "task.options": {"size": 6, "min_givens": 36, "max_givens": 36}, "task.heldout_count": 2})
+  with pytest.raises(config_lib.ConfigError) as e:
+    config_lib.check_task(cfg)
+  assert "no scored cells" in _one_line(e)
+
+
+@pytest.mark.parametrize("code", ["grid:6,6,3,2", "grid:4,4,2,2", "grid:3,12,1,3"])
+def test_a_grid_code_that_is_not_the_tasks_grid_is_one_line(code):
+  cfg = recipes.apply(recipes.config_file(REPO / "configs" / "sudoku.py", "tiny"),
+                      {"model.position_init": code})
+  with pytest.raises(config_lib.ConfigError) as e:
+    config_lib.resolve(cfg)
+  assert _one_line(e).startswith(f"model.position_init: {code!r} codes a ")
+  assert "task 'sudoku' is a 6x6 grid of 2x3 boxes; use 'grid:6,6,2,3'" in str(e.value)
+
+
+def test_a_misspelt_key_of_a_config_that_defines_its_task_gets_the_hint(tmp_path):
+  from aogpt_jax import main  # pylint: disable=g-import-not-at-top
+  f = tmp_path / "own.py"
+  f.write_text(TOY.format(name=f"own_{tmp_path.name}".replace("-", "_")) + textwrap.dedent(f'''
+      from aogpt_jax import recipes
+      def get_config(arg=None):
+        return recipes.apply(recipes.task_run(True), {{"task.name": "own_{tmp_path.name}"
+                                                        .replace("-", "_")}})
+      '''))
+  saved = dict(tasks.REGISTRY)
+  try:
+    recipes.config_file(f)                  # what the flag parser loads first
+    line = main._flag_error(["prog", f"--config={f}", "--config.task.nmae=x"],  # noqa: SLF001
+                            AttributeError("nmae"))
+  finally:
+    tasks.REGISTRY.clear()
+    tasks.REGISTRY.update(saved)
+  assert line == "--config.task.nmae: no config key 'task.nmae'; did you mean --config.task.name?"
+
+
+# ---------------------------------------------------------------------------- the run loops
+
+
+class _Checkpointer:
+  """Stands in for `store.Checkpointer`: records each save in ``events``."""
+
+  def __init__(self, events, directory):
+    self.events, self.directory, self.last_saved = events, directory, None
+
+  def check(self):
+    pass
+
+  def wait(self):
+    pass
+
+  def save(self, step, state, data_iter, meta):
+    self.events.append(("save", step))
+
+
+class _Writer:
+  def write_scalars(self, step, scalars):
+    pass
+
+  def flush(self):
+    pass
+
+
+def _failing_eval(events):
+  def fn(*args, **kwargs):
+    events.append("eval")
+    raise RuntimeError("the eval broke")
+  return fn
+
+
+def test_training_saves_before_its_final_eval(tmp_path, monkeypatch):
+  """The training loop (`train.loop._loop`) with a stand-in step, checkpointer and writer: the
+  last step is saved before the eval that fails, so no trained step is lost."""
+  from ml_collections import config_dict  # pylint: disable=g-import-not-at-top
+  from aogpt_jax.model import aogpt as model_lib  # pylint: disable=g-import-not-at-top
+  from aogpt_jax.train import loop as train_loop  # pylint: disable=g-import-not-at-top
+  events = []
+  m = {"nll_sum": 1.0, "token_count": 1.0, "grad_norm": 1.0, "param_norm": 1.0, "lr": 1e-3}
+  monkeypatch.setattr(train_loop.sharding_lib, "global_batch", lambda local, mesh: local)
+  monkeypatch.setattr(train_loop, "_compile_step", lambda *a: lambda state, batch: (state, m))
+  monkeypatch.setattr(train_loop, "heldout_eval", _failing_eval(events))
+  trainer = type("Trainer", (), {"model_cfg": model_lib.preset("tiny"), "mesh": None})()
+  cfg = config_dict.ConfigDict(dict(total_steps=2, batch_size=2, seq_len=4, microbatches=1,
+                                    log_every=1, eval_every=0, checkpoint_every=0))
+  with pytest.raises(RuntimeError, match="the eval broke"):
+    train_loop._loop(cfg, trainer, {"params": {}}, 0, iter(dict, None),  # noqa: SLF001
+                     _Checkpointer(events, tmp_path), _Writer(), {})
+  assert events == [("save", 2), "eval"]
+
+
+def test_a_post_training_run_saves_before_its_final_eval(tmp_path):
+  """The post-training loop (`posttrain.run._loop`) the same way, with a stand-in algorithm."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from ml_collections import config_dict  # pylint: disable=g-import-not-at-top
+  from aogpt_jax.posttrain import run as run_lib  # pylint: disable=g-import-not-at-top
+  events = []
+
+  class Algorithm:
+    name, ema_decay = "rl", 0.0
+    evaluate = staticmethod(_failing_eval(events))
+
+    def update(self, params, opt_state, step, key):
+      return params, opt_state, {"loss": 0.0, "grad_norm": 0.0}
+
+    def progress(self, means):
+      return ""
+
+  cfg = config_dict.ConfigDict(dict(total_steps=2, log_every=1, eval_every=0, checkpoint_every=0))
+  state = {"params": {}, "opt_state": {}, "rng": jax.random.PRNGKey(0), "step": 0}
+  with pytest.raises(RuntimeError, match="the eval broke"):
+    run_lib._loop(cfg, Algorithm(), state, 0, _Checkpointer(events, tmp_path), _Writer(),  # noqa: SLF001
+                  {})
+  assert events == [("save", 2), "eval"]
