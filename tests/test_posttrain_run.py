@@ -207,7 +207,7 @@ def test_command_line_runs_and_sigterm_saves(sft, tmp_path):
   import signal  # pylint: disable=g-import-not-at-top
   import time  # pylint: disable=g-import-not-at-top
   wd = tmp_path / "cli"
-  flat = {**pt.SIZE, **RL, "train.init_from": str(sft), "total_steps": 40, "eval_every": 0,
+  flat = {**pt.SIZE, **RL, "train.init_from": str(sft), "total_steps": 2000, "eval_every": 0,
           "checkpoint_every": 0, "log_every": 1}
   args = [sys.executable, "-m", "aogpt_jax.main", "--config=configs/rl_sudoku.py:tiny",
           f"--workdir={wd}", "--mode=rl"] + [f"--config.{k}={v}" for k, v in flat.items()]
@@ -222,8 +222,8 @@ def test_command_line_runs_and_sigterm_saves(sft, tmp_path):
   out = p.communicate(timeout=300)[0]
   assert p.returncode == 0, out[-3000:]
   saved = tu.checkpoint_steps(wd)
-  assert len(saved) == 1 and 1 <= saved[0] < 40, out[-3000:]
-  args = [a.replace("total_steps=40", f"total_steps={saved[0] + 1}") for a in args]
+  assert len(saved) == 1 and 1 <= saved[0] < 2000, out[-3000:]
+  args = [a.replace("total_steps=2000", f"total_steps={saved[0] + 1}") for a in args]
   p = subprocess.run(args, cwd=pt.REPO, env=tu.cpu_env(), capture_output=True, text=True,
                      timeout=600)
   assert p.returncode == 0, p.stderr[-3000:]
