@@ -17,6 +17,8 @@ encoder MDM, from configs/TASK.py (``:tiny`` at CPU size) plus the variant's ove
   by `reference_decode` (one training forward per candidate and step);
 * ``bidirectional_uniform``: ``bidirectional`` with uniform orders over the blanks (no 10% L2R
   rows);
+* ``bidirectional_2x``: ``bidirectional`` trained for twice the steps (does the gap close or
+  only shift?);
 * ``bidirectional_r2l``: ``bidirectional`` with 40% of the rows right to left (`orders.mixture`'s
   ``p_r2l``): a star graph's path from the goal back.
 
@@ -56,6 +58,8 @@ VARIANTS = {
     "bidirectional_uniform": ("", "", {"model.prompt_attention": "bidirectional",
                                        "order.kwargs": {"p_l2r": 0.0}},
                               "AO-GPT, bidirectional prompt, no L2R rows"),
+    "bidirectional_2x": ("", "", {"model.prompt_attention": "bidirectional", "steps_factor": 2},
+                         "AO-GPT, bidirectional prompt, twice the steps"),
     "bidirectional_r2l": ("", "", {"model.prompt_attention": "bidirectional",
                                    "order.kwargs": {"p_l2r": 0.1, "p_r2l": 0.4}},
                           "AO-GPT, bidirectional prompt, 40% right-to-left rows"),
@@ -156,6 +160,8 @@ def variant_config(task_key: str, size: str, label: str, steps: int):
       cfg.model.position_init = f"grid:{t.size},{t.size},{BOXES[t.size][0]},{BOXES[t.size][1]}"
   if steps:
     cfg.total_steps = steps
+  overrides = dict(overrides)
+  cfg.total_steps = int(cfg.total_steps) * int(overrides.pop("steps_factor", 1))
   recipes.apply(cfg, overrides)
   cfg.eval_every = cfg.total_steps
   return cfg, f"configs/{file}.py" + (f":{arg}" if arg else "")
@@ -196,12 +202,49 @@ def solve_row(label: str, decoding: str, summ: dict, extra: dict | None = None) 
                                   "steps_mean", "ms_per_puzzle", "wall_s")}, **(extra or {})}
 
 
-def run_task(task_key: str, args) -> dict:
+def solve_variant(task_key: str, label: str, model, task, puzzles: dict, args) -> list[dict]:
+  """The rows of one trained variant: adaptive max_prob and margin (greedy, one cell per step)
+  and a random order; ``bidirectional_target`` by `reference_decode` (no cached sampler);
+  ``bidirectional``'s max_prob also by `reference_decode`, to compare grid for grid."""
   import jax
-  import aogpt_jax
-  from aogpt_jax import tasks
   from aogpt_jax.evaluation import solve as solve_lib
   from aogpt_jax.sampling import SampleSettings
+  n = task.length
+  one = dict(steps=n, greedy=True, length=n)
+  rows = []
+  if label == "bidirectional_target":
+    for policy in POLICIES + ("random",):
+      dec = reference_decode(model, puzzles, policy, seed=args.seed)
+      summ = solve_lib._result(task, puzzles["tokens"], puzzles["prompt"], dec["tokens"],
+                               dec["order"], n - puzzles["prompt"].sum(1),
+                               task.verify(dec["tokens"], puzzles), dec["wall_s"],
+                               SampleSettings(method="adaptive", policy=policy, **one)).summary
+      rows.append(solve_row(label, f"{policy} (reference)" if policy != "random"
+                            else "random order (reference)", summ))
+      print(f"[{task_key}] {label:22s} {rows[-1]['decoding']:24s} "
+            f"{solve_lib.summary_line(summ)}", flush=True)
+    return rows
+  decodings = [(p, dict(method="adaptive", policy=p, **one)) for p in POLICIES]
+  decodings.append(("random order", dict(method="encoder" if label == "mdm" else "diffusion",
+                                         order="random", **one)))
+  for name, fields in decodings:
+    res = solve_lib.solve(model, task, puzzles, SampleSettings(**fields),
+                          key=jax.random.key(args.seed), batch_size=args.batch_size)
+    extra = {}
+    if label == "bidirectional" and name == "max_prob":
+      dec = reference_decode(model, puzzles, "max_prob", seed=args.seed)
+      same = np.all(dec["tokens"] == np.array([r["output"] for r in res.rows]), axis=1)
+      extra = {"reference_same_grids": int(same.sum()),
+               "reference_solved": int(np.sum(task.verify(dec["tokens"], puzzles)["solved"]))}
+    rows.append(solve_row(label, name, res.summary, extra))
+    print(f"[{task_key}] {label:22s} {name:24s} {solve_lib.summary_line(res.summary)}"
+          + (f" | reference decoding: {extra}" if extra else ""), flush=True)
+  return rows
+
+
+def run_task(task_key: str, args) -> dict:
+  import aogpt_jax
+  from aogpt_jax import tasks
   labels = (args.variants or TASKS[task_key][2]).split(",")
   runs, rows = {}, []
   task = puzzles = None
@@ -217,35 +260,16 @@ def run_task(task_key: str, args) -> dict:
     if task is None:
       task = tasks.make(cfg.task.name, **cfg.task.options.to_dict())
       puzzles = task.heldout(int(cfg.task.heldout_seed), args.puzzles)
-    n = task.length
-    one = dict(steps=n, greedy=True, length=n)
-    if label == "bidirectional_target":      # no cached sampler: the reference decoding
-      for policy in POLICIES + ("random",):
-        dec = reference_decode(model, puzzles, policy, seed=args.seed)
-        summ = solve_lib._result(task, puzzles["tokens"], puzzles["prompt"], dec["tokens"],
-                                 dec["order"], n - puzzles["prompt"].sum(1), task.verify(
-                                     dec["tokens"], puzzles), dec["wall_s"],
-                                 SampleSettings(method="adaptive", policy=policy, **one)).summary
-        rows.append(solve_row(label, f"{policy} (reference)" if policy != "random"
-                              else "random order (reference)", summ))
-        print(f"[{task_key}] {label:22s} {rows[-1]['decoding']:24s} "
-              f"{solve_lib.summary_line(summ)}", flush=True)
-      continue
-    decodings = [(p, dict(method="adaptive", policy=p, **one)) for p in POLICIES]
-    decodings.append(("random order", dict(method="encoder" if label == "mdm" else "diffusion",
-                                           order="random", **one)))
-    for name, fields in decodings:
-      res = solve_lib.solve(model, task, puzzles, SampleSettings(**fields),
-                            key=jax.random.key(args.seed), batch_size=args.batch_size)
-      extra = {}
-      if label == "bidirectional" and name == "max_prob":
-        dec = reference_decode(model, puzzles, "max_prob", seed=args.seed)
-        same = np.all(dec["tokens"] == np.array([r["output"] for r in res.rows]), axis=1)
-        extra = {"reference_same_grids": int(same.sum()),
-                 "reference_solved": int(np.sum(task.verify(dec["tokens"], puzzles)["solved"]))}
-      rows.append(solve_row(label, name, res.summary, extra))
-      print(f"[{task_key}] {label:22s} {name:24s} {solve_lib.summary_line(res.summary)}"
-            + (f" | reference decoding: {extra}" if extra else ""), flush=True)
+    saved = wd / "reasoning_gap_solved.json"     # this run's rows, kept for a rerun
+    key = {"puzzles": len(puzzles["tokens"]), "heldout_seed": int(cfg.task.heldout_seed),
+           "seed": args.seed}
+    if saved.exists() and json.loads(saved.read_text())["key"] == key:
+      mine = json.loads(saved.read_text())["rows"]
+      print(f"[{task_key}] {label}: the solved rows of {saved}", flush=True)
+    else:
+      mine = solve_variant(task_key, label, model, task, puzzles, args)
+      common.write_json(saved, {"key": key, "rows": mine})
+    rows += mine
   return {"task": task.name, "options": task.options(), "length": task.length,
           "puzzles": len(puzzles["tokens"]), "train": runs, "decodings": rows,
           "findings": findings(runs, rows)}
@@ -361,7 +385,7 @@ def plot(results: dict, path: pathlib.Path, title: str) -> None:
                            gridspec_kw={"width_ratios": [1.5, 1]})
   palette = {"mdm": "tab:orange", "causal": "tab:gray", "bidirectional": "tab:blue",
              "bidirectional_target": "tab:green", "bidirectional_uniform": "tab:purple",
-             "bidirectional_r2l": "tab:red"}
+             "bidirectional_r2l": "tab:red", "bidirectional_2x": "tab:cyan"}
   for i, name in enumerate(names):
     res = results[name]
     rows = res["decodings"]
