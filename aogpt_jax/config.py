@@ -312,10 +312,6 @@ def resolve(cfg) -> model_lib.ModelConfig:
   if cfg.seq_len < 2:
     _fail("seq_len", f"must be >= 2 (one token has no context to learn from), got {cfg.seq_len}")
   task = task_of(cfg)
-  if task is None and mc.prompt_attention != "causal":
-    _fail("model.prompt_attention", f"{mc.prompt_attention!r} needs prompts, and text "
-          f"pretraining has none: train on a task (task.name: configs/sudoku.py, "
-          f"configs/sft_text.py) or keep 'causal'")
   if task is not None:
     if cfg.seq_len != task.length:
       _fail("seq_len", f"{cfg.seq_len}: task {task.name!r} rows are {task.length} tokens; set "
@@ -375,6 +371,15 @@ def check_data(cfg) -> None:
   f = cfg.data.get("validation_fraction", 0.0)
   if not isinstance(f, (int, float)) or isinstance(f, bool) or not 0 <= f < 1:
     _fail("data.validation_fraction", f"must be a number in [0, 1), got {f!r}")
+
+
+def check_prompt_training(cfg, mc: model_lib.ModelConfig) -> None:
+  """Training: ``model.prompt_attention`` other than causal needs prompts, i.e. a task (text
+  pretraining has none). The post-training and solve modes name their missing task themselves."""
+  if task_of(cfg) is None and mc.prompt_attention != "causal":
+    _fail("model.prompt_attention", f"{mc.prompt_attention!r} needs prompts, and text "
+          f"pretraining has none: train on a task (task.name: configs/sudoku.py, "
+          f"configs/sft_text.py) or keep 'causal'")
 
 
 def task_options(cfg) -> dict[str, Any]:

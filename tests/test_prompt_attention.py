@@ -183,6 +183,12 @@ def test_options_where_they_cannot_apply_are_one_line_errors():
     encoder_model.encoder_config(cfg)
   with pytest.raises(ValueError, match=r"model.prompt_attention: .*'sideways'"):
     cfg.replace(prompt_attention="sideways")
+  from aogpt_jax import config as config_lib
+  from aogpt_jax import recipes
+  text = recipes.apply(recipes.quickstart(), {"model.prompt_attention": "bidirectional"})
+  with pytest.raises(config_lib.ConfigError,
+                     match=r"^model.prompt_attention: 'bidirectional' needs prompts, and text "):
+    config_lib.check_prompt_training(text, config_lib.resolve(text))
   target = tiny_model(prompt_attention="bidirectional_target")
   with pytest.raises(ValueError, match=r"model.prompt_attention='bidirectional_target'"):
     sampler.generate(target, jax.random.key(0), sampler.SampleSettings(length=N),

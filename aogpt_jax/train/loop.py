@@ -169,6 +169,7 @@ def train(cfg, workdir: str) -> dict[str, float]:
   """Trains (or resumes) the run in ``workdir``; returns the last logged and eval scalars."""
   t0 = time.perf_counter()
   model_cfg = config_lib.resolve(cfg)
+  config_lib.check_prompt_training(cfg, model_cfg)
   config_lib.check_task(cfg)   # a task's rows and verifier, before anything compiles
   mesh = sharding_lib.make_mesh(cfg)
   sharding_lib.check_batch_sizes(cfg, mesh)
