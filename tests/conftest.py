@@ -13,10 +13,12 @@ if _TESTS not in sys.path:
   sys.path.insert(0, _TESTS)
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-# XLA:CPU compiles without LLVM's optimisations (what the code computes is the same; the machine
-# code is slower). The suite's models are tiny, so compiling is most of its CPU time: this saves
-# about a quarter of a tiny training run's CPU time and more of a sampler's. Every process the
-# tests start gets the same flags (helpers.trainer.cpu_env reads AOGPT_TEST_XLA_FLAGS).
+# XLA:CPU compiles without LLVM's optimisations: the same computation (results may differ from an
+# optimised build's in the last bits, about 1e-9), slower machine code. The suite's models are
+# tiny, so compiling is most of its CPU time: this saves about a quarter of a tiny training run's
+# CPU time and about 40% of a sampler's. Every process the tests start gets the same flags
+# (helpers.trainer.cpu_env reads AOGPT_TEST_XLA_FLAGS), so runs compared bitwise across processes
+# compile alike.
 os.environ["AOGPT_TEST_XLA_FLAGS"] = ("--xla_backend_optimization_level=0 "
                                       "--xla_llvm_disable_expensive_passes=true")
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " +
