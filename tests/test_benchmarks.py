@@ -18,6 +18,7 @@ BENCH = REPO / "benchmarks"
 sys.path.insert(0, str(BENCH))
 import common  # noqa: E402
 import results_table  # noqa: E402
+from helpers import trainer as tu  # noqa: E402
 
 SCRIPTS = sorted(BENCH.glob("*.py")) + sorted((BENCH / "profile").glob("*.py")) + sorted(
     (BENCH / "vs_published").glob("*.py"))
@@ -172,7 +173,7 @@ def test_quickstart_benchmark_runs_end_to_end(tmp_path):
   """benchmarks/quickstart.py past --help: a 4-step quickstart at tiny width, read back through
   the run's own config.json, written in the schema."""
   out = tmp_path / "q.json"
-  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(REPO))
+  env = tu.cpu_env()          # one CPU device, as a user runs it (not the suite's 8)
   over = ["--config.total_steps=4", "--config.log_every=2", "--config.eval_every=0",
           "--config.checkpoint_every=0", "--config.model.n_layer=1", "--config.model.n_embd=32",
           "--config.model.n_head=2", "--config.eval.train_max_blocks=8",
@@ -192,9 +193,10 @@ def test_quickstart_benchmark_runs_end_to_end(tmp_path):
 def test_post_training_benchmark_runs_end_to_end(tmp_path):
   """benchmarks/post_training.py --size=test: a 2-step one-layer Sudoku model, 2 GRPO updates with
   each likelihood (exact, mean-field, ELBO) and with a stochastic order policy, the estimator's
-  error on 4 rollouts; JSON in the schema, Markdown and PNG."""
+  error on 4 rollouts (at its two ends only: one token per step, the whole answer in one step);
+  JSON in the schema, Markdown and PNG."""
   out = tmp_path / "p.json"
-  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(REPO))
+  env = tu.cpu_env()          # one CPU device, as a user runs it (not the suite's 8)
   p = subprocess.run([sys.executable, str(BENCH / "post_training.py"), "--size=test",
                       f"--workdir={tmp_path / 'runs'}", f"--out={out}"],
                      cwd=REPO, env=env, capture_output=True, text=True, timeout=1200)

@@ -15,7 +15,6 @@ from flax import nnx
 from aogpt_jax import config as config_lib
 from aogpt_jax.checkpoints import store
 from aogpt_jax.posttrain import dpo, dpo_run
-from aogpt_jax.train import loop as train_loop
 from helpers import posttrain as pt
 from helpers import trainer as tu
 
@@ -29,8 +28,9 @@ METRICS = {"dpo/" + k for k in dpo_run.METRICS} | {"dpo/grad_norm", "dpo/update_
 
 @pytest.fixture(scope="module")
 def sft(tmp_path_factory):
-  """A tiny configs/sudoku.py:tiny run (10 steps): the starting weights of every DPO run here."""
-  return pt.train_start(tmp_path_factory.mktemp("sft"))
+  """The tiny configs/sudoku.py:tiny run (10 steps, shared): the starting weights of every DPO run
+  here."""
+  return pt.train_start(tmp_path_factory)
 
 
 def dpo_config(sft, **overrides):
@@ -117,10 +117,8 @@ def test_bad_settings_are_one_line_errors_before_anything_runs(sft, tmp_path, ov
 
 
 @pytest.mark.slow
-def test_a_reference_of_another_shape_is_one_line(sft, tmp_path):
-  other = tmp_path / "other"
-  train_loop.train(pt.config("sudoku.py", total_steps=1, log_every=1, eval_every=0,
-                           checkpoint_every=0, **{"model.n_embd": 16}), str(other))
+def test_a_reference_of_another_shape_is_one_line(sft, tmp_path, tmp_path_factory):
+  other = pt.other_shape(tmp_path_factory)
   with pytest.raises(config_lib.ConfigError, match=r"^dpo.reference: the reference model "
                      r"differs in shape"):
     dpo_run.dpo_mode(dpo_config(sft, **{"dpo.reference": str(other)}), str(tmp_path / "w"))

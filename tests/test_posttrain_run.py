@@ -20,7 +20,6 @@ from flax import nnx
 from aogpt_jax import config as config_lib
 from aogpt_jax.checkpoints import store
 from aogpt_jax.posttrain import grpo, rl
-from aogpt_jax.train import loop as train_loop
 from helpers import posttrain as pt
 from helpers import trainer as tu
 
@@ -38,8 +37,9 @@ METRICS = {"rl/reward", "rl/reward_std", "rl/solved", "rl/loss", "rl/grad_norm",
 
 @pytest.fixture(scope="module")
 def sft(tmp_path_factory):
-  """A tiny configs/sudoku.py:tiny run (10 steps): the starting weights of every RL run here."""
-  return pt.train_start(tmp_path_factory.mktemp("sft"))
+  """The tiny configs/sudoku.py:tiny run (10 steps, shared): the starting weights of every RL run
+  here."""
+  return pt.train_start(tmp_path_factory)
 
 
 def rl_config(sft, **overrides):
@@ -178,10 +178,8 @@ def test_a_reward_that_returns_nan_is_one_line_before_any_update(sft, tmp_path, 
 
 
 @pytest.mark.slow
-def test_a_reference_of_another_shape_is_one_line(sft, tmp_path):
-  other = tmp_path / "other"
-  train_loop.train(pt.config("sudoku.py", total_steps=1, log_every=1, eval_every=0,
-                           checkpoint_every=0, **{"model.n_embd": 16}), str(other))
+def test_a_reference_of_another_shape_is_one_line(sft, tmp_path, tmp_path_factory):
+  other = pt.other_shape(tmp_path_factory)
   with pytest.raises(config_lib.ConfigError, match=r"^rl.reference: the reference model's "
                      r"parameters differ in shape"):
     rl.rl_mode(rl_config(sft, **{"rl.reference": str(other)}), str(tmp_path / "w"))

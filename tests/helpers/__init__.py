@@ -9,6 +9,10 @@ puts tests/ on sys.path):
 - ``helpers.torch_published``: a PyTorch mirror of the published architecture and random
   published-format checkpoints of it (needs torch).
 - ``helpers.docs``: code blocks and `python -m aogpt_jax` commands extracted from Markdown.
+- ``helpers.shared``: folders (trained runs) made once per test session and shared by every test
+  file and pytest-xdist worker.
+- ``helpers.posttrain``: the post-training run tests' config at test size and their shared
+  starting Sudoku runs.
 - ``helpers.exact_tiny``: the module-scoped fixtures (``model``, ``encoder_model``, ``seqs``)
   shared by the exactness tests.
 """

@@ -8,6 +8,7 @@ import jax
 
 from aogpt_jax import recipes
 from aogpt_jax.train import loop as train_loop
+from helpers import shared
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 # configs/sudoku.py:tiny (6x6 puzzles) at the size of the other trainer tests.
@@ -22,13 +23,20 @@ def config(name: str, **overrides):
                        {**SIZE, **overrides})
 
 
-def train_start(root: pathlib.Path) -> pathlib.Path:
-  """A 10-step configs/sudoku.py:tiny run in ROOT/sudoku: the starting weights of a post-training
-  run."""
-  wd = root / "sudoku"
-  train_loop.train(config("sudoku.py", total_steps=10, log_every=10, eval_every=0,
-                          checkpoint_every=0), str(wd))
-  return wd
+def train_start(tmp_path_factory) -> pathlib.Path:
+  """A 10-step configs/sudoku.py:tiny run: the starting weights of a post-training run, trained
+  once per test session (helpers/shared.py) for every file that starts from it. Read only."""
+  return shared.session_dir(tmp_path_factory, "sudoku_start", lambda wd: train_loop.train(
+      config("sudoku.py", total_steps=10, log_every=10, eval_every=0, checkpoint_every=0),
+      str(wd)))
+
+
+def other_shape(tmp_path_factory) -> pathlib.Path:
+  """A 1-step configs/sudoku.py:tiny run of another width (model.n_embd=16): a reference or
+  starting run of the wrong shape, trained once per test session. Read only."""
+  return shared.session_dir(tmp_path_factory, "sudoku_n_embd_16", lambda wd: train_loop.train(
+      config("sudoku.py", total_steps=1, log_every=1, eval_every=0, checkpoint_every=0,
+             **{"model.n_embd": 16}), str(wd)))
 
 
 class Compiles:

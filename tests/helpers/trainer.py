@@ -54,7 +54,8 @@ def cli_args(cache_dir, workdir, **overrides) -> list[str]:
 def cpu_env(devices: int = 1) -> dict[str, str]:
   env = dict(os.environ)
   env["JAX_PLATFORMS"] = "cpu"
-  env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+  env["XLA_FLAGS"] = (os.environ.get("AOGPT_TEST_XLA_FLAGS", "") +
+                      f" --xla_force_host_platform_device_count={devices}").strip()
   env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
   env.pop("AOGPT_DISTRIBUTED", None)
   return env
