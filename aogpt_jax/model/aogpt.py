@@ -123,7 +123,7 @@ class ModelConfig:
                                      # (cross_entropy.py); 0: plain logits
   prompt_attention: str = "causal"   # one of PROMPT_ATTENTIONS: how the rank-slots of a prompt
                                      # (a puzzle's givens, an SFT question) attend to each other
-                                     # when a prompt is given (`prompt_block`); no effect without
+                                     # (`prompt_block`); no effect on rows without a prompt
   position_init: str = ""            # "": random position tables; "grid:R,C,BR,BC": start the
                                      # position and target-position rows of an R x C grid (boxes
                                      # BR x BC, Sudoku's) as row + column + box codes (trainable;
