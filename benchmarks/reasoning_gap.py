@@ -215,10 +215,9 @@ def solve_variant(task_key: str, label: str, model, task, puzzles: dict, args) -
   if label == "bidirectional_target":
     for policy in POLICIES + ("random",):
       dec = reference_decode(model, puzzles, policy, seed=args.seed)
-      summ = solve_lib._result(task, puzzles["tokens"], puzzles["prompt"], dec["tokens"],
-                               dec["order"], n - puzzles["prompt"].sum(1),
-                               task.verify(dec["tokens"], puzzles), dec["wall_s"],
-                               SampleSettings(method="adaptive", policy=policy, **one)).summary
+      summ = solve_lib.score(task, puzzles, dec["tokens"], dec["order"],
+                             n - puzzles["prompt"].sum(1), dec["wall_s"],
+                             SampleSettings(method="adaptive", policy=policy, **one)).summary
       rows.append(solve_row(label, f"{policy} (reference)" if policy != "random"
                             else "random order (reference)", summ))
       print(f"[{task_key}] {label:22s} {rows[-1]['decoding']:24s} "

@@ -123,6 +123,21 @@ def _order_matters(j: Result) -> str:
                              f"average {min(loads):.0f}-{max(loads):.0f})")
 
 
+def _reasoning_gap(j: Result) -> str:
+  """Sudoku: the best adaptive solved rate of the bidirectional prompt (also at twice the steps),
+  the causal prompt and the encoder MDM, and their held-out losses per blank."""
+  f = j.r("tasks", "sudoku", "findings")
+  best, loss = f["best_adaptive"], f["heldout_loss_per_blank"]
+  loads = [r["load_avg_1m_end"] for r in j.r("tasks", "sudoku", "train").values()]
+  return (f"AO-GPT with a bidirectional prompt {best['bidirectional']['decoding']} "
+          f"{100 * best['bidirectional']['rate']:.1f}% "
+          f"({100 * best['bidirectional_2x']['rate']:.1f}% at twice the steps) vs causal prompt "
+          f"{100 * best['causal']['rate']:.1f}%, encoder MDM {100 * best['mdm']['rate']:.0f}%; "
+          f"held-out loss per blank {loss['bidirectional']:.3f} vs {loss['causal']:.3f}, MDM "
+          f"bound {loss['mdm']:.3f} ({j.r('total_s') / 60:.0f} min, load average "
+          f"{min(loads):.0f}-{max(loads):.0f})")
+
+
 def _post_training(j: Result) -> str:
   """GRPO's held-out solved rate before / after (max_prob greedy: the best fixed heuristic) with
   either likelihood, and d1's estimate's error at one token per step."""
@@ -243,6 +258,9 @@ ROWS: list[Row] = [
     ("CPU: where the order matters, held-out 6x6 Sudoku and star graphs, greedy, the same "
      "size for every model (solved, of 200)", f"order_matters_cpu/{XEON}", _order_matters,
      "python benchmarks/order_matters.py"),
+    ("CPU: the reasoning gap, held-out 6x6 Sudoku, greedy, every variant 1,200 steps like the "
+     "encoder MDM (solved, of 200)", f"reasoning_gap_cpu/{XEON}", _reasoning_gap,
+     "python benchmarks/reasoning_gap.py"),
     ("CPU: GRPO on held-out 6x6 Sudoku with exact likelihoods vs d1's mean-field estimate "
      "(solved, of 200)", f"post_training_cpu/{XEON}", _post_training,
      "python benchmarks/post_training.py"),

@@ -118,10 +118,20 @@ def solve(model, task, puzzles: dict, settings: sampler_lib.SampleSettings, *,
   out_RxN = np.concatenate(outs)
   order_RxN = np.concatenate(order_parts)
   steps_R = np.concatenate(steps_parts)
-  verdict = tasks_base.verify(task, out_RxN, {"tokens": ref_RxN, "prompt": given_RxN},
+  return score(task, puzzles, out_RxN, order_RxN, steps_R, float(sum(times)), settings)
+
+
+def score(task, puzzles: dict, out_RxN, order_RxN, steps_R, wall: float,
+          settings: sampler_lib.SampleSettings) -> SolveResult:
+  """`solve`'s result for outputs decoded elsewhere (``out_RxN`` and the ``order_RxN`` they were
+  written in, ``steps_R`` steps each, ``wall`` seconds in all): the task's verdict and the same
+  rows and summary (e.g. a slow reference decoder's, benchmarks/reasoning_gap.py)."""
+  ref_RxN = np.asarray(puzzles["tokens"], np.int32)
+  given_RxN = np.asarray(puzzles["prompt"], bool)
+  verdict = tasks_base.verify(task, np.asarray(out_RxN), {"tokens": ref_RxN, "prompt": given_RxN},
                              "the model's outputs")
-  wall = float(sum(times))
-  return _result(task, ref_RxN, given_RxN, out_RxN, order_RxN, steps_R, verdict, wall, settings)
+  return _result(task, ref_RxN, given_RxN, np.asarray(out_RxN), np.asarray(order_RxN),
+                 np.asarray(steps_R), verdict, wall, settings)
 
 
 def early_errors(out_RxN, ref_RxN, given_RxN, order_RxN) -> tuple[np.ndarray, np.ndarray]:
