@@ -209,3 +209,25 @@ def test_task_configs_resolve_with_their_prompt_attention(file, arg, expected):
   mc = config_lib.resolve(recipes.config_file(REPO / "configs" / f"{file}.py", arg))
   assert mc.prompt_attention == expected
   assert mc.vocab_size > mc.valid_vocab_size or "mdm" not in arg
+
+
+def test_reasoning_gap_reference_decoding_is_the_adaptive_sampler(model):
+  """benchmarks/reasoning_gap.py's `reference_decode` (one training forward per candidate and
+  step, no cache) writes the same cells in the same order as the cached adaptive sampler, greedy
+  max_prob, one cell per step: the oracle behind the benchmark's "same grid" column."""
+  import sys
+  from helpers.posttrain import REPO
+  sys.path.insert(0, str(REPO / "benchmarks"))
+  import reasoning_gap
+  ptok, pmask = _prompt()
+  rng = np.random.default_rng(0)
+  puzzles = {"tokens": np.where(pmask, ptok, rng.integers(0, V, ptok.shape)), "prompt": pmask}
+  keep = pmask.sum(1) > 0                     # rows with givens (a puzzle has some)
+  puzzles = {k: v[keep] for k, v in puzzles.items()}
+  ref = reasoning_gap.reference_decode(model, puzzles, "max_prob", batch=8)
+  s = sampler.SampleSettings(length=N, method="adaptive", policy="max_prob", greedy=True, steps=N)
+  out = sampler.generate(model, jax.random.key(0), s,
+                         prompt=(np.where(puzzles["prompt"], puzzles["tokens"], 0),
+                                 puzzles["prompt"]))
+  np.testing.assert_array_equal(ref["tokens"], out.tokens)
+  np.testing.assert_array_equal(ref["order"], out.order)
