@@ -190,8 +190,8 @@ def test_gqa_cached_samplers_equal_their_uncached_references(gqa_model, monkeypa
   sl.test_ar_equals_l2r_diffusion_with_one_token_per_step(gqa_model)
   sa.test_cached_equals_the_uncached_reference(
       gqa_model, dict(policy="margin", steps=3, candidates=5), True)
-  monkeypatch.setattr(sp, "tiny_model", lambda rope: gqa_model)
-  sp.test_verify_and_draft_logits_equal_uncached_forward(4, "taper", True)
+  monkeypatch.setattr(sp, "tiny_model", lambda rope, prompt_attention: gqa_model)
+  sp.test_verify_and_draft_logits_equal_uncached_forward(4, "taper", True, "causal")
   # Queries turned at their target (the default) with grouped heads, too.
   from helpers.sampler import tiny_model
   sl.test_step_logits_equal_uncached_forward(
