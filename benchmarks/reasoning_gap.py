@@ -177,7 +177,8 @@ def train(cfg, spec: str, workdir: pathlib.Path) -> dict:
     raise SystemExit(f"stopped while training {workdir}; run the same command to resume")
   if last:
     common.write_json(record, {
-        "config": spec, "overrides": cfg.to_dict().get("model", {}).get("prompt_attention"),
+        "config": spec, "prompt_attention": cfg.model.prompt_attention,
+        "order": cfg.order.to_dict(),
         "total_steps": int(cfg.total_steps), "train_s": time.perf_counter() - t0,
         "load_avg_1m_end": common.load_avg_1m(),
         **{k: v for k, v in last.items() if k.startswith("eval/")}})
