@@ -375,11 +375,15 @@ def check_data(cfg) -> None:
 
 def check_prompt_training(cfg, mc: model_lib.ModelConfig) -> None:
   """Training: ``model.prompt_attention`` other than causal needs prompts, i.e. a task (text
-  pretraining has none). The post-training and solve modes name their missing task themselves."""
+  pretraining has none); so does ``model.blank_block``. The post-training and solve modes name their missing task themselves."""
   if task_of(cfg) is None and mc.prompt_attention != "causal":
     _fail("model.prompt_attention", f"{mc.prompt_attention!r} needs prompts, and text "
           f"pretraining has none: train on a task (task.name: configs/sudoku.py, "
           f"configs/sft_text.py) or keep 'causal'")
+  if task_of(cfg) is None and mc.blank_block:
+    _fail("model.blank_block", "True is trained for tasks decoded by the adaptive sampler; text "
+          "pretraining evaluates and samples the one-pass chain: train on a task (task.name) or "
+          "keep False")
 
 
 def task_options(cfg) -> dict[str, Any]:

@@ -63,6 +63,8 @@ VARIANTS = {
     "bidirectional_r2l": ("", "", {"model.prompt_attention": "bidirectional",
                                    "order.kwargs": {"p_l2r": 0.1, "p_r2l": 0.4}},
                           "AO-GPT, bidirectional prompt, 40% right-to-left rows"),
+    "blanks": ("", "", {"model.prompt_attention": "bidirectional", "model.blank_block": True},
+               "AO-GPT, bidirectional prompt + a query block over the blanks"),
 }
 # task name -> (config file, task options overriding the config's, default variants)
 TASKS = {
@@ -178,6 +180,7 @@ def train(cfg, spec: str, workdir: pathlib.Path) -> dict:
   if last:
     common.write_json(record, {
         "config": spec, "prompt_attention": cfg.model.prompt_attention,
+        "blank_block": bool(cfg.model.get("blank_block", False)),
         "order": cfg.order.to_dict(),
         "total_steps": int(cfg.total_steps), "train_s": time.perf_counter() - t0,
         "load_avg_1m_end": common.load_avg_1m(),
@@ -225,8 +228,11 @@ def solve_variant(task_key: str, label: str, model, task, puzzles: dict, args) -
             f"{solve_lib.summary_line(summ)}", flush=True)
     return rows
   decodings = [(p, dict(method="adaptive", policy=p, **one)) for p in POLICIES]
-  decodings.append(("random order", dict(method="encoder" if label == "mdm" else "diffusion",
-                                         order="random", **one)))
+  if VARIANTS[label][2].get("model.blank_block"):    # decoded by the adaptive sampler only
+    decodings.append(("random order", dict(method="adaptive", policy="random", **one)))
+  else:
+    decodings.append(("random order", dict(method="encoder" if label == "mdm" else "diffusion",
+                                           order="random", **one)))
   for name, fields in decodings:
     res = solve_lib.solve(model, task, puzzles, SampleSettings(**fields),
                           key=jax.random.key(args.seed), batch_size=args.batch_size)
@@ -276,7 +282,8 @@ def run_task(task_key: str, args) -> dict:
 
 
 def decode_speed(task_key: str, size: str, puzzles: int, repeats: int, seed: int) -> dict:
-  """Decoding time per puzzle of the cached AO-GPT (``bidirectional``) against the encoder MDM,
+  """Decoding time per puzzle of the cached AO-GPT (``bidirectional`` and ``blanks``) against the
+  encoder MDM,
   both adaptive max_prob, greedy, one cell per step, on the same held-out puzzles. The time does
   not depend on the weights (the steps are the blanks), so untrained models of the trained
   variants' configs serve, and the comparison reaches sizes a CPU cannot train in the budget.
@@ -290,7 +297,7 @@ def decode_speed(task_key: str, size: str, puzzles: int, repeats: int, seed: int
   from aogpt_jax.model import encoder as encoder_model
   from aogpt_jax.sampling import SampleSettings
   models, task = {}, None
-  for label in ("bidirectional", "mdm"):
+  for label in ("bidirectional", "blanks", "mdm"):
     cfg, _ = variant_config(task_key, size, label, 0)
     mc = config_lib.resolve(cfg)
     make = encoder_model.make_encoder if label == "mdm" else model_lib.AOGPT
@@ -307,6 +314,7 @@ def decode_speed(task_key: str, size: str, puzzles: int, repeats: int, seed: int
   return {"task": task.name, "options": task.options(), "length": task.length,
           "puzzles": puzzles, "repeats": repeats, "ms_per_puzzle": best,
           "mdm_over_aogpt": best["mdm"] / best["bidirectional"],
+          "mdm_over_blanks": best["mdm"] / best["blanks"],
           "load_avg_1m": common.load_avg_1m()}
 
 
@@ -356,13 +364,15 @@ def markdown(results: dict, machine: dict, out: dict) -> str:
     lines += ["**Decoding speed** (adaptive max_prob, greedy, one cell per step; untrained models "
               "of the same configs, best of interleaved repeats; AO-GPT's time includes the "
               "prompt's bidirectional prefill)", "",
-              "| task | cells | AO-GPT (bidirectional, KV cache) ms / puzzle | encoder MDM ms / "
-              "puzzle | MDM / AO-GPT |", "|---|---|---|---|---|"]
+              "| task | cells | AO-GPT bidirectional (KV cache) ms / puzzle | AO-GPT blanks (KV "
+              "cache) ms / puzzle | encoder MDM ms / puzzle | MDM / bidirectional | MDM / blanks |",
+              "|---|---|---|---|---|---|---|"]
     for key, sp in out["decode_speed"].items():
       ms = sp["ms_per_puzzle"]
+      blank = (f"{ms['blanks']:.1f}", f"{sp['mdm_over_blanks']:.2f}x") if "blanks" in ms else ("",) * 2
       lines.append(f"| {key} ({sp['puzzles']} puzzles, load {sp['load_avg_1m']:.1f}) | "
-                   f"{sp['length']} | {ms['bidirectional']:.1f} | {ms['mdm']:.1f} | "
-                   f"{sp['mdm_over_aogpt']:.2f}x |")
+                   f"{sp['length']} | {ms['bidirectional']:.1f} | {blank[0]} | {ms['mdm']:.1f} | "
+                   f"{sp['mdm_over_aogpt']:.2f}x | {blank[1]} |")
     lines.append("")
   loads = [r["load_avg_1m_end"] for res in results.values() for r in res["train"].values()
            if r.get("load_avg_1m_end") is not None]

@@ -124,6 +124,11 @@ class ModelConfig:
   prompt_attention: str = "causal"   # one of PROMPT_ATTENTIONS: how the rank-slots of a prompt
                                      # (a puzzle's givens, an SFT question) attend to each other
                                      # (`prompt_block`); no effect on rows without a prompt
+  blank_block: bool = False          # the blanks get a place to think: every unwritten position
+                                     # has a query slot, and the queries attend to each other
+                                     # (an MDM-style block over the blanks on top of the causal
+                                     # written prefix; model/blanks.py); trained by cutting each
+                                     # order at a random rank, decoded by the adaptive sampler
   position_init: str = ""            # "": random position tables; "grid:R,C,BR,BC": start the
                                      # position and target-position rows of an R x C grid (boxes
                                      # BR x BC, Sudoku's) as row + column + box codes (trainable;
@@ -161,6 +166,11 @@ class ModelConfig:
     check_choice("model.attention_impl", self.attention_impl, ATTENTION_IMPLS)
     check_choice("model.remat_policy", self.remat_policy, tuple(REMAT_POLICIES))
     check_choice("model.prompt_attention", self.prompt_attention, PROMPT_ATTENTIONS)
+    if not isinstance(self.blank_block, bool):
+      bad("blank_block", f"must be True or False, got {self.blank_block!r}")
+    if self.blank_block and self.prompt_attention == "bidirectional_target":
+      bad("blank_block", "True needs model.prompt_attention 'causal' or 'bidirectional': "
+          "'bidirectional_target' puts the first blank's query into the prompt block")
     if int(self.attention_block) < 1:
       bad("attention_block", f"must be >= 1, got {self.attention_block}")
     if int(self.loss_chunk) < 0:

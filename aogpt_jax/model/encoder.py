@@ -32,6 +32,9 @@ def encoder_config(cfg: ModelConfig) -> ModelConfig:
   if cfg.prompt_attention != "causal":
     raise ValueError(f"model.prompt_attention={cfg.prompt_attention!r}: the encoder MDM attends "
                      f"bidirectionally everywhere already; expected 'causal' (the default)")
+  if cfg.blank_block:
+    raise ValueError("model.blank_block=True: the encoder MDM gives every masked position a slot "
+                     "that sees every other already; expected False (the default)")
   return cfg.replace(target="none")
 
 

@@ -20,6 +20,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from aogpt_jax.model import aogpt as model_lib
+from aogpt_jax.model import blanks
 from aogpt_jax.model import encoder as encoder_model
 from aogpt_jax.model import orders as orders_lib
 
@@ -60,10 +61,23 @@ class Objective:
 # ----------------------------------------------------------------------------- ao
 
 
+def _ao_nll(m, tokens, order, cut_key, *, dropout_key=None, prompt=None, denominator=None,
+            every_blank=True):
+  """`aogpt.loss`, or for ``model.blank_block`` the cut objective (`blanks.blank_loss`, its cuts
+  drawn from ``cut_key``): (mean, per-token terms [B, n] in order space)."""
+  if m.cfg.blank_block:
+    if m.cfg.loss_chunk:
+      raise ValueError("model.loss_chunk: model.blank_block trains with plain logits; set "
+                       "model.loss_chunk=0")
+    return blanks.blank_loss(m, tokens, order, cut_key, prompt=prompt, dropout_key=dropout_key,
+                             denominator=denominator, every_blank=every_blank)
+  return model_lib.loss(m, tokens, order, dropout_key=dropout_key, prompt=prompt,
+                        denominator=denominator)
+
+
 def _ao_loss(m, tokens, order, mask_key, dropout_key, prompt=None, denominator=None):
-  del mask_key
-  mean_nll, per_token = model_lib.loss(m, tokens, order, dropout_key=dropout_key, prompt=prompt,
-                                       denominator=denominator)
+  mean_nll, per_token = _ao_nll(m, tokens, order, mask_key, dropout_key=dropout_key,
+                                prompt=prompt, denominator=denominator)
   scored = None if prompt is None else orders_lib.scored_ranks(prompt)
   return mean_nll, model_lib.loss_metrics(per_token, order, scored)
 
@@ -77,7 +91,10 @@ def _ao_heldout(m, tokens, weight, key, orders: HeldoutOrders, prompt=None):
     order = orders_lib.sample(name, key, b, n, **dict(kwargs))
     if prompt is not None:
       order = orders_lib.prompt_first(order, prompt)
-    _, per_token = model_lib.loss(m, tokens, order, prompt=prompt)
+    # model.blank_block: a cut per row; every blank scores under uniform orders (exchangeable),
+    # only the next rank's under any other
+    _, per_token = _ao_nll(m, tokens, order, jax.random.fold_in(key, 1), prompt=prompt,
+                           every_blank=name == "uniform")
     out[f"nll_{label}"] = jnp.sum(per_token * w)
   return out
 

@@ -35,7 +35,7 @@ import numpy as np
 
 from flax import struct
 
-from aogpt_jax.model import layers
+from aogpt_jax.model import blanks, layers
 from aogpt_jax.model import orders as orders_lib
 from aogpt_jax.model.aogpt import AOGPT, NO_TARGET, check_length, prompt_block
 from aogpt_jax.sampling import adaptive as adaptive_lib
@@ -80,9 +80,13 @@ def rollout_logits(model: AOGPT, tokens: jax.Array, order: jax.Array, steps: jax
                    prompt: jax.Array | None = None) -> jax.Array:
   """float32 [B, n, V] in rank layout: the logits rank r's token was drawn from (temperature
   1), i.e. the model's conditional given the ranks of earlier steps (meaningless at the prompt's
-  ranks); arguments as `sequence_logp`. One pass over 2n slots."""
+  ranks); arguments as `sequence_logp`. One pass over 2n slots; for ``model.blank_block``, whose
+  queries of a step see each other, one pass per step (`order_scan`)."""
   b, n = tokens.shape
   check_length(model.cfg, n)
+  if model.cfg.blank_block:
+    return order_scan(model, tokens, order, steps, prompt, policy="max_prob",
+                      policy_temperature=0.0)[1]
   prompt = jnp.zeros((b, n), bool) if prompt is None else prompt
   m_BxN = frontier(steps, orders_lib.scored_ranks(prompt))
   tok_BxF, pos_BxF, tgt_BxF, mask_BxFxF = likelihood_slots(
@@ -152,7 +156,8 @@ def _passes(model: AOGPT, tokens, order, steps, prompt, max_steps, width, steps_
   ``logits_of(m, targets)``: one pass's query logits [B, c W, V])."""
   b, n = tokens.shape
   check_length(model.cfg, n)
-  t, w = int(max_steps or n), int(width or n)
+  # model.blank_block: a step's queries are every blank (they see each other), so W = n
+  t, w = int(max_steps or n), n if model.cfg.blank_block else int(width or n)
   prompt = jnp.zeros((b, n), bool) if prompt is None else prompt
   sq = step_queries(steps, orders_lib.scored_ranks(prompt), t, w)
   block = prompt_block(model.cfg, jnp.sum(prompt, -1, dtype=jnp.int32))
@@ -168,7 +173,10 @@ def _passes(model: AOGPT, tokens, order, steps, prompt, max_steps, width, steps_
   query_BxG = jnp.broadcast_to(jnp.arange(n, n + per * w, dtype=jnp.int32), (b, per * w))
 
   def logits_of(m_BxG, tgt_BxG):
-    tok, pos, tgt, mask = likelihood_slots(tokens, order, m_BxG, tgt_BxG, block)
+    if model.cfg.blank_block:       # blank queries (`blanks.query_layout`)
+      tok, pos, tgt, mask = blanks.query_layout(tokens, order, m_BxG, tgt_BxG, block)
+    else:
+      tok, pos, tgt, mask = likelihood_slots(tokens, order, m_BxG, tgt_BxG, block)
     hidden_BxGxD, _ = model.hidden_slots(tok, pos, tgt, mask=mask, query=query_BxG)
     return model.head(hidden_BxGxD, tgt_BxG)
 

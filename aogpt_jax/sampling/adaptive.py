@@ -59,7 +59,7 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 
-from aogpt_jax.model import layers
+from aogpt_jax.model import blanks, layers
 from aogpt_jax.model import orders as orders_lib
 from aogpt_jax.model.aogpt import AOGPT, NO_TARGET, prompt_block
 from aogpt_jax.sampling import tokens as tokens_lib
@@ -393,6 +393,9 @@ def sample_adaptive(model: AOGPT, order0, tokens0, prompt_len, tok_keys, counts,
   prompt_len; the rest is overwritten as positions are chosen); ``counts`` int32 [B, T] commits
   per step (unused by ``threshold``); ``adapt_keys`` [B]. Returns `adaptive_loop`'s (tokens,
   order, steps, step_of_rank, logits, record)."""
+  if model.cfg.blank_block:
+    return sample_blank(model, order0, tokens0, prompt_len, tok_keys, counts, adapt_keys,
+                        shape=shape, draw=draw)
   batch, n = order0.shape
   q, c = shape.queries, shape.catchup
   cache_len = n + q
@@ -440,6 +443,68 @@ def sample_adaptive(model: AOGPT, order0, tokens0, prompt_len, tok_keys, counts,
     if shape.cached:      # the first chosen query IS rank-slot m: scratch n + j -> index m
       cache = _move_slot(cache, n + idx_BxQ[:, 0], jnp.where(k_B > 0, m_B, cache_len))
     return cache, k_B
+
+  return adaptive_loop(order0, tokens0, prompt_len, tok_keys, counts, adapt_keys, shape=shape,
+                       draw=draw, vocab=model.cfg.vocab_size, forward=forward,
+                       on_commit=on_commit, extra0=(cache, jnp.zeros_like(m0_B)))
+
+
+def sample_blank(model: AOGPT, order0, tokens0, prompt_len, tok_keys, counts, adapt_keys, *,
+                 shape: AdaptiveShape, draw: Draw):
+  """`sample_adaptive` for ``model.blank_block`` (`model.blanks`): the cache holds the WRITTEN
+  slots (index r: the token of rank r at its position, no target; the prompt's prefilled, a
+  bidirectional prompt as one block), and each pass computes every blank's query (the START
+  vector at the blank's position, conditioned on it, in the scratch region n..n+Q-1, the queries
+  seeing the written slots and each other) plus, as causal catch-up slots, the ranks the last
+  step committed. The reference (``cached=False``): `blanks.query_layout`, a full forward of the
+  n written slots and the queries at every step."""
+  batch, n = order0.shape
+  q, c = shape.queries, shape.catchup
+  cache_len = n + q
+  m0_B = prompt_len.astype(jnp.int32)
+  block_B = prompt_block(model.cfg, m0_B)
+  kk_1x1xK = jnp.arange(cache_len, dtype=jnp.int32)[None, None, :]
+  scratch_BxQ = jnp.broadcast_to(n + jnp.arange(q, dtype=jnp.int32), (batch, q))
+
+  def written(order, tokens, rank_BxS, ok_BxS, lim_BxS):
+    tok, pos, tgt = blanks.written_slots(order, tokens, rank_BxS)
+    write_BxS = jnp.where(ok_BxS, rank_BxS, cache_len)
+    mask = (kk_1x1xK < jnp.where(ok_BxS, lim_BxS, 0)[:, :, None]) | (kk_1x1xK == write_BxS[..., None])
+    return tok, pos, tgt, write_BxS, mask
+
+  cache = None
+  if shape.cached:
+    cache = model.init_cache(batch, cache_len)
+    if shape.prefill:
+      r_BxP = jnp.broadcast_to(jnp.arange(shape.prefill, dtype=jnp.int32), (batch, shape.prefill))
+      tok, pos, tgt, write, mask = written(order0, tokens0, r_BxP, r_BxP < m0_B[:, None],
+                                           orders_lib.block_limit(r_BxP, block_B))
+      _, cache = model.hidden_slots(tok, pos, tgt, mask=mask, cache=cache, write_index=write)
+
+  def forward(extra, order, tokens, masked_BxN, m_B, cand_BxQ, valid_BxQ):
+    cache, prevk_B = extra
+    targets_BxQ = jnp.where(valid_BxQ, cand_BxQ, NO_TARGET)
+    if not shape.cached:
+      tok, pos, tgt, mask = blanks.query_layout(
+          tokens, order, jnp.broadcast_to(m_B[:, None], (batch, q)), targets_BxQ, block_B)
+      hidden, _ = model.hidden_slots(tok, pos, tgt, mask=mask)
+      return model.head(hidden[:, n:], tgt[:, n:]), extra
+    j_1xC = jnp.arange(c, dtype=jnp.int32)[None, :]
+    crank_BxC = (m_B - prevk_B)[:, None] + j_1xC        # the last step's commits
+    ctok, cpos, ctgt, cwrite, cmask = written(order, tokens, crank_BxC,
+                                              j_1xC < prevk_B[:, None], crank_BxC)
+    qtok, qpos, qtgt = blanks.blank_queries(targets_BxQ)
+    seen_BxK = jnp.concatenate([jnp.zeros((batch, n), bool), valid_BxQ], axis=1)
+    qmask = ((kk_1x1xK < m_B[:, None, None]) | seen_BxK[:, None, :]) & valid_BxQ[..., None]
+    qmask = qmask | (kk_1x1xK == scratch_BxQ[..., None])
+    hidden, cache = model.hidden_slots(
+        jnp.concatenate([qtok, ctok], 1), jnp.concatenate([qpos, cpos], 1),
+        jnp.concatenate([qtgt, ctgt], 1), mask=jnp.concatenate([qmask, cmask], 1), cache=cache,
+        write_index=jnp.concatenate([scratch_BxQ, cwrite], 1))
+    return model.head(hidden[:, :q], qtgt), (cache, prevk_B)
+
+  def on_commit(extra, idx_BxQ, k_B, m_B):
+    return extra[0], k_B          # the commits are the next pass's catch-up slots
 
   return adaptive_loop(order0, tokens0, prompt_len, tok_keys, counts, adapt_keys, shape=shape,
                        draw=draw, vocab=model.cfg.vocab_size, forward=forward,

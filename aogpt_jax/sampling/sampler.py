@@ -170,6 +170,7 @@ class Prepared:
   counts: np.ndarray         # int32 [B, T]: reveals per step
   tok_keys: jax.Array        # [B] token-stream keys
   adapt_keys: jax.Array | None = None   # adaptive: [B] keys of the candidate / policy draws
+  blank_block: bool = False  # the model's ``blank_block`` (the adaptive sampler's catch-up)
 
 
 @functools.partial(jax.jit, static_argnames=("batch", "length", "order"))
@@ -262,6 +263,12 @@ def prepare(cfg: ModelConfig, key: jax.Array, s: SampleSettings, *, prompt=None,
     raise ValueError("model.prompt_attention='bidirectional_target': its prompt block holds the "
                      "first answer position, so no sampler can reuse it; sample with a prompt "
                      "from a model with 'causal' or 'bidirectional'")
+  if cfg.blank_block and (s.method != "adaptive" or s.candidates is not None):
+    what = (f"sample.method={s.method!r}" if s.method != "adaptive"
+            else f"sample.candidates={s.candidates!r}")
+    raise ValueError(f"{what}: a model with model.blank_block=True predicts from a query block "
+                     f"over every blank; sample it with sample.method='adaptive' and every masked "
+                     f"position a candidate (candidates=None; policy='random' for a random order)")
   if s.method == "ar":
     prefix = np.arange(n)[None, :] < plen[:, None]
     if (pmask != prefix).any():
@@ -296,7 +303,7 @@ def prepare(cfg: ModelConfig, key: jax.Array, s: SampleSettings, *, prompt=None,
                        f"positions a step commits at steps={s.num_steps}; take candidates >= "
                        f"{counts.max()} or more steps")
     return Prepared(ptok, pmask, plen, order, counts, tok_keys,
-                    _adapt_keys(key, jnp.int32(sample_offset), batch=b))
+                    _adapt_keys(key, jnp.int32(sample_offset), batch=b), bool(cfg.blank_block))
   return Prepared(ptok, pmask, plen, order, counts, tok_keys)
 
 
@@ -328,7 +335,9 @@ def adaptive_shape(p: Prepared, s: SampleSettings, *, block: int | None = None,
   q = n - int(p.prompt_len.min())
   q = max(1, q if s.candidates is None else min(q, int(s.candidates)))
   widest = q if s.policy == "threshold" else int(min(q, p.counts.max(initial=1)))
-  catchup = 0 if encoder else max(0, widest - 1)
+  # catch-up: the ranks a step commits after the first (whose slot is its query), or all of
+  # them for model.blank_block (its queries see each other: `adaptive.sample_adaptive`)
+  catchup = 0 if encoder else max(0, widest - (0 if p.blank_block else 1))
   if encoder and block is not None:
     raise ValueError(f"block: the encoder's adaptive sampler runs one full forward per step and "
                      f"has no slots per pass to set; leave it None, got {block}")

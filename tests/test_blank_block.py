@@ -1,0 +1,197 @@
+"""The blanks get a place to think (`model.blank_block`, model/blanks.py): the training layout
+against a mask written out by hand, the training forward = the sampler's uncached reference,
+the KV-cached adaptive sampler = its reference (tokens, orders, logits), the recorded
+log-probabilities = `sequence_logp` / `order_logp` (one pass per step), the estimate the loss
+makes, and the one-line errors where the option cannot apply."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from aogpt_jax.model import blanks
+from aogpt_jax.model import encoder as encoder_model
+from aogpt_jax.model import objectives
+from aogpt_jax.model import orders as orders_lib
+from aogpt_jax.model.aogpt import NO_TARGET, START
+from aogpt_jax.posttrain import likelihood
+from aogpt_jax.sampling import prompts, sampler
+from helpers.sampler import tiny_model
+
+N, V = 10, 13
+
+
+@pytest.fixture(scope="module")
+def model():
+  return tiny_model(vocab=16, valid=V, block=12, std=0.5, prompt_attention="bidirectional",
+                    blank_block=True)
+
+
+def _prompt():
+  """Rows with 3, 1, 0 and 4 given positions (an infill, a single token, none, a scatter)."""
+  return prompts.pairs_prompt([{1: 3, 7: 5, 9: 2}, {4: 1}, {}, {0: 1, 2: 2, 3: 3, 8: 4}], N, V)
+
+
+def _rows(seed=0):
+  ptok, pmask = _prompt()
+  rng = np.random.default_rng(seed)
+  tokens = np.where(pmask, ptok, rng.integers(0, V, ptok.shape)).astype(np.int32)
+  base = np.stack([rng.permutation(N) for _ in range(len(ptok))]).astype(np.int32)
+  order = prompts.build_orders(pmask, base)
+  return jnp.asarray(tokens), jnp.asarray(order), jnp.asarray(pmask), pmask.sum(1)
+
+
+def test_training_layout_equals_the_hand_written_one():
+  """Written slots: the token at its position, no target, causal in the order (the prompt's
+  slots see each other); blanks: START at their position, conditioned on it, seeing every slot
+  but no written slot seeing them."""
+  tokens, order, _, plen = _rows()
+  cut = jnp.asarray([5, 1, 0, 9], jnp.int32)
+  tok, pos, tgt, mask = map(np.asarray, blanks.blank_slots(tokens, order, cut,
+                                                           jnp.asarray(plen, jnp.int32)))
+  t, o = np.asarray(tokens), np.asarray(order)
+  for b in range(4):
+    k, m = int(cut[b]), int(plen[b])
+    for r in range(N):
+      blank = r >= k
+      assert tok[b, r] == (START if blank else t[b, o[b, r]])
+      assert pos[b, r] == o[b, r] + 1
+      assert tgt[b, r] == (o[b, r] if blank else NO_TARGET)
+      for c in range(N):
+        assert mask[b, r, c] == (blank or c <= r or (r < m and c < m)), (b, r, c)
+
+
+def test_training_forward_is_the_samplers_reference(model):
+  """At a cut after k ranks the blank rows of the training forward are the sampler reference's
+  queries (`blanks.query_layout`: the n written slots, then every blank as a query)."""
+  tokens, order, _, plen = _rows(1)
+  pl = jnp.asarray(plen, jnp.int32)
+  for k in (4, 6, 9):
+    cut = jnp.maximum(jnp.full((4,), k, jnp.int32), pl)
+    tok, pos, tgt, mask = blanks.blank_slots(tokens, order, cut, pl)
+    h, _ = model.hidden_slots(tok, pos, tgt, mask=mask)
+    train = np.asarray(model.head(h, tgt))
+    ranks = np.arange(N)[None, :]
+    targets = jnp.where(ranks >= np.asarray(cut)[:, None], order, NO_TARGET)
+    tok, pos, tgt, mask = blanks.query_layout(tokens, order, jnp.broadcast_to(cut[:, None],
+                                                                              (4, N)), targets, pl)
+    h, _ = model.hidden_slots(tok, pos, tgt, mask=mask)
+    ref = np.asarray(model.head(h[:, N:], tgt[:, N:]))
+    sel = ranks >= np.asarray(cut)[:, None]
+    np.testing.assert_allclose(train[sel][:, :V], ref[sel][:, :V], atol=2e-5)
+
+
+def test_blanks_see_each_other_and_written_slots_do_not_see_them(model):
+  """Hiding the blanks from each other moves every blank's output (they attend to each other),
+  no written slot's; swapping two blanks' positions swaps their outputs and leaves the written
+  slots as they were."""
+  tokens, order, _, plen = _rows(2)
+  pl = jnp.asarray(plen, jnp.int32)
+  cut = pl + 2
+  tok, pos, tgt, mask = blanks.blank_slots(tokens, order, cut, pl)
+  h1 = np.asarray(model.hidden_slots(tok, pos, tgt, mask=mask)[0])
+  alone = mask & ~((tgt[:, :, None] >= 0) & (tgt[:, None, :] >= 0) & ~jnp.eye(N, dtype=bool))
+  h0 = np.asarray(model.hidden_slots(tok, pos, tgt, mask=alone)[0])
+  swapped = order.at[:, N - 1].set(order[:, N - 2]).at[:, N - 2].set(order[:, N - 1])
+  args = blanks.blank_slots(tokens, swapped, cut, pl)
+  h2 = np.asarray(model.hidden_slots(*args[:3], mask=args[3])[0])
+  for b in range(4):
+    k = int(cut[b])
+    np.testing.assert_allclose(h0[b, :k], h1[b, :k], atol=1e-6)
+    assert np.abs(h0[b, k:] - h1[b, k:]).max(axis=-1).min() > 1e-4
+    np.testing.assert_allclose(h2[b, :k], h1[b, :k], atol=1e-6)
+    np.testing.assert_allclose(h2[b, N - 1], h1[b, N - 2], atol=2e-5)
+
+
+def test_loss_is_the_weighted_blank_nll(model):
+  """`blank_loss`: each blank's NLL times (n - m) / (n - k) (every_blank), or rank k's times
+  n - m; the mean divides by the answer cells; the cuts are uniform in [m, n - 1]."""
+  tokens, order, prompt, plen = _rows(3)
+  key = jax.random.key(4)
+  cut = np.asarray(blanks.draw_cuts(key, jnp.asarray(plen, jnp.int32), N))
+  tok, pos, tgt, mask = blanks.blank_slots(tokens, order, jnp.asarray(cut),
+                                           jnp.asarray(plen, jnp.int32))
+  h, _ = model.hidden_slots(tok, pos, tgt, mask=mask)
+  logp = np.asarray(jax.nn.log_softmax(model.head(h, tgt)))
+  target = np.asarray(orders_lib.permute(tokens, order))
+  nll = -np.take_along_axis(logp, target[..., None], -1)[..., 0]
+  for every in (True, False):
+    mean, per = blanks.blank_loss(model, tokens, order, key, prompt=prompt, every_blank=every)
+    want = np.zeros((4, N))
+    for b in range(4):
+      k, m = int(cut[b]), int(plen[b])
+      if every:
+        want[b, k:] = nll[b, k:] * (N - m) / (N - k)
+      else:
+        want[b, k] = nll[b, k] * (N - m)
+    np.testing.assert_allclose(np.asarray(per), want, rtol=2e-5, atol=1e-6)
+    np.testing.assert_allclose(float(mean), want.sum() / (N - plen).sum(), rtol=2e-5)
+  many = np.asarray(blanks.draw_cuts(jax.random.key(0), jnp.full((4000,), 3, jnp.int32), N))
+  assert many.min() == 3 and many.max() == N - 1
+  np.testing.assert_allclose(np.bincount(many)[3:] / 4000, 1 / 7, atol=0.02)
+
+
+@pytest.mark.parametrize("kw", [
+    dict(steps=4, policy="max_prob"), dict(steps=N, policy="margin", greedy=True),
+    dict(steps=3, policy="threshold", threshold=0.3),
+    dict(steps=5, policy="max_prob", policy_temperature=0.7, temperature=0.9)])
+def test_cached_sampler_is_its_reference_and_the_likelihood_is_exact(model, kw):
+  """The cached adaptive sampler draws what its uncached reference draws (tokens, order, query
+  logits; the prompt kept), and the log-probabilities it recorded are `sequence_logp`'s and
+  `order_logp`'s (one pass per step)."""
+  ptok, pmask = _prompt()
+  s = sampler.SampleSettings(length=N, method="adaptive", **kw)
+  a = sampler.generate(model, jax.random.key(5), s, prompt=(ptok, pmask), debug=True,
+                       return_logp=True)
+  b = sampler.generate(model, jax.random.key(5), s, prompt=(ptok, pmask), debug=True,
+                       reference=True)
+  np.testing.assert_array_equal(a.tokens, b.tokens)
+  np.testing.assert_array_equal(a.order, b.order)
+  np.testing.assert_array_equal(a.tokens[pmask], ptok[pmask])
+  fin = np.isfinite(b.logits)
+  np.testing.assert_allclose(a.logits[fin], b.logits[fin], atol=2e-5)
+  ref = likelihood.sequence_logp(model, a.tokens, a.order, a.step_of_rank, pmask)
+  np.testing.assert_allclose(a.model_logp, np.asarray(ref), atol=1e-5, rtol=0)
+  if kw.get("policy_temperature"):
+    olp = likelihood.order_logp(model, a.tokens, a.order, a.step_of_rank, pmask,
+                                policy="max_prob", policy_temperature=0.7, temperature=0.9)
+    np.testing.assert_allclose(a.order_logp, np.asarray(olp), atol=1e-5, rtol=0)
+
+
+def test_one_token_per_step_likelihood_is_the_next_rank_loss(model):
+  """With one token per step, rank r's `sequence_logp` is minus the NLL of the blank query of
+  rank r at the cut r (the loss's ``every_blank=False`` term, here at every cut)."""
+  tokens, order, prompt, plen = _rows(5)
+  steps = jnp.broadcast_to(jnp.arange(N), (4, N))
+  lp = np.asarray(likelihood.sequence_logp(model, tokens, order, steps, prompt))
+  pl = jnp.asarray(plen, jnp.int32)
+  target = np.asarray(orders_lib.permute(tokens, order))
+  for r in range(int(plen.max()), N):
+    cut = jnp.full((4,), r, jnp.int32)
+    tok, pos, tgt, mask = blanks.blank_slots(tokens, order, cut, pl)
+    h, _ = model.hidden_slots(tok, pos, tgt, mask=mask)
+    logp = np.asarray(jax.nn.log_softmax(model.head(h, tgt)))[:, r]
+    np.testing.assert_allclose(lp[:, r], logp[np.arange(4), target[:, r]], atol=2e-5)
+
+
+def test_options_where_they_cannot_apply_are_one_line_errors(model):
+  cfg = model.cfg
+  with pytest.raises(ValueError, match=r"model.blank_block=True: the encoder MDM"):
+    encoder_model.encoder_config(cfg.replace(prompt_attention="causal"))
+  with pytest.raises(ValueError, match=r"model.blank_block: True needs model.prompt_attention"):
+    cfg.replace(prompt_attention="bidirectional_target")
+  with pytest.raises(ValueError, match=r"model.blank_block: must be True or False, got 'yes'"):
+    cfg.replace(blank_block="yes")
+  for method, extra in (("diffusion", {}), ("ar", {}), ("adaptive", {"candidates": 3})):
+    s = sampler.SampleSettings(length=N, method=method, **extra)
+    with pytest.raises(ValueError, match=r"model.blank_block=True predicts from a query block"):
+      sampler.generate(model, jax.random.key(0), s, prompt=_prompt())
+  tokens, order, prompt, _ = _rows()
+  chunked = tiny_model(vocab=16, valid=V, block=12, blank_block=True, loss_chunk=8)
+  with pytest.raises(ValueError, match=r"model.loss_chunk: model.blank_block trains with plain"):
+    objectives.get("ao").loss(chunked, tokens, order, jax.random.key(0), None, None)
+  from aogpt_jax import config as config_lib
+  from aogpt_jax import recipes
+  text = recipes.apply(recipes.quickstart(), {"model.blank_block": True})
+  with pytest.raises(config_lib.ConfigError, match=r"^model.blank_block: True is trained for"):
+    config_lib.check_prompt_training(text, config_lib.resolve(text))
