@@ -234,6 +234,9 @@ def task_run(small: bool, variant: str | None = None, *, length: int = 0,
       # the givens (edges, a question) attend both ways; the answer stays causal in the order
       # (docs/tasks.md, "Reasoning like the encoder"; the MDM variant keeps 'causal')
       "model.prompt_attention": "bidirectional",
+      # every blank a query slot, the blanks attending to each other (model/blanks.py; decoded
+      # by the adaptive sampler)
+      "model.blank_block": True,
       "task.heldout_count": 256,
       "order.name": AO_GPT_ORDER[0], "order.kwargs": dict(AO_GPT_ORDER[1]),
       "batch_size": 64 if small else 256, "total_steps": steps,
@@ -277,11 +280,12 @@ def post_training(cfg: config_dict.ConfigDict, small: bool, *, steps: int, tiny_
 
 def rl_group(small: bool) -> dict[str, Any]:
   """The ``rl`` settings of a task's GRPO run (configs/rl_sudoku.py, configs/task.py): the
-  reward ``solved`` (the verifier), 8 rollouts per prompt in a random order, one cell per step
-  (``rl.steps`` 0: the task's length, `config.follow_task`)."""
+  reward ``solved`` (the verifier), 8 rollouts per prompt in a random order (the adaptive
+  sampler's ``random`` policy, which every model decodes, ``model.blank_block`` included), one
+  cell per step (``rl.steps`` 0: the task's length, `config.follow_task`)."""
   return {"rl.reward": "solved", "rl.group_size": 8, "rl.prompts": 8 if small else 32,
           "rl.lr": 1e-4 if small else 3e-5, "rl.steps": 0, "rl.order": "random",
-          "rl.method": "diffusion", "rl.ema_decay": 0.9}
+          "rl.method": "adaptive", "rl.policy": "random", "rl.ema_decay": 0.9}
 
 
 def dpo_group(small: bool) -> dict[str, Any]:
@@ -296,9 +300,10 @@ def dpo_group(small: bool) -> dict[str, Any]:
 TASK_VARIANTS: dict[str, dict[str, Any]] = {
     # GPT-style: the cells after the givens left to right; solved in that order.
     "l2r": {"order.name": "l2r", "order.kwargs": {}, "sample.method": "diffusion",
-            "sample.order": "l2r"},
+            "sample.order": "l2r", "model.blank_block": False},
     # The encoder-only masked diffusion model (LLaDA / Dream / Kim et al.'s architecture).
-    "mdm": {"objective": "mdm", "model.target": "none", "model.prompt_attention": "causal"},
+    "mdm": {"objective": "mdm", "model.target": "none", "model.prompt_attention": "causal",
+            "model.blank_block": False},
 }
 
 

@@ -5,11 +5,13 @@
 
 For each task (Sudoku, and path-finding in a star graph, where left to right fails), it trains
 (or reuses, in --workdir) three models of one size with the same data and budget: AO-GPT
-(configs/TASK.py), the left-to-right baseline (``:l2r``) and the encoder-only MDM (``:mdm``).
+(configs/TASK.py: a bidirectional prompt and a query block over the blanks,
+``model.blank_block``), the left-to-right baseline (``:l2r``) and the encoder-only MDM (``:mdm``).
 Then it solves the same held-out puzzles, greedily, with:
 
 * the L2R model, left to right;
-* AO-GPT in L2R order, in a random order, and with every adaptive policy (max_prob, margin,
+* AO-GPT in L2R order, in a random order (the adaptive sampler's ``l2r`` and ``random``
+  policies), and with every adaptive policy (max_prob, margin,
   entropy, confidence: one cell per step; threshold at several values: as many cells per step
   as are that sure);
 * the encoder MDM in a random order and with the same adaptive policies (one full bidirectional
@@ -91,8 +93,9 @@ def decodings(n: int) -> list[tuple[str, str, dict]]:
   threshold."""
   one = dict(steps=n, greedy=True)
   out = [("L2R model", "l2r", dict(method="diffusion", order="l2r", **one)),
-         ("AO-GPT, L2R order", "aogpt", dict(method="diffusion", order="l2r", **one)),
-         ("AO-GPT, random order", "aogpt", dict(method="diffusion", order="random", **one))]
+         # fixed orders as adaptive policies: every AO-GPT decodes them, model.blank_block too
+         ("AO-GPT, L2R order", "aogpt", dict(method="adaptive", policy="l2r", **one)),
+         ("AO-GPT, random order", "aogpt", dict(method="adaptive", policy="random", **one))]
   out += [(f"AO-GPT, {p}", "aogpt", dict(method="adaptive", policy=p, **one)) for p in POLICIES]
   out += [(f"AO-GPT, threshold {t}", "aogpt", dict(method="adaptive", policy="threshold",
                                                     threshold=t, greedy=True))

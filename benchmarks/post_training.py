@@ -7,7 +7,7 @@ It trains (or reuses, in --workdir) a deliberately under-trained Sudoku AO-GPT (
 model and data, fewer steps: room to improve), then:
 
 * measures the held-out solved rate (95% Wilson interval) and cell accuracy, with the sampler
-  GRPO uses (diffusion, random order, one cell per step) greedily and at temperature 1 (the
+  GRPO uses (a random order, the adaptive sampler's ``random`` policy, one cell per step) greedily and at temperature 1 (the
   policy's own), and with the best fixed heuristic (greedy adaptive max_prob);
 * runs GRPO (`posttrain.grpo`, reward ``cell_accuracy``) for a fixed number of updates on the
   training puzzles with EXACT per-token likelihoods, and the same GRPO (same seeds, prompts and
@@ -55,7 +55,7 @@ POLICY_TEMPERATURE = 0.1     # the stochastic order policy: softmax(max_prob sco
 # GRPO's sampler (token temperature 1, one cell per step): name -> GRPOSettings fields, and the
 # held-out decodings measured along the way (greedy, and as GRPO draws).
 SAMPLERS = {
-    "random": (dict(method="diffusion", order="random"),
+    "random": (dict(method="adaptive", policy="random"),
                ("random order, greedy", "random order, T=1")),
     "max_prob": (dict(method="adaptive", policy="max_prob"), ("max_prob, greedy", "max_prob, T=1")),
 }
@@ -76,8 +76,8 @@ def decoders(n: int) -> dict[str, dict]:
   """Held-out decodings, one cell per step: a random order and the best fixed heuristic
   (max_prob: the cell the model is surest of), greedily and at token temperature 1, and the
   stochastic order policy's orders with greedy tokens."""
-  return {"random order, greedy": dict(method="diffusion", order="random", steps=n, greedy=True),
-          "random order, T=1": dict(method="diffusion", order="random", steps=n),
+  return {"random order, greedy": dict(method="adaptive", policy="random", steps=n, greedy=True),
+          "random order, T=1": dict(method="adaptive", policy="random", steps=n),
           "max_prob, greedy": dict(method="adaptive", policy="max_prob", steps=n, greedy=True),
           "max_prob, T=1": dict(method="adaptive", policy="max_prob", steps=n),
           POLICY_DECODERS[1]: dict(method="adaptive", policy="max_prob", steps=n, greedy=True,

@@ -21,6 +21,11 @@ encoder MDM, from configs/TASK.py (``:tiny`` at CPU size) plus the variant's ove
   only shift?);
 * ``bidirectional_r2l``: ``bidirectional`` with 40% of the rows right to left (`orders.mixture`'s
   ``p_r2l``): a star graph's path from the goal back.
+* ``blanks``: ``bidirectional`` plus a query slot for every blank, the blanks attending to each
+  other (`model.blank_block`, model/blanks.py: an MDM-style block over the blanks on top of the
+  causal, cached written prefix; the task configs' default); decoded by the adaptive sampler
+  only, so its random order is the ``random`` policy;
+* ``blanks_r2l``: ``blanks`` with 40% of the rows right to left.
 
 Each is solved greedily on the same held-out puzzles with adaptive order (max_prob, margin: one
 cell per step) and in a random order, and reports the held-out loss per blank (AO-GPT: any order
@@ -48,29 +53,37 @@ import order_matters
 
 SIZES = {"cpu": "tiny", "accel": ""}
 # label -> (config file, config argument besides the size, overrides, description)
+# the published one-pass chain: no query block over the blanks (the task configs' default has one)
+CHAIN = {"model.blank_block": False}
 VARIANTS = {
     "mdm": ("", "mdm", {}, "encoder MDM"),
-    "causal": ("", "", {"model.prompt_attention": "causal"}, "AO-GPT, causal prompt"),
-    "bidirectional": ("", "", {"model.prompt_attention": "bidirectional"},
+    "causal": ("", "", {"model.prompt_attention": "causal", **CHAIN}, "AO-GPT, causal prompt"),
+    "bidirectional": ("", "", {"model.prompt_attention": "bidirectional", **CHAIN},
                       "AO-GPT, bidirectional prompt (slots 0..m-1, exact cache)"),
-    "bidirectional_target": ("", "", {"model.prompt_attention": "bidirectional_target"},
+    "bidirectional_target": ("", "", {"model.prompt_attention": "bidirectional_target", **CHAIN},
                              "AO-GPT, bidirectional prompt + slot m (first target)"),
-    "bidirectional_uniform": ("", "", {"model.prompt_attention": "bidirectional",
+    "bidirectional_uniform": ("", "", {"model.prompt_attention": "bidirectional", **CHAIN,
                                        "order.kwargs": {"p_l2r": 0.0}},
                               "AO-GPT, bidirectional prompt, no L2R rows"),
-    "bidirectional_2x": ("", "", {"model.prompt_attention": "bidirectional", "steps_factor": 2},
+    "bidirectional_2x": ("", "", {"model.prompt_attention": "bidirectional", **CHAIN,
+                                  "steps_factor": 2},
                          "AO-GPT, bidirectional prompt, twice the steps"),
-    "bidirectional_r2l": ("", "", {"model.prompt_attention": "bidirectional",
+    "bidirectional_r2l": ("", "", {"model.prompt_attention": "bidirectional", **CHAIN,
                                    "order.kwargs": {"p_l2r": 0.1, "p_r2l": 0.4}},
                           "AO-GPT, bidirectional prompt, 40% right-to-left rows"),
     "blanks": ("", "", {"model.prompt_attention": "bidirectional", "model.blank_block": True},
                "AO-GPT, bidirectional prompt + a query block over the blanks"),
+    "blanks_r2l": ("", "", {"model.prompt_attention": "bidirectional", "model.blank_block": True,
+                            "order.kwargs": {"p_l2r": 0.1, "p_r2l": 0.4}},
+                   "AO-GPT, blanks, 40% right-to-left rows"),
 }
 # task name -> (config file, task options overriding the config's, default variants)
 TASKS = {
-    "sudoku": ("sudoku", {}, "mdm,causal,bidirectional,bidirectional_target,bidirectional_uniform"),
-    "sudoku9": ("sudoku", {"size": 9, "min_givens": 30, "max_givens": 40}, "mdm,bidirectional"),
-    "star_graph": ("star_graph", {}, "mdm,causal,bidirectional,bidirectional_r2l"),
+    "sudoku": ("sudoku", {}, "mdm,causal,bidirectional,bidirectional_target,bidirectional_uniform,"
+               "bidirectional_2x,blanks"),
+    "sudoku9": ("sudoku", {"size": 9, "min_givens": 30, "max_givens": 40},
+                "mdm,bidirectional,blanks"),
+    "star_graph": ("star_graph", {}, "mdm,causal,bidirectional,bidirectional_r2l,blanks"),
     "sft": ("sft_text", {}, "causal,bidirectional"),
 }
 POLICIES = ("max_prob", "margin")

@@ -178,6 +178,13 @@ def random(probs, tokens, positions, step, keys):
   return position_uniforms(keys, positions)
 
 
+@register("l2r", recomputable=True)
+def left_to_right(probs, tokens, positions, step, keys):
+  """The control: the leftmost masked positions first, whatever the model predicts (a fixed
+  order as a policy: how a ``model.blank_block`` model decodes left to right)."""
+  return -positions.astype(jnp.float32)
+
+
 @register("threshold", recomputable=True)
 def threshold(probs, tokens, positions, step, keys):
   """Scores as ``max_prob``; the sampler commits every candidate whose score is at least

@@ -113,6 +113,13 @@ class SampleSettings:
       raise ValueError(f"sample.method: must be one of {METHODS}, got {self.method!r}")
     if self.method == "encoder":
       encoder_model.check_encoder(cfg, "sample.method='encoder'")
+    if cfg.blank_block and (self.method != "adaptive" or self.candidates is not None):
+      what = (f"sample.method={self.method!r}" if self.method != "adaptive"
+              else f"sample.candidates={self.candidates!r}")
+      raise ValueError(f"{what}: a model with model.blank_block=True predicts from a query "
+                       f"block over every blank; sample it with sample.method='adaptive' and "
+                       f"every masked position a candidate (candidates=None; policy='random' "
+                       f"for a random order)")
     for name in ("length", "steps"):
       v = getattr(self, name)
       if name == "steps" and v is None:
@@ -263,12 +270,6 @@ def prepare(cfg: ModelConfig, key: jax.Array, s: SampleSettings, *, prompt=None,
     raise ValueError("model.prompt_attention='bidirectional_target': its prompt block holds the "
                      "first answer position, so no sampler can reuse it; sample with a prompt "
                      "from a model with 'causal' or 'bidirectional'")
-  if cfg.blank_block and (s.method != "adaptive" or s.candidates is not None):
-    what = (f"sample.method={s.method!r}" if s.method != "adaptive"
-            else f"sample.candidates={s.candidates!r}")
-    raise ValueError(f"{what}: a model with model.blank_block=True predicts from a query block "
-                     f"over every blank; sample it with sample.method='adaptive' and every masked "
-                     f"position a candidate (candidates=None; policy='random' for a random order)")
   if s.method == "ar":
     prefix = np.arange(n)[None, :] < plen[:, None]
     if (pmask != prefix).any():
