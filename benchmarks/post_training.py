@@ -173,7 +173,7 @@ def estimator_error(start_model, new_model, task, cfg: dict, args) -> dict:
   for steps in sorted({max(1, n // k) for k in ((1, n) if cfg.get("error_ends_only") else
                                                 (1, 4, 8, 16, n))}):
     out = generate(start_model, key, SampleSettings(length=task.length, steps=steps,
-                                                    order="random"),
+                                                    method="adaptive", policy="random"),
                    prompt=(toks, prompt), return_logp=True)
     t, o, s = out.tokens, out.order, out.step_of_rank
     ex_old, ex_new = (np.asarray(exact_fn(m, t, o, s, prompt)) for m in (start_model, new_model))

@@ -124,18 +124,19 @@ def _order_matters(j: Result) -> str:
 
 
 def _reasoning_gap(j: Result) -> str:
-  """Sudoku: the best adaptive solved rate of the bidirectional prompt (also at twice the steps),
-  the causal prompt and the encoder MDM, and their held-out losses per blank."""
+  """Sudoku: the best adaptive solved rate of the task configs' default (``blanks``: the query
+  block over the blanks), of the bidirectional prompt alone, the causal prompt and the encoder
+  MDM, and their held-out losses per blank."""
   f = j.r("tasks", "sudoku", "findings")
   best, loss = f["best_adaptive"], f["heldout_loss_per_blank"]
   loads = [r["load_avg_1m_end"] for r in j.r("tasks", "sudoku", "train").values()]
-  return (f"AO-GPT with a bidirectional prompt {best['bidirectional']['decoding']} "
-          f"{100 * best['bidirectional']['rate']:.1f}% "
-          f"({100 * best['bidirectional_2x']['rate']:.1f}% at twice the steps) vs causal prompt "
-          f"{100 * best['causal']['rate']:.1f}%, encoder MDM {100 * best['mdm']['rate']:.0f}%; "
-          f"held-out loss per blank {loss['bidirectional']:.3f} vs {loss['causal']:.3f}, MDM "
-          f"bound {loss['mdm']:.3f} ({j.r('total_s') / 60:.0f} min, load average "
-          f"{min(loads):.0f}-{max(loads):.0f})")
+  rate = lambda v: f"{100 * best[v]['rate']:.1f}%"  # noqa: E731
+  return (f"AO-GPT with a query block over the blanks {best['blanks']['decoding']} "
+          f"{rate('blanks')}, random order {100 * f['random_order']['blanks']:.1f}%; "
+          f"bidirectional prompt alone {rate('bidirectional')}, causal prompt {rate('causal')}, "
+          f"encoder MDM {rate('mdm')}; held-out loss per blank {loss['blanks']:.3f} / "
+          f"{loss['bidirectional']:.3f} / {loss['causal']:.3f}, MDM bound {loss['mdm']:.3f} "
+          f"({j.r('total_s') / 60:.0f} min, load average {min(loads):.0f}-{max(loads):.0f})")
 
 
 def _post_training(j: Result) -> str:

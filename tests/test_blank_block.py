@@ -187,6 +187,8 @@ def test_options_where_they_cannot_apply_are_one_line_errors(model):
     with pytest.raises(ValueError, match=r"model.blank_block=True predicts from a query block"):
       sampler.generate(model, jax.random.key(0), s, prompt=_prompt())
   tokens, order, prompt, _ = _rows()
+  with pytest.raises(ValueError, match=r"model.blank_block=True: this model predicts from a "):
+    model(tokens, order)          # the one-pass chain is not what it learned
   chunked = tiny_model(vocab=16, valid=V, block=12, blank_block=True, loss_chunk=8)
   with pytest.raises(ValueError, match=r"model.loss_chunk: model.blank_block trains with plain"):
     objectives.get("ao").loss(chunked, tokens, order, jax.random.key(0), None, None)

@@ -162,7 +162,8 @@ def test_solve_in_a_workdir_with_no_run_names_a_hint_that_works(tmp_path):
 def test_rl_sampler_keys_are_checked_up_front_under_their_names():
   task = tasks.make("sudoku", size=4)
   mc = config_lib.model_config(pt.config("sudoku.py", **{"task.options": {"size": 4},
-                                                         "seq_len": 16}))
+                                                         "seq_len": 16,
+                                                         "model.blank_block": False}))
   rl.check_sampler(grpo.GRPOSettings(steps=16), task, mc)
   for bad, want in ((dict(temperature=0.0), r"^rl.temperature: must be a finite number >= .* "
                      r"\(the rollouts are drawn at it; the held-out eval decodes greedily\)"),

@@ -440,6 +440,11 @@ class AOGPT(nnx.Module):
     """The block stack's output [B, n, d] in ORDER space: row r predicts ``tokens[order[r]]``
     (its target position is ``order[r]``); ``prompt_len`` as `__call__`."""
     self._check_shapes(tokens, order)
+    if self.cfg.blank_block:
+      raise ValueError("model.blank_block=True: this model predicts from a query block over the "
+                       "blanks (model/blanks.py), not from the one-pass chain model(tokens, "
+                       "order); decode it with sample.method='adaptive' and score it with "
+                       "posttrain.likelihood.sequence_logp or --mode=solve")
     block = prompt_block(self.cfg, prompt_len)
     if self.cfg.attention == "gather":
       slots = gather_slots(tokens, order)
