@@ -382,7 +382,8 @@ def markdown(results: dict, machine: dict, out: dict) -> str:
               "|---|---|---|---|---|---|---|"]
     for key, sp in out["decode_speed"].items():
       ms = sp["ms_per_puzzle"]
-      blank = (f"{ms['blanks']:.1f}", f"{sp['mdm_over_blanks']:.2f}x") if "blanks" in ms else ("",) * 2
+      blank = (("", "") if "blanks" not in ms else
+               (f"{ms['blanks']:.1f}", f"{sp['mdm_over_blanks']:.2f}x"))
       lines.append(f"| {key} ({sp['puzzles']} puzzles, load {sp['load_avg_1m']:.1f}) | "
                    f"{sp['length']} | {ms['bidirectional']:.1f} | {blank[0]} | {ms['mdm']:.1f} | "
                    f"{sp['mdm_over_aogpt']:.2f}x | {blank[1]} |")

@@ -15,7 +15,7 @@ from aogpt_jax.model import encoder as encoder_model
 from aogpt_jax.model import orders as orders_lib
 from aogpt_jax.posttrain import likelihood
 from aogpt_jax.sampling import diffusion, prompts, sampler
-from helpers.sampler import tiny_model
+from helpers.sampler import mixed_prompt, mixed_prompt_rows, tiny_model
 
 N, V = 10, 13
 
@@ -26,18 +26,11 @@ def model():
 
 
 def _prompt():
-  """Rows with 3, 1, 0 and 4 given positions (an infill, a single token, none, a scatter)."""
-  return prompts.pairs_prompt([{1: 3, 7: 5, 9: 2}, {4: 1}, {}, {0: 1, 2: 2, 3: 3, 8: 4}], N, V)
+  return mixed_prompt(N, V)
 
 
 def _rows(seed=0):
-  """Tokens, a prompt-first order and the prompt lengths of `_prompt`'s rows."""
-  ptok, pmask = _prompt()
-  rng = np.random.default_rng(seed)
-  tokens = np.where(pmask, ptok, rng.integers(0, V, ptok.shape)).astype(np.int32)
-  base = np.stack([rng.permutation(N) for _ in range(len(ptok))]).astype(np.int32)
-  order = prompts.build_orders(pmask, base)
-  return jnp.asarray(tokens), jnp.asarray(order), jnp.asarray(pmask), pmask.sum(1)
+  return mixed_prompt_rows(seed, N, V)
 
 
 def _hand_mask(plen, n, target=False):

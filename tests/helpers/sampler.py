@@ -16,6 +16,26 @@ from aogpt_jax.model import encoder as mdm
 from aogpt_jax.model import aogpt as model_lib
 
 
+def mixed_prompt(n: int = 10, vocab: int = 13):
+  """Four prompt rows of length ``n`` with 3, 1, 0 and 4 given positions (an infill, a single
+  token, none, a scatter): (tokens, mask) as `sampling.prompts.pairs_prompt`."""
+  from aogpt_jax.sampling import prompts
+  return prompts.pairs_prompt([{1: 3, 7: 5, 9: 2}, {4: 1}, {}, {0: 1, 2: 2, 3: 3, 8: 4}], n,
+                              vocab)
+
+
+def mixed_prompt_rows(seed: int = 0, n: int = 10, vocab: int = 13):
+  """`mixed_prompt`'s rows filled with random tokens, with a random prompt-first order: (tokens,
+  order, prompt mask) as jax arrays and the prompt lengths (numpy)."""
+  from aogpt_jax.sampling import prompts
+  ptok, pmask = mixed_prompt(n, vocab)
+  rng = np.random.default_rng(seed)
+  tokens = np.where(pmask, ptok, rng.integers(0, vocab, ptok.shape)).astype(np.int32)
+  base = np.stack([rng.permutation(n) for _ in range(len(ptok))]).astype(np.int32)
+  order = prompts.build_orders(pmask, base)
+  return jnp.asarray(tokens), jnp.asarray(order), jnp.asarray(pmask), pmask.sum(1)
+
+
 def tiny_model(vocab=16, valid=13, block=12, std=0.3, seed=0, **kw) -> model_lib.AOGPT:
   cfg = model_lib.ModelConfig(vocab_size=vocab, valid_vocab_size=valid, block_size=block,
                               n_layer=2, n_head=2, n_embd=16, target_dim=8, init_std=std, **kw)
