@@ -35,7 +35,7 @@ def test_chunked_loss_equals_full_loss_and_grads(attention, target, chunk):
   chunked_def = nnx.graphdef(model.AOGPT(cfg.replace(loss_chunk=chunk), rngs=nnx.Rngs(0)))
 
   def f(gd):
-    return jax.value_and_grad(lambda p: model.loss(nnx.merge(gd, p), tokens, order)[0])
+    return jax.jit(jax.value_and_grad(lambda p: model.loss(nnx.merge(gd, p), tokens, order)[0]))
   (l0, g0), (l1, g1) = f(graphdef)(params), f(chunked_def)(params)
   np.testing.assert_allclose(l1, l0, rtol=1e-6)
   _, pt0 = model.loss(nnx.merge(graphdef, params), tokens, order)

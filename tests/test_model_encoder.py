@@ -119,5 +119,6 @@ def test_mdm_loss_is_mean_term_per_token_and_differentiable():
   loss, terms = mdm.mdm_loss(m, tokens, jax.random.key(5))
   np.testing.assert_allclose(loss, terms.mean() / 4, rtol=1e-6)
   gd, p = nnx.split(m)
-  g = jax.grad(lambda p: mdm.mdm_loss(nnx.merge(gd, p), tokens, jax.random.key(5))[0])(p)
+  g = jax.jit(jax.grad(lambda p: mdm.mdm_loss(nnx.merge(gd, p), tokens,
+                                               jax.random.key(5))[0]))(p)
   assert float(jnp.abs(g["h"][0]["attn"]["c_attn"]["kernel"][...]).max()) > 0

@@ -144,7 +144,7 @@ def test_loss_gradient_with_exact_kl_equals_a_finite_difference(task):
                           reference=reference, kl_coef=0.5)[0]
 
   loss_j = jax.jit(loss)
-  grads = jax.grad(loss)(params)
+  grads = jax.jit(jax.grad(loss))(params)
   direction = jax.tree.map(lambda x: jnp.asarray(rng.normal(size=x.shape), x.dtype), params)
   analytic = sum(float(jnp.sum(g * d)) for g, d in
                  zip(jax.tree.leaves(grads), jax.tree.leaves(direction)))
