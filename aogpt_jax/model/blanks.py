@@ -51,11 +51,12 @@ def blank_slots(tokens: jax.Array, order: jax.Array, cut: jax.Array,
   targets [B, n] and the mask [B, n, n] (`AOGPT.hidden_slots`)."""
   rank_BxN = orders_lib.all_ranks(order)
   blank_BxN = rank_BxN >= cut[:, None]
-  tok_BxN = jnp.where(blank_BxN, START, orders_lib.permute(tokens, order)).astype(jnp.int32)
-  tgt_BxN = jnp.where(blank_BxN, order, NO_TARGET).astype(jnp.int32)
+  wtok_BxN, pos_BxN, wtgt_BxN = written_slots(order, tokens, rank_BxN)
+  qtok_BxN, _, qtgt_BxN = blank_queries(order)         # the same position rows
   tied_BxN = orders_lib.block_ranks(rank_BxN, block)
   mask_BxNxN = blank_BxN[:, :, None] | orders_lib.mask_from_ranks(tied_BxN, tied_BxN)
-  return tok_BxN, (order + 1).astype(jnp.int32), tgt_BxN, mask_BxNxN
+  return (jnp.where(blank_BxN, qtok_BxN, wtok_BxN), pos_BxN,
+          jnp.where(blank_BxN, qtgt_BxN, wtgt_BxN), mask_BxNxN)
 
 
 def blank_loss(m: AOGPT, tokens: jax.Array, order: jax.Array, cut_key: jax.Array, *,
