@@ -33,8 +33,10 @@ def _model(task, seed=0, **kw):
 
 def test_grpo_raises_a_simple_reward_within_a_few_dozen_updates(task):
   """... and compiles nothing after its first update (the sampler and the update are sized for
-  the task's prompt lengths at construction)."""
+  the task's prompt lengths at construction; the weights committed to a device, as
+  `aogpt_jax.load` gives them, with the optimizer state placed alike)."""
   model = _model(task, std=0.02)
+  nnx.update(model, jax.device_put(nnx.state(model), jax.devices()[0]))
   settings = grpo.GRPOSettings(reward=zeros_reward, group_size=8, lr=2e-2, steps=4)
   trainer = grpo.GRPO(model, settings, task=task)
   rewards, compiles = [], []

@@ -283,7 +283,10 @@ class DPO:
                                               weight_decay=settings.weight_decay))
     self.graphdef, params, self.rest = nnx.split(model, nnx.Param, ...)
     self.ref_graphdef, self.ref_state = nnx.split(self.reference)
-    self.opt_state = self.tx.init(nnx.to_pure_dict(params))   # params: nnx.to_pure_dict trees
+    # params: nnx.to_pure_dict trees. Every leaf committed to where it lies, as the update's
+    # outputs are: otherwise the second update compiles again (committed arguments).
+    self.opt_state = jax.tree.map(lambda x: jax.device_put(x, x.sharding),
+                                  self.tx.init(nnx.to_pure_dict(params)))
     self._update = jax.jit(self.update_fn)
     self._rows = jax.jit(self.rows_fn)
 

@@ -391,7 +391,10 @@ class GRPO:
     self.tx = optax.chain(*chain, optax.adamw(settings.lr, b1=0.9, b2=0.95,
                                               weight_decay=settings.weight_decay))
     self.graphdef, params, self.rest = nnx.split(model, nnx.Param, ...)
-    self.opt_state = self.tx.init(nnx.to_pure_dict(params))   # params: nnx.to_pure_dict trees
+    # params: nnx.to_pure_dict trees. Every leaf committed to where it lies, as the update's
+    # outputs are: otherwise the second update compiles again (committed arguments).
+    self.opt_state = jax.tree.map(lambda x: jax.device_put(x, x.sharding),
+                                  self.tx.init(nnx.to_pure_dict(params)))
     self.ref_graphdef, self.ref_state = (None, None) if self.reference is None else nnx.split(
         self.reference)
     self._update = jax.jit(self._update_fn, static_argnames=("order_sizes",))
