@@ -152,6 +152,57 @@ def test_cached_sampler_is_its_reference_and_the_likelihood_is_exact(model, kw):
     np.testing.assert_allclose(a.order_logp, np.asarray(olp), atol=1e-5, rtol=0)
 
 
+def _uncached_logp(model, tokens, order, steps, prompt):
+  """`sequence_logp` of a blank model the slow way: for each row and step, one uncached pass of
+  `blanks.query_layout` (n written slots, then the step's blanks as queries)."""
+  from aogpt_jax.model.aogpt import prompt_block
+  b, n = tokens.shape
+  block = prompt_block(model.cfg, jnp.sum(jnp.asarray(prompt), -1, dtype=jnp.int32))
+  target = orders_lib.permute(jnp.asarray(tokens), jnp.asarray(order))
+  rows = []
+  for i in range(b):
+    plen, out = int(prompt[i].sum()), [jnp.zeros(())] * n
+    for t in sorted(set(steps[i, plen:].tolist())):
+      m = plen + int(np.argmax(steps[i, plen:] == t))
+      tgt = jnp.asarray(order[i:i + 1, m:])
+      tok, pos, tg, mask = blanks.query_layout(jnp.asarray(tokens[i:i + 1]),
+                                               jnp.asarray(order[i:i + 1]),
+                                               jnp.full(tgt.shape, m), tgt, block[i:i + 1])
+      h, _ = model.hidden_slots(tok, pos, tg, mask=mask)
+      lp = jax.nn.log_softmax(model.head(h, tg)[0, n:])
+      for r in range(m, n):
+        if int(steps[i, r]) == t:
+          out[r] = lp[r - m, target[i, r]]
+    rows.append(jnp.stack(out))
+  return jnp.stack(rows)
+
+
+def test_likelihood_over_cached_written_slots_equals_uncached_passes_with_gradients(model):
+  """`sequence_logp` and `order_logp` compute the written slots' keys and values once and run
+  each step's blanks against them: the values and the weights' gradients equal one uncached
+  `blanks.query_layout` pass per step (several tokens per step, rows of different lengths)."""
+  from flax import nnx
+  ptok, pmask = _prompt()
+  s = sampler.SampleSettings(length=N, method="adaptive", steps=4, policy="max_prob",
+                             policy_temperature=0.7)
+  a = sampler.generate(model, jax.random.key(3), s, prompt=(ptok, pmask), return_logp=True)
+  args = (np.asarray(a.tokens), np.asarray(a.order), np.asarray(a.step_of_rank),
+          np.asarray(pmask))
+  plen = int(pmask[0].sum())
+  assert len(set(args[2][0, plen:].tolist())) < N - plen          # several tokens a step
+  fast = lambda m: likelihood.sequence_logp(m, *args)  # noqa: E731
+  slow = lambda m: _uncached_logp(m, *args)  # noqa: E731
+  lp = np.asarray(nnx.jit(fast)(model))
+  np.testing.assert_allclose(lp, np.asarray(nnx.jit(slow)(model)), atol=2e-5)
+  np.testing.assert_allclose(lp, a.model_logp, atol=2e-5)
+  g_fast = nnx.jit(nnx.grad(lambda m: jnp.sum(fast(m))))(model)   # the rollout: constants
+  g_slow = nnx.jit(nnx.grad(lambda m: jnp.sum(slow(m))))(model)
+  for x, y in zip(jax.tree.leaves(g_fast), jax.tree.leaves(g_slow)):
+    np.testing.assert_allclose(np.asarray(x), np.asarray(y), atol=2e-4, rtol=1e-3)
+  olp = likelihood.order_logp(model, *args, policy="max_prob", policy_temperature=0.7)
+  np.testing.assert_allclose(np.asarray(olp), a.order_logp, atol=2e-5)
+
+
 def test_one_token_per_step_likelihood_is_the_next_rank_loss(model):
   """With one token per step, rank r's `sequence_logp` is minus the NLL of the blank query of
   rank r at the cut r (the loss's ``every_blank=False`` term, here at every cut)."""

@@ -79,12 +79,12 @@ def mean_field_rollout(order: jax.Array, prompt: jax.Array, keep: jax.Array | No
 
 def rollout_logits(model: AOGPT, tokens: jax.Array, order: jax.Array, steps: jax.Array,
                    prompt: jax.Array | None = None, *, estimator: str = "exact",
-                   keep: jax.Array | None = None) -> jax.Array:
+                   keep: jax.Array | None = None, width: int | None = None) -> jax.Array:
   """float32 [B, n, V] in the rollout's rank layout: the conditional of each rank under
-  ``estimator`` (exact: `likelihood.rollout_logits`; mean_field: given the prompt, or its
-  ``keep`` part, only; elbo: `conditionals`)."""
+  ``estimator`` (exact: `likelihood.rollout_logits`, ``width`` its; mean_field: given the
+  prompt, or its ``keep`` part, only; elbo: `conditionals`)."""
   if estimator == "exact":
-    return likelihood.rollout_logits(model, tokens, order, steps, prompt)
+    return likelihood.rollout_logits(model, tokens, order, steps, prompt, width=width)
   check_estimator(estimator)
   if estimator == "elbo":
     raise ValueError("estimators.rollout_logits: 'elbo' scores each rank under M masks; use "
@@ -126,15 +126,17 @@ def elbo_masks(key: jax.Array, order: jax.Array, prompt: jax.Array, samples: int
 def conditionals(model: AOGPT, tokens: jax.Array, order: jax.Array, steps: jax.Array,
                  prompt: jax.Array | None = None, *, estimator: str = "exact",
                  keep: jax.Array | None = None, mask_order: jax.Array | None = None,
-                 hidden: jax.Array | None = None):
+                 hidden: jax.Array | None = None, width: int | None = None):
   """(logits float32 [B, K, n, V] in the rollout's rank layout, w float32 [B, K, n]): the
   conditionals ``estimator`` scores each rank with and their weights, the estimate being
   ``sum_k w[b, k, r] log softmax(logits[b, k, r])[x_{order[b, r]}]``. exact and mean_field
   (`rollout_logits`, with ``keep``): K = 1, w = 1. elbo: K = M masks (``mask_order`` [B, M, n],
-  ``hidden`` [B, M]: `elbo_masks`), w = (L / l_m) / M at the ranks mask m hides, else 0."""
+  ``hidden`` [B, M]: `elbo_masks`), w = (L / l_m) / M at the ranks mask m hides, else 0.
+  ``width``: a blank model's queries per step (`likelihood.rollout_logits`; at least every row's
+  answer length; mean_field ignores it: its dropped prompt tokens are candidates too)."""
   if estimator != "elbo":
     logits_BxNxV = rollout_logits(model, tokens, order, steps, prompt, estimator=estimator,
-                                  keep=keep)
+                                  keep=keep, width=width if estimator == "exact" else None)
     return logits_BxNxV[:, None], jnp.ones((tokens.shape[0], 1, tokens.shape[1]), jnp.float32)
   if mask_order is None or hidden is None:
     raise ValueError("estimators.conditionals: 'elbo' needs mask_order and hidden (elbo_masks)")
@@ -147,7 +149,7 @@ def conditionals(model: AOGPT, tokens: jax.Array, order: jax.Array, steps: jax.A
   r_1xN = jnp.arange(n, dtype=jnp.int32)[None, :]
   steps_BKxN = jnp.where(r_1xN < context_BKx1, likelihood.NO_PROMPT_STEP, 0).astype(jnp.int32)
   logits = likelihood.rollout_logits(model, rep(tokens), o_BKxN, steps_BKxN,
-                                     new_rank_BKxN < context_BKx1)
+                                     new_rank_BKxN < context_BKx1, width=width)
   back_BKxN = jnp.take_along_axis(new_rank_BKxN, rep(order.astype(jnp.int32)), axis=1)
   logits_BxKxNxV = jnp.take_along_axis(logits, back_BKxN[..., None], axis=1).reshape(b, k, n, -1)
   len_Bx1 = n - jnp.sum(prompt, axis=1, keepdims=True, dtype=jnp.int32)

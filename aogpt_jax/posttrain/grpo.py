@@ -312,7 +312,7 @@ def exact_kl(logits_new, logits_ref):
 
 def grpo_loss(model: AOGPT, batch: dict, *, clip_eps: float, temperature: float = 1.0,
               reference: AOGPT | None = None, kl_coef: float = 0.0, order: dict | None = None,
-              estimator: str = "exact", loss_norm: str = "token"):
+              estimator: str = "exact", loss_norm: str = "token", width: int | None = None):
   """(loss, metrics) of one batch of rollouts: ``batch`` holds tokens, order, steps, prompt,
   old_logp [R, n], adv [R] and optionally keep [R, n] (mean_field's kept prompt positions) or
   mask_order [R, M, n] and hidden [R, M] (elbo's masks, `estimators.elbo_masks`). ``order``: the
@@ -321,10 +321,11 @@ def grpo_loss(model: AOGPT, batch: dict, *, clip_eps: float, temperature: float 
   in bounded memory), and ``old_logp`` must hold the recorded sum. ``estimator``: exact,
   mean_field or elbo (`estimators.conditionals`; without ``order``); the KL is the estimator's
   conditionals', weighted as its log-likelihood. ``loss_norm``: `token_objective`'s ``norm``.
-  Differentiable in ``model``."""
+  ``width``: a blank model's queries per step (`estimators.conditionals`). Differentiable in
+  ``model``."""
   args = (batch["tokens"], batch["order"], batch["steps"], batch["prompt"])
   est = dict(estimator=estimator, keep=batch.get("keep"), mask_order=batch.get("mask_order"),
-             hidden=batch.get("hidden"))
+             hidden=batch.get("hidden"), width=width)
   if order is None:
     logits_RxKxNxV, w_RxKxN = estimators.conditionals(model, *args, **est)
     logp_RxN = estimators.weighted_logp(logits_RxKxNxV, w_RxKxN, batch["tokens"],
@@ -397,7 +398,7 @@ class GRPO:
                                   self.tx.init(nnx.to_pure_dict(params)))
     self.ref_graphdef, self.ref_state = (None, None) if self.reference is None else nnx.split(
         self.reference)
-    self._update = jax.jit(self._update_fn, static_argnames=("order_sizes",))
+    self._update = jax.jit(self._update_fn, static_argnames=("order_sizes", "width"))
     self._estimate = jax.jit(self._estimate_fn)
     self._plan_sizes = None
     self._answer_max = 0          # the most answer positions of a row seen (the order pass's W)
@@ -405,7 +406,7 @@ class GRPO:
       probe = np.asarray(task.train_batch(0, 0, PROBE)["prompt"], bool).sum(1)
       self.reserve(int(probe.min()), int(probe.max()), task.length)
 
-  def _update_fn(self, params, rest, opt_state, ref_state, batch, order_sizes=None):
+  def _update_fn(self, params, rest, opt_state, ref_state, batch, order_sizes=None, width=None):
     s = self.settings
     ref = None if ref_state is None else nnx.merge(self.ref_graphdef, ref_state)
     order = None if order_sizes is None else dict(
@@ -416,7 +417,7 @@ class GRPO:
       m = nnx.merge(self.graphdef, p, rest)
       return grpo_loss(m, batch, clip_eps=s.clip_eps, temperature=s.temperature, reference=ref,
                        kl_coef=s.kl_coef, order=order, estimator=s.likelihood,
-                       loss_norm=s.loss_norm)
+                       loss_norm=s.loss_norm, width=width)
 
     (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
     updates, opt_state = self.tx.update(grads, opt_state, params)
@@ -553,12 +554,15 @@ class GRPO:
     """``inner_steps`` jitted updates of ``params`` (an ``nnx.to_pure_dict`` tree) on one batch
     of rollouts: (params, opt_state, the last update's device metrics)."""
     metrics = {}
-    sizes = self.order_sizes(batch["tokens"].shape[1])
+    n = batch["tokens"].shape[1]
+    sizes = self.order_sizes(n)
+    # a blank model's likelihood: one query per answer position a step, not one per position
+    width = min(self._answer_max or n, n) if self.model.cfg.blank_block else None
     for i in range(int(self.settings.inner_steps)):
       b = {k: v for k, v in batch.items() if not k.endswith("_steps")}
       b.update({k[:-len("_steps")]: v[:, i] for k, v in batch.items() if k.endswith("_steps")})
       params, opt_state, metrics = self._update(params, self.rest, opt_state, self.ref_state, b,
-                                                order_sizes=sizes)
+                                                order_sizes=sizes, width=width)
     return params, opt_state, metrics
 
   def step(self, key: jax.Array, prompts: dict) -> dict[str, float]:

@@ -77,16 +77,18 @@ def likelihood_slots(tokens: jax.Array, order: jax.Array, m: jax.Array,
 
 
 def rollout_logits(model: AOGPT, tokens: jax.Array, order: jax.Array, steps: jax.Array,
-                   prompt: jax.Array | None = None) -> jax.Array:
+                   prompt: jax.Array | None = None, *, width: int | None = None) -> jax.Array:
   """float32 [B, n, V] in rank layout: the logits rank r's token was drawn from (temperature
   1), i.e. the model's conditional given the ranks of earlier steps (meaningless at the prompt's
   ranks); arguments as `sequence_logp`. One pass over 2n slots; for ``model.blank_block``, whose
-  queries of a step see each other, one pass per step (`order_scan`)."""
+  queries of a step see each other, the written slots once and then each step's blanks
+  (`order_scan`; ``width``: W blank queries a step, at least every row's answer length, None:
+  n)."""
   b, n = tokens.shape
   check_length(model.cfg, n)
   if model.cfg.blank_block:
     return order_scan(model, tokens, order, steps, prompt, policy="max_prob",
-                      policy_temperature=0.0)[1]
+                      policy_temperature=0.0, width=width)[1]
   prompt = jnp.zeros((b, n), bool) if prompt is None else prompt
   m_BxN = frontier(steps, orders_lib.scored_ranks(prompt))
   tok_BxF, pos_BxF, tgt_BxF, mask_BxFxF = likelihood_slots(
@@ -156,12 +158,13 @@ def _passes(model: AOGPT, tokens, order, steps, prompt, max_steps, width, steps_
   ``logits_of(m, targets)``: one pass's query logits [B, c W, V])."""
   b, n = tokens.shape
   check_length(model.cfg, n)
-  # model.blank_block: a step's queries are every blank (they see each other), so W = n
-  t, w = int(max_steps or n), n if model.cfg.blank_block else int(width or n)
+  t, w = int(max_steps or n), int(width or n)
   prompt = jnp.zeros((b, n), bool) if prompt is None else prompt
   sq = step_queries(steps, orders_lib.scored_ranks(prompt), t, w)
   block = prompt_block(model.cfg, jnp.sum(prompt, -1, dtype=jnp.int32))
-  per = max(1, min(t, int(steps_per_pass or n // w)))          # steps per pass
+  # model.blank_block: a step's queries are its blanks (every candidate; they see each other),
+  # over the written slots' keys and values computed once (`_blank_cache`): one step per pass
+  per = 1 if model.cfg.blank_block else max(1, min(t, int(steps_per_pass or n // w)))
   passes = -(-t // per)
   start_BxP = jnp.pad(sq.start, ((0, 0), (0, passes * per - t)), constant_values=n)
   valid_BxPxW = start_BxP[:, :, None] + jnp.arange(w, dtype=jnp.int32) < n
@@ -172,15 +175,44 @@ def _passes(model: AOGPT, tokens, order, steps, prompt, max_steps, width, steps_
   chunks = lambda x: jnp.moveaxis(x.reshape(b, passes, per * w), 1, 0)  # noqa: E731
   query_BxG = jnp.broadcast_to(jnp.arange(n, n + per * w, dtype=jnp.int32), (b, per * w))
 
-  def logits_of(m_BxG, tgt_BxG):
-    if model.cfg.blank_block:       # blank queries (`blanks.query_layout`)
-      tok, pos, tgt, mask = blanks.query_layout(tokens, order, m_BxG, tgt_BxG, block)
-    else:
+  if model.cfg.blank_block:
+    logits_of = _blank_cache(model, tokens, order, block, w)
+  else:
+    def logits_of(m_BxG, tgt_BxG):
       tok, pos, tgt, mask = likelihood_slots(tokens, order, m_BxG, tgt_BxG, block)
-    hidden_BxGxD, _ = model.hidden_slots(tok, pos, tgt, mask=mask, query=query_BxG)
-    return model.head(hidden_BxGxD, tgt_BxG)
+      hidden_BxGxD, _ = model.hidden_slots(tok, pos, tgt, mask=mask, query=query_BxG)
+      return model.head(hidden_BxGxD, tgt_BxG)
 
   return sq, per, (chunks(m_BxPxW), chunks(tgt_BxPxW)), logits_of
+
+
+def _blank_cache(model: AOGPT, tokens, order, block, w: int):
+  """For ``model.blank_block``: ``logits_of(m, targets)`` of one step's W blank queries
+  (`blanks.query_layout`'s rows, exactly), over the n written slots' keys and values computed
+  ONCE here (written slots never see a blank, so they are the same at every step; the cached
+  sampler's prefill): a step costs W query slots against n + W keys instead of a pass over
+  n + W slots, n + T W slots in all instead of T (n + W)."""
+  b, n = tokens.shape
+  tok, pos, tgt = blanks.written_slots(order, tokens, orders_lib.all_ranks(order))
+  tied_BxN = orders_lib.block_ranks(jnp.broadcast_to(jnp.arange(n, dtype=jnp.int32), (b, n)),
+                                    block)
+  mask_BxNxK = jnp.pad(orders_lib.mask_from_ranks(tied_BxN, tied_BxN), ((0, 0), (0, 0), (0, w)))
+  _, cache = model.hidden_slots(tok, pos, tgt, mask=mask_BxNxK, cache=model.init_cache(b, n + w),
+                                write_index=jnp.broadcast_to(jnp.arange(n, dtype=jnp.int32),
+                                                             (b, n)))
+  at_W = jnp.broadcast_to(jnp.arange(n, n + w, dtype=jnp.int32), (b, w))
+
+  def logits_of(m_BxW, tgt_BxW):
+    qtok, qpos, qtgt = blanks.blank_queries(tgt_BxW)
+    valid_BxW = qtgt != NO_TARGET
+    peers_BxWxW = (valid_BxW[:, :, None] & valid_BxW[:, None, :]) | jnp.eye(w, dtype=bool)[None]
+    seen_BxWxN = jnp.arange(n)[None, None, :] < m_BxW[:, :, None]
+    mask_BxWxK = jnp.concatenate([seen_BxWxN, peers_BxWxW], axis=2)
+    hidden_BxWxD, _ = model.hidden_slots(qtok, qpos, qtgt, mask=mask_BxWxK, cache=cache,
+                                         write_index=at_W)
+    return model.head(hidden_BxWxD, tgt_BxW)
+
+  return logits_of
 
 
 def order_pass(model: AOGPT, tokens: jax.Array, order: jax.Array, steps: jax.Array,
@@ -282,7 +314,10 @@ def order_scan(model: AOGPT, tokens: jax.Array, order: jax.Array, steps: jax.Arr
     return pl_BxCxW, jnp.where(mine_BxN[..., None], own_BxNxV, 0.0)
 
   def body(acc_BxNxV, args):
-    pl_BxCxW, own_BxNxV = one(args)
+    # a pass past every row's last step (T is static; rows have fewer steps) is skipped
+    pl_BxCxW, own_BxNxV = jax.lax.cond(
+        jnp.any(args[2] != NO_TARGET), one,
+        lambda _: (jnp.zeros((b, per, w), jnp.float32), jnp.zeros_like(acc_BxNxV)), args)
     return acc_BxNxV + own_BxNxV, pl_BxCxW
 
   v = model.cfg.vocab_size
