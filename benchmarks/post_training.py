@@ -1,22 +1,24 @@
-"""Post-training with exact likelihoods against d1's mean-field estimate, on 6x6 Sudoku: one command.
+"""Post-training with exact likelihoods against estimated ones, on 6x6 Sudoku: one command.
 
     python benchmarks/post_training.py                    # CPU size (configs/sudoku.py:tiny)
     python benchmarks/post_training.py --size=accel       # one accelerator's size (9x9)
+    python benchmarks/post_training.py --runs=exact --seeds=0 --lr=1e-4 --updates=30  # one probe
 
 It trains (or reuses, in --workdir) a deliberately under-trained Sudoku AO-GPT (the config's
-model and data, fewer steps: room to improve), then:
+model and data, fewer steps, so that GRPO's own sampler starts with headroom), then:
 
-* measures the held-out solved rate (95% Wilson interval) and cell accuracy, with the sampler
-  GRPO uses (a random order, the adaptive sampler's ``random`` policy, one cell per step) greedily and at temperature 1 (the
-  policy's own), and with the best fixed heuristic (greedy adaptive max_prob);
-* runs GRPO (`posttrain.grpo`, reward ``cell_accuracy``) for a fixed number of updates on the
-  training puzzles with EXACT per-token likelihoods, and the same GRPO (same seeds, prompts and
-  rollout keys) with d1's one-step mean-field estimate (`posttrain.estimators`, with d1's 15%
-  prompt masking) and with a Monte Carlo ELBO (4 random masks per rollout, the LLaDA / VRPO /
-  SPG kind) in place of the exact values (``--runs`` also takes ``dr_grpo``, ``rloo`` and
-  ``order_policy``); the held-out rates at a few points along the way, against updates and wall
-  time; each run's speed (seconds per compiled update, rollouts per second, the gradient
-  update's share);
+* measures the held-out solved rate (95% Wilson interval) and cell accuracy with every decoding:
+  a random order (the adaptive sampler's ``random`` policy, one cell per step) greedily and at
+  temperature 1, the best fixed heuristic (max_prob) likewise, and the stochastic order policy;
+* runs GRPO (`posttrain.grpo`, reward ``cell_accuracy``) on the training puzzles, for each seed
+  (its training puzzles and rollout keys, the same for every likelihood) with EXACT per-token
+  likelihoods, with d1's one-step mean-field estimate (`posttrain.estimators`, d1's 15% prompt
+  masking) and with a Monte Carlo ELBO (4 random masks per rollout, the LLaDA / VRPO / SPG
+  kind); then GRPO on the stochastic order policy (``order_policy``, the first seed only: its
+  cost). ``--runs`` also takes ``dr_grpo`` and ``rloo``. The held-out rates at a few points
+  along the way, against updates and wall time; each run's speed (seconds per compiled update,
+  rollouts per second, the gradient update's share); per run and decoding, the final rates of
+  every seed, their mean and how many seeds' intervals lie above the start's;
 * on the same rollouts, the error of the mean-field estimate against the exact value: of the
   log-likelihood (per token, per sequence) at several numbers of tokens written per step, and
   of the log-ratio between the GRPO-trained policy and the starting one.
@@ -37,19 +39,26 @@ import time
 import common
 import order_matters
 
+# The starting model's training steps at CPU size: fewer than the config's 1,200, so that GRPO's
+# own sampler (a random order, tokens at T = 1, as `recipes.rl_group` draws) starts with headroom:
+# 29% of 500 held-out puzzles solved (50% greedily; max_prob greedy 98%).
+TRAIN_STEPS_CPU = 250
 SIZES = {
-    "cpu": dict(size="cpu", train_steps=600, updates=60, prompts=8, group=8, lr=1e-4,
-                eval_at=(20, 40, 60), puzzles=200, error_rows=64, overrides={},
-                sampler="max_prob", runs=("exact", "mean_field", "elbo")),
+    "cpu": dict(size="cpu", train_steps=TRAIN_STEPS_CPU, updates=30, prompts=8, group=8,
+                lr=3e-5, eval_at=(15, 30), puzzles=500, error_rows=64, overrides={},
+                sampler="random", runs=("exact", "mean_field", "elbo"), seeds=(0, 1, 2),
+                first_seed_runs=("order_policy",)),
     "accel": dict(size="accel", train_steps=4000, updates=400, prompts=32, group=16, lr=1e-4,
                   eval_at=(100, 200, 300, 400), puzzles=1000, error_rows=512, overrides={},
-                  sampler="max_prob", runs=("exact", "mean_field", "elbo", "order_policy")),
+                  sampler="max_prob", runs=("exact", "mean_field", "elbo", "order_policy"),
+                  seeds=(0, 1, 2)),
     # seconds: a one-layer model, a few updates, a handful of puzzles (tests/test_benchmarks.py)
     "test": dict(size="cpu", train_steps=2, updates=2, prompts=2, group=2, lr=1e-4, eval_at=(2,),
                  puzzles=4, error_rows=4, error_ends_only=True,
                  overrides={"model.n_layer": 1, "model.n_embd": 32, "model.n_head": 2,
                             "batch_size": 8, "eval.batch_size": 8},
-                 sampler="max_prob", runs=("exact", "mean_field", "elbo", "order_policy")),
+                 sampler="max_prob", runs=("exact", "mean_field", "elbo", "order_policy"),
+                 seeds=(0,)),
 }
 POLICY_TEMPERATURE = 0.1     # the stochastic order policy: softmax(max_prob scores / 0.1)
 # GRPO's sampler (token temperature 1, one cell per step): name -> GRPOSettings fields, and the
@@ -99,8 +108,9 @@ def evaluate(model, task, puzzles, seed: int, which=None) -> dict:
   return out
 
 
-def run_grpo(start: str, task, puzzles, name: str, cfg: dict, args) -> dict:
-  """GRPO run ``name`` (`RUNS`) from the model in ``start``; held-out rates at ``cfg.eval_at``
+def run_grpo(start: str, task, puzzles, name: str, cfg: dict, args, seed: int) -> dict:
+  """GRPO run ``name`` (`RUNS`) from the model in ``start`` with ``seed`` (its training prompts
+  and rollout keys: the same for every run of that seed); held-out rates at ``cfg.eval_at``
   (every decoding at the last, else the ones of the run's sampler)."""
   import jax
   import aogpt_jax
@@ -113,19 +123,19 @@ def run_grpo(start: str, task, puzzles, name: str, cfg: dict, args) -> dict:
   trainer = grpo.GRPO(model, settings, task=task)
   curve, evals, train_s = [], [], 0.0
   for u in range(cfg["updates"]):
-    prompts = trainer.task_prompts(seed=args.seed, index=u, count=cfg["prompts"])
+    prompts = trainer.task_prompts(seed=seed, index=u, count=cfg["prompts"])
     t0 = time.perf_counter()
-    m = trainer.step(jax.random.fold_in(jax.random.key(args.seed), u), prompts)
+    m = trainer.step(jax.random.fold_in(jax.random.key(seed), u), prompts)
     train_s += time.perf_counter() - t0
     curve.append({"update": u + 1, "train_s": train_s, **m})
     if u + 1 in cfg["eval_at"]:
-      ev = evaluate(model, task, puzzles, args.seed, None if u + 1 == cfg["updates"] else along)
+      ev = evaluate(model, task, puzzles, seed, None if u + 1 == cfg["updates"] else along)
       evals.append({"update": u + 1, "train_s": train_s, "load_avg_1m": common.load_avg_1m(),
                     **ev})
       line = ", ".join(f"{k} {100 * v['solved']['rate']:.1f}%" for k, v in ev.items())
-      print(f"[{name}] update {u + 1}: reward {m['reward']:.3f}; held-out solved: {line} "
+      print(f"[{name}, seed {seed}] update {u + 1}: reward {m['reward']:.3f}; held-out solved: {line} "
             f"({train_s:.0f} s)", flush=True)
-  return {"name": name, "likelihood": settings.likelihood, "settings": {k: v for k, v in vars(settings).items() if k != "reward"},
+  return {"name": name, "seed": seed, "likelihood": settings.likelihood, "settings": {k: v for k, v in vars(settings).items() if k != "reward"},
           "reward": settings.reward, "curve": curve, "evals": evals, "train_s": train_s,
           "speed": speed(curve), "model": model}
 
@@ -225,17 +235,19 @@ def _curve(ax, res: dict, dec: str, names, style="o-") -> None:
       continue
     pts = [(0, b)] + [(e["update"], e[dec]["solved"]) for e in run["evals"] if dec in e]
     x = [p[0] for p in pts]
+    first = run["seed"] == res["size"]["seeds"][0]
     ax.plot(x, [100 * p[1]["rate"] for p in pts], style, color=COLORS[run["name"]],
-            label=f"{LABELS[run['name']]}: {dec}")
-    ax.fill_between(x, [100 * p[1]["low"] for p in pts], [100 * p[1]["high"] for p in pts],
-                    color=COLORS[run["name"]], alpha=0.12)
+            label=f"{LABELS[run['name']]}: {dec} (each line a seed)" if first else None)
+    if first:             # one seed's interval: the others' are as wide
+      ax.fill_between(x, [100 * p[1]["low"] for p in pts], [100 * p[1]["high"] for p in pts],
+                      color=COLORS[run["name"]], alpha=0.12)
 
 
 def plot(res: dict, path: pathlib.Path, title: str) -> None:
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
-  fig, axes = plt.subplots(2, 2, figsize=(15, 10))
+  fig, axes = plt.subplots(2, 2, figsize=(15, 11))
   along = SAMPLERS[res["size"]["sampler"]][1]
   for ax, dec in zip(axes[0], along):
     _curve(ax, res, dec, ("exact", "mean_field", "elbo", "dr_grpo", "rloo"))
@@ -246,20 +258,27 @@ def plot(res: dict, path: pathlib.Path, title: str) -> None:
     ax.legend(fontsize=8)
   ax = axes[1, 0]
   decs = list(res["before"])
-  rows = [("start", res["before"])] + [(r["name"], r["evals"][-1]) for r in res["grpo"]]
+  agg = res["findings"]["over_seeds"]
+  names = list(dict.fromkeys(r["name"] for r in res["grpo"]))
+  rows = [("start", {d: (res["before"][d]["solved"]["rate"], res["before"][d]["solved"]["low"],
+                         res["before"][d]["solved"]["high"]) for d in decs})]
+  rows += [(name, {d: (agg[f"{name}: {d}"]["mean"], agg[f"{name}: {d}"]["min"],
+                       agg[f"{name}: {d}"]["max"]) for d in decs}) for name in names]
   width = 0.8 / len(rows)
   for i, (name, ev) in enumerate(rows):
     y = [k + (i - (len(rows) - 1) / 2) * width for k in range(len(decs))]
-    rate = [100 * ev[d]["solved"]["rate"] for d in decs]
-    err = [[max(0.0, 100 * (ev[d]["solved"]["rate"] - ev[d]["solved"]["low"])) for d in decs],
-           [max(0.0, 100 * (ev[d]["solved"]["high"] - ev[d]["solved"]["rate"])) for d in decs]]
+    rate = [100 * ev[d][0] for d in decs]
+    err = [[max(0.0, 100 * (ev[d][0] - ev[d][1])) for d in decs],
+           [max(0.0, 100 * (ev[d][2] - ev[d][0])) for d in decs]]
     ax.barh(y, rate, height=width, xerr=err, capsize=2, color=COLORS.get(name, "tab:gray"),
             label=name if name == "start" else LABELS[name])
   ax.set_yticks(list(range(len(decs))), decs)
   ax.invert_yaxis()
-  ax.set_xlabel("held-out puzzles solved (%), 95% interval")
-  ax.set_title(f"every decoding, before and after {res['size']['updates']} updates")
-  ax.legend(fontsize=8)
+  ax.set_xlabel("held-out puzzles solved (%): start with its 95% interval; after GRPO the "
+                "mean over seeds, min to max")
+  ax.set_title(f"every decoding, before and after {res['size']['updates']} updates "
+               f"({len(res['size']['seeds'])} seeds)")
+  ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=2)
   ax = axes[1, 1]
   err = res["estimator_error"]["by_steps"]
   x = [r["tokens_per_step"] for r in err]
@@ -293,7 +312,8 @@ def markdown(res: dict, machine: dict) -> str:
   for run in res["grpo"]:
     for e in run["evals"]:
       cell = f"{100 * e[decs[0]]['cell_accuracy']:.1f}%" if decs[0] in e else ""
-      lines.append(f"| GRPO, {run['name']} | {e['update']} | {e['train_s']:.0f} | "
+      lines.append(f"| GRPO, {run['name']}, seed {run['seed']} | {e['update']} | "
+                   f"{e['train_s']:.0f} | "
                    + " | ".join(pct(e[d]["solved"]) if d in e else "" for d in decs)
                    + f" | {cell} |")
   lines += ["", "| tokens per step | mean-field - exact, log p per token | per sequence "
@@ -304,12 +324,19 @@ def markdown(res: dict, machine: dict) -> str:
     lines.append(f"| {r['tokens_per_step']:.1f} | {f(r['logp_error_token'])} | "
                  f"{f(r['logp_error_sequence'])} | {f(r['log_ratio_error_token'])} | "
                  f"{f(r['log_ratio_error_sequence'])} | {100 * r['log_ratio_sign_agreement']:.0f}% |")
+  lines += ["", "| GRPO run, decoding | start | after, each seed | mean over seeds | seeds "
+            "whose interval lies above the start's |", "|---|---|---|---|---|"]
+  for key, a in res["findings"]["over_seeds"].items():
+    lines.append(f"| {key} | {100 * a['before']:.1f}% | "
+                 + ", ".join(f"{100 * x:.1f}%" for x in a["after"])
+                 + f" | {100 * a['mean']:.1f}% ({100 * a['mean_gain']:+.1f}) | "
+                 f"{a['seeds_beyond_interval']} of {a['seeds']} |")
   lines += ["", "| GRPO run | s per update (median, compiled) | rollouts/s | gradient update's share |",
             "|---|---|---|---|"]
   for run in res["grpo"]:
     sp = run["speed"]
-    lines.append(f"| {run['name']} | {sp['sec_per_update']:.2f} | {sp['rollouts_per_sec']:.0f} | "
-                 f"{100 * sp['update_share']:.0f}% |")
+    lines.append(f"| {run['name']}, seed {run['seed']} | {sp['sec_per_update']:.2f} | "
+                 f"{sp['rollouts_per_sec']:.0f} | {100 * sp['update_share']:.0f}% |")
   lines.append("")
   lines.append(f"{machine['cores']}-core {machine['cpu']}"
                f"{' with ' + machine['accelerator'] if machine.get('accelerator') else ''}; "
@@ -329,13 +356,26 @@ def main(argv=None):
                  help="GRPO's sampler (default: the size's)")
   p.add_argument("--runs", default="", help="comma-separated GRPO runs of " + ", ".join(RUNS)
                  + " (default: the size's)")
-  p.add_argument("--seed", type=int, default=0)
+  p.add_argument("--lr", type=float, default=0.0, help="GRPO's learning rate (0: the size's)")
+  p.add_argument("--prompts", type=int, default=0,
+                 help="training puzzles per update (0: the size's; x the group's 8 rollouts)")
+  p.add_argument("--seeds", default="", help="comma-separated GRPO seeds (training prompts and "
+                 "rollout keys; default: the size's); the first also seeds the evaluations")
   p.add_argument("--out", default="", help="the JSON (default: benchmarks/results/...)")
   args = p.parse_args(argv)
   logging.getLogger().setLevel(logging.WARNING)
   cfg = dict(SIZES[args.size])
   cfg["sampler"] = args.sampler or cfg["sampler"]
   cfg["runs"] = tuple(args.runs.split(",")) if args.runs else cfg["runs"]
+  if args.runs:                                # exactly these runs, with every seed
+    cfg["first_seed_runs"] = ()
+  cfg["lr"] = args.lr or cfg["lr"]
+  cfg["prompts"] = args.prompts or cfg["prompts"]
+  try:
+    cfg["seeds"] = tuple(int(x) for x in args.seeds.split(",")) if args.seeds else cfg["seeds"]
+  except ValueError:
+    p.error(f"--seeds: expected comma-separated integers, got {args.seeds!r}")
+  args.seed = cfg["seeds"][0]
   unknown = [r for r in cfg["runs"] if r not in RUNS]
   if unknown or not cfg["runs"]:
     p.error(f"--runs: expected some of {', '.join(RUNS)}, got {args.runs!r}")
@@ -357,7 +397,11 @@ def main(argv=None):
     print(f"before: {k}: solved {100 * v['solved']['rate']:.1f}% "
           f"({100 * v['solved']['low']:.1f}-{100 * v['solved']['high']:.1f}%), cell accuracy "
           f"{100 * v['cell_accuracy']:.1f}%", flush=True)
-  runs = [run_grpo(str(wd), task, puzzles, name, cfg, args) for name in cfg["runs"]]
+  # runs x seeds, then the costly first_seed_runs (the order policy) with the first seed only
+  runs = [run_grpo(str(wd), task, puzzles, name, cfg, args, seed)
+          for seed in cfg["seeds"] for name in cfg["runs"]]
+  runs += [run_grpo(str(wd), task, puzzles, name, cfg, args, cfg["seeds"][0])
+           for name in cfg.get("first_seed_runs", ()) if name not in cfg["runs"]]
   error = estimator_error(start_model, runs[0].pop("model"), task, cfg, args)
   for r in runs:
     r.pop("model", None)
@@ -375,7 +419,7 @@ def main(argv=None):
   path.with_suffix(".md").write_text(markdown(res, machine))
   plot(res, path.with_suffix(".png"),
        f"GRPO on {task.options()['size']}x{task.options()['size']} Sudoku: exact likelihoods "
-       f"against d1's mean-field estimate ({machine['slug']}, {wall / 60:.0f} min)")
+       f"against estimated ones ({machine['slug']}, {wall / 60:.0f} min)")
   print(res["findings"], flush=True)
 
 
@@ -389,16 +433,40 @@ def findings(res: dict) -> dict:
       if dec not in last:
         continue
       a, s = last[dec]["solved"], b["solved"]
-      out[f"{run['name']}: {dec}"] = {
+      out[f"{run['name']} (seed {run['seed']}): {dec}"] = {
           "before": s["rate"], "after": a["rate"], "gain": a["rate"] - s["rate"],
           "intervals_disjoint": a["low"] > s["high"]}
+  out["over_seeds"] = over_seeds(res)
   policy = [r for r in res["grpo"] if r["name"] == "order_policy"]
   if policy:
-    best = res["before"][POLICY_DECODERS[0]]["solved"]
-    trained = policy[0]["evals"][-1][POLICY_DECODERS[1]]["solved"]
+    best = res["before"][POLICY_DECODERS[0]]["solved"]["rate"]
+    trained = [r["evals"][-1][POLICY_DECODERS[1]]["solved"]["rate"] for r in policy]
     out["order_policy_vs_best_fixed_heuristic"] = {
-        "best_fixed_at_start": best["rate"], "trained_stochastic_policy": trained["rate"],
-        "reaches_it": trained["rate"] >= best["rate"]}
+        "best_fixed_at_start": best, "trained_stochastic_policy": trained,
+        "best_fixed_after_exact_grpo": [
+            r["evals"][-1][POLICY_DECODERS[0]]["solved"]["rate"] for r in res["grpo"]
+            if r["name"] == "exact"],
+        "reaches_it": [t >= best for t in trained]}
+  return out
+
+
+def over_seeds(res: dict) -> dict:
+  """Per run and decoding: the final held-out rate of each seed, their mean, min and max, and
+  how many seeds' after-intervals lie above the before-interval."""
+  out = {}
+  for name in dict.fromkeys(r["name"] for r in res["grpo"]):
+    runs = [r for r in res["grpo"] if r["name"] == name]
+    for dec, b in res["before"].items():
+      after = [r["evals"][-1][dec]["solved"] for r in runs if dec in r["evals"][-1]]
+      if not after:
+        continue
+      rates = [a["rate"] for a in after]
+      out[f"{name}: {dec}"] = {
+          "before": b["solved"]["rate"], "after": rates, "mean": sum(rates) / len(rates),
+          "min": min(rates), "max": max(rates),
+          "mean_gain": sum(rates) / len(rates) - b["solved"]["rate"],
+          "seeds_beyond_interval": sum(a["low"] > b["solved"]["high"] for a in after),
+          "seeds": len(rates)}
   return out
 
 

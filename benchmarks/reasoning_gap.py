@@ -57,6 +57,7 @@ SIZES = {"cpu": "tiny", "accel": ""}
 CHAIN = {"model.blank_block": False}
 VARIANTS = {
     "mdm": ("", "mdm", {}, "encoder MDM"),
+    "l2r": ("", "l2r", {}, "L2R model (left-to-right orders only)"),
     "causal": ("", "", {"model.prompt_attention": "causal", **CHAIN}, "AO-GPT, causal prompt"),
     "bidirectional": ("", "", {"model.prompt_attention": "bidirectional", **CHAIN},
                       "AO-GPT, bidirectional prompt (slots 0..m-1, exact cache)"),
@@ -84,6 +85,9 @@ TASKS = {
     "sudoku9": ("sudoku", {"size": 9, "min_givens": 30, "max_givens": 40},
                 "mdm,bidirectional,blanks"),
     "star_graph": ("star_graph", {}, "mdm,causal,bidirectional,bidirectional_r2l,blanks"),
+    # a graph small enough for a CPU: 2 arms of 3 nodes (an L2R model: about 1 in 2)
+    "star_graph_small": ("star_graph", {"degree": 2, "path_len": 3, "num_nodes": 12},
+                         "l2r,blanks,blanks_r2l"),
     "sft": ("sft_text", {}, "causal,bidirectional"),
 }
 POLICIES = ("max_prob", "margin")
@@ -241,7 +245,9 @@ def solve_variant(task_key: str, label: str, model, task, puzzles: dict, args) -
             f"{solve_lib.summary_line(summ)}", flush=True)
     return rows
   decodings = [(p, dict(method="adaptive", policy=p, **one)) for p in POLICIES]
-  if VARIANTS[label][2].get("model.blank_block"):    # decoded by the adaptive sampler only
+  if label == "l2r":                                 # trained on left-to-right orders only
+    decodings = [("L2R order", dict(method="adaptive", policy="l2r", **one))]
+  elif VARIANTS[label][2].get("model.blank_block"):    # decoded by the adaptive sampler only
     decodings.append(("random order", dict(method="adaptive", policy="random", **one)))
   else:
     decodings.append(("random order", dict(method="encoder" if label == "mdm" else "diffusion",
@@ -410,7 +416,7 @@ def plot(results: dict, path: pathlib.Path, title: str) -> None:
   palette = {"mdm": "tab:orange", "causal": "tab:gray", "bidirectional": "tab:blue",
              "bidirectional_target": "tab:green", "bidirectional_uniform": "tab:purple",
              "bidirectional_r2l": "tab:red", "bidirectional_2x": "tab:cyan", "blanks": "black",
-             "blanks_r2l": "tab:brown"}
+             "blanks_r2l": "tab:brown", "l2r": "tab:olive"}
   for i, name in enumerate(names):
     res = results[name]
     rows = res["decodings"]
