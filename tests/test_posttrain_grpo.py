@@ -53,6 +53,19 @@ def test_grpo_raises_a_simple_reward_within_a_few_dozen_updates(task):
   assert compiles[0] > 0 and compiles[1:] == [0] * 19
 
 
+def test_grpo_raises_a_simple_reward_on_a_blank_block_model(task):
+  """The same on a model with the query block over the blanks (`model.blank_block`), whose
+  exact likelihood runs the blanks against the cached written slots: adaptive rollouts."""
+  model = _model(task, std=0.02, prompt_attention="bidirectional", blank_block=True)
+  settings = grpo.GRPOSettings(reward=zeros_reward, group_size=8, lr=2e-2, steps=task.length,
+                               method="adaptive", policy="max_prob")
+  trainer = grpo.GRPO(model, settings, task=task)
+  rewards = [trainer.step(jax.random.key(i), trainer.task_prompts(seed=0, index=i, count=4))
+             ["reward"] for i in range(12)]
+  print("rewards:", np.round(rewards, 3).tolist())
+  assert rewards[0] < 0.4 and np.mean(rewards[-4:]) > rewards[0] + 0.3
+
+
 def test_rloo_advantages_and_loss_normalisations_equal_a_hand_computation():
   rewards = np.array([1.0, 0.0, 0.0, 1.0, 0.5, 0.5, 0.5, 2.0])
   g = 4
