@@ -25,7 +25,12 @@ encoder MDM, from configs/TASK.py (``:tiny`` at CPU size) plus the variant's ove
   other (`model.blank_block`, model/blanks.py: an MDM-style block over the blanks on top of the
   causal, cached written prefix; the task configs' default); decoded by the adaptive sampler
   only, so its random order is the ``random`` policy;
-* ``blanks_r2l``: ``blanks`` with 40% of the rows right to left.
+* ``blanks_r2l``: ``blanks`` with 40% of the rows right to left;
+* ``l2r``: the L2R model (the config's ``:l2r``: left-to-right orders only), solved left to right
+  (the adaptive sampler's ``l2r`` policy).
+
+Tasks (``--tasks``): ``sudoku`` (6x6), ``sudoku9``, ``star_graph`` (the config's), and
+``star_graph_small`` (2 arms of 3 nodes, 12 labels: a graph small enough for a CPU), ``sft``.
 
 Each is solved greedily on the same held-out puzzles with adaptive order (max_prob, margin: one
 cell per step) and in a random order, and reports the held-out loss per blank (AO-GPT: any order
