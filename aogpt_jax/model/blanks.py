@@ -115,8 +115,9 @@ def query_layout(tokens: jax.Array, order: jax.Array, m: jax.Array, targets: jax
   padding); query g sees the written slots 0..``m[b, g]``-1 and every valid query with the same
   ``m`` (one step's block over the blanks; a pass may hold several steps). Returns tokens,
   position rows, targets [B, n + G] and the mask [B, n + G, n + G]. The adaptive sampler's
-  reference (one step, every blank a query) and the rollout likelihood
-  (`posttrain.likelihood`) use it; the cached sampler is this mask re-indexed into the cache."""
+  reference (one step, every blank a query) uses it; the cached sampler and the rollout
+  likelihood (`posttrain.likelihood`, the written slots' keys and values computed once) are this
+  mask re-indexed into a cache (tests/test_blank_block.py checks both against it)."""
   b, n = order.shape
   g = targets.shape[1]
   wtok, wpos, wtgt = written_slots(order, tokens, orders_lib.all_ranks(order))
