@@ -122,16 +122,27 @@ def query_layout(tokens: jax.Array, order: jax.Array, m: jax.Array, targets: jax
   g = targets.shape[1]
   wtok, wpos, wtgt = written_slots(order, tokens, orders_lib.all_ranks(order))
   qtok, qpos, qtgt = blank_queries(targets)
-  a_F = jnp.arange(n + g, dtype=jnp.int32)
-  tied_BxF = orders_lib.block_ranks(jnp.broadcast_to(a_F, (b, n + g)), block)
-  written_BxFxF = (a_F[None, :, None] < n) & orders_lib.mask_from_ranks(tied_BxF, tied_BxF)
-  valid_BxG = qtgt != NO_TARGET
-  m_BxG = m.astype(jnp.int32)
-  peers_BxGxG = (valid_BxG[:, :, None] & valid_BxG[:, None, :]
-                 & (m_BxG[:, :, None] == m_BxG[:, None, :]))
-  peers_BxGxG = peers_BxGxG | jnp.eye(g, dtype=bool)[None]
-  query_BxGxF = jnp.concatenate(
-      [jnp.arange(n)[None, None, :] < m_BxG[:, :, None], peers_BxGxG], axis=2)
-  mask = jnp.concatenate([written_BxFxF[:, :n], query_BxGxF], axis=1)
+  mask = jnp.concatenate([written_mask(b, n, g, block), query_mask(m, qtgt, n)], axis=1)
   return (jnp.concatenate([wtok, qtok], 1), jnp.concatenate([wpos, qpos], 1),
           jnp.concatenate([wtgt, qtgt], 1), mask)
+
+
+def written_mask(b: int, n: int, g: int, block: jax.Array | None = None) -> jax.Array:
+  """bool [B, n, n + G]: the n written slots' rows (in rank order) over n written slots and G
+  query slots: causal, ``block`` [B] leading ranks a bidirectional prompt; no blank."""
+  tied_BxN = orders_lib.block_ranks(jnp.broadcast_to(jnp.arange(n, dtype=jnp.int32), (b, n)),
+                                    block)
+  return jnp.pad(orders_lib.mask_from_ranks(tied_BxN, tied_BxN), ((0, 0), (0, 0), (0, g)))
+
+
+def query_mask(m: jax.Array, targets: jax.Array, n: int) -> jax.Array:
+  """bool [B, G, n + G]: the rows of G blank queries (targets [B, G], NO_TARGET: padding) over
+  n written slots and the queries: query g sees the written slots 0..``m[b, g]``-1, itself and
+  every valid query with the same ``m`` (its step's blanks)."""
+  g = targets.shape[1]
+  valid_BxG = targets != NO_TARGET
+  m_BxG = m.astype(jnp.int32)
+  peers_BxGxG = (valid_BxG[:, :, None] & valid_BxG[:, None, :]
+                 & (m_BxG[:, :, None] == m_BxG[:, None, :])) | jnp.eye(g, dtype=bool)[None]
+  return jnp.concatenate([jnp.arange(n)[None, None, :] < m_BxG[:, :, None], peers_BxGxG],
+                         axis=2)

@@ -444,8 +444,13 @@ class GRPO:
     answer positions of a row seen so far), or None without a stochastic order policy."""
     if not self.settings.trains_order:
       return None
-    w = max(1, min(self._answer_max or length, length))
+    w = self.answer_width(length)
     return min(self.settings.order_steps(length), w), w
+
+  def answer_width(self, length: int) -> int:
+    """The most answer positions of a row seen so far (or ``length``): the queries a step of the
+    order pass, and of a blank model's likelihood, need."""
+    return max(1, min(self._answer_max or length, length))
 
   def reserve(self, min_prompt: int, max_prompt: int, length: int) -> None:
     """Sizes the compiled sampler and update for every prompt of ``min_prompt`` ..
@@ -557,7 +562,7 @@ class GRPO:
     n = batch["tokens"].shape[1]
     sizes = self.order_sizes(n)
     # a blank model's likelihood: one query per answer position a step, not one per position
-    width = min(self._answer_max or n, n) if self.model.cfg.blank_block else None
+    width = self.answer_width(n) if self.model.cfg.blank_block else None
     for i in range(int(self.settings.inner_steps)):
       b = {k: v for k, v in batch.items() if not k.endswith("_steps")}
       b.update({k[:-len("_steps")]: v[:, i] for k, v in batch.items() if k.endswith("_steps")})

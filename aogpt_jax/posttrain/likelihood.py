@@ -194,9 +194,7 @@ def _blank_cache(model: AOGPT, tokens, order, block, w: int):
   n + W slots, n + T W slots in all instead of T (n + W)."""
   b, n = tokens.shape
   tok, pos, tgt = blanks.written_slots(order, tokens, orders_lib.all_ranks(order))
-  tied_BxN = orders_lib.block_ranks(jnp.broadcast_to(jnp.arange(n, dtype=jnp.int32), (b, n)),
-                                    block)
-  mask_BxNxK = jnp.pad(orders_lib.mask_from_ranks(tied_BxN, tied_BxN), ((0, 0), (0, 0), (0, w)))
+  mask_BxNxK = blanks.written_mask(b, n, w, block)
   _, cache = model.hidden_slots(tok, pos, tgt, mask=mask_BxNxK, cache=model.init_cache(b, n + w),
                                 write_index=jnp.broadcast_to(jnp.arange(n, dtype=jnp.int32),
                                                              (b, n)))
@@ -204,12 +202,8 @@ def _blank_cache(model: AOGPT, tokens, order, block, w: int):
 
   def logits_of(m_BxW, tgt_BxW):
     qtok, qpos, qtgt = blanks.blank_queries(tgt_BxW)
-    valid_BxW = qtgt != NO_TARGET
-    peers_BxWxW = (valid_BxW[:, :, None] & valid_BxW[:, None, :]) | jnp.eye(w, dtype=bool)[None]
-    seen_BxWxN = jnp.arange(n)[None, None, :] < m_BxW[:, :, None]
-    mask_BxWxK = jnp.concatenate([seen_BxWxN, peers_BxWxW], axis=2)
-    hidden_BxWxD, _ = model.hidden_slots(qtok, qpos, qtgt, mask=mask_BxWxK, cache=cache,
-                                         write_index=at_W)
+    hidden_BxWxD, _ = model.hidden_slots(qtok, qpos, qtgt, mask=blanks.query_mask(m_BxW, qtgt, n),
+                                         cache=cache, write_index=at_W)
     return model.head(hidden_BxWxD, tgt_BxW)
 
   return logits_of
