@@ -202,6 +202,15 @@ def test_bad_reference_and_prompts_are_one_line_errors(task):
     trainer.step(jax.random.key(0), long)
 
 
+def test_a_verifier_reward_the_task_lacks_is_one_line_error():
+  from aogpt_jax import tasks
+  star = tasks.make("star_graph", degree=2, path_len=3, num_nodes=12)
+  rows = star.heldout(0, 2)
+  with pytest.raises(ValueError, match="rl.reward: 'rule_cells' is not a field of the verifier "
+                                       "of task 'star_graph'; expected one of .*solved"):
+    grpo.get_reward("rule_cells")(rows["tokens"], rows, star)
+
+
 @pytest.mark.parametrize("method", ["diffusion", "adaptive"])
 def test_rollouts_share_one_plan_size_and_draw_what_generate_draws(task, method):
   """The rollouts keep the sampler's static sizes at the largest seen (one compiled sampler for

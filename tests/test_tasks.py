@@ -181,6 +181,45 @@ def test_sudoku_verify_hand_made():
     tasks.make("sudoku", size=4).verify(np.zeros((3, 15)), puzzle)
 
 
+def _rule_cells_by_loops(grid, prompt, size):
+  """The free cells whose digit is in range and once in its row, column and box, by loops."""
+  br, bc = sudoku.BOXES[size]
+  g = np.asarray(grid).reshape(size, size)
+  ok = 0
+  for i in np.flatnonzero(~np.asarray(prompt)):
+    r, c = divmod(int(i), size)
+    d = g[r, c]
+    box = g[r - r % br:r - r % br + br, c - c % bc:c - c % bc + bc]
+    ok += (0 <= d < size and (g[r] == d).sum() == 1 and (g[:, c] == d).sum() == 1
+           and (box == d).sum() == 1)
+  return ok / max(int((~np.asarray(prompt)).sum()), 1)
+
+
+def test_sudoku_rule_cells_counts_any_solution():
+  four = tokens_of(GRID4)[None]
+  other = four.copy().reshape(4, 4)                         # the unavoidable rectangle swapped:
+  other[[0, 0, 1, 1], [0, 2, 0, 2]] = other[[1, 1, 0, 0], [0, 2, 0, 2]]  # another solution
+  other = other.reshape(1, 16)
+  assert sudoku.valid_rows(other, 4).all() and (other != four).sum() == 4
+  prompt = np.ones_like(four, bool)
+  prompt[0, [0, 2, 4, 6]] = False
+  t = tasks.make("sudoku", size=4)
+  v = t.verify(other, {"tokens": four, "prompt": prompt})
+  assert v["solved"][0] and v["cell_accuracy"][0] == 0.0 and v["rule_cells"][0] == 1.0
+  t6 = tasks.make("sudoku", size=6)
+  pz = t6.heldout(0, 24)
+  rng = np.random.default_rng(0)
+  noisy = np.where(rng.random(pz["tokens"].shape) < 0.2, rng.integers(0, 7, pz["tokens"].shape),
+                   pz["tokens"])
+  noisy = np.where(pz["prompt"], pz["tokens"], noisy)      # givens kept, some free cells wrong
+  got = t6.verify(noisy, pz)["rule_cells"]
+  want = [_rule_cells_by_loops(g, p, 6) for g, p in zip(noisy, pz["prompt"])]
+  np.testing.assert_allclose(got, want)
+  assert 0 < got.min() < 1 and got.max() <= 1
+  noisy[0, np.argmax(pz["prompt"][0])] += 1                # a given changed: 0
+  assert t6.verify(noisy, pz)["rule_cells"][0] == 0.0
+
+
 def test_solver_counts_and_solves():
   count, sol = sudoku.solve(digits(EASY))
   assert count == 1 and "".join(map(str, sol)) == EASY_SOLUTION

@@ -42,8 +42,9 @@ The KL term stays the tokens'. (The estimates are for diffusion rollouts: no ord
 Rewards are a registry (`REWARDS`, `register_reward`) of ``fn(tokens, puzzles, task) -> [R]``
 float: ``tokens`` int [R, n] the rollouts (original order), ``puzzles`` the prompts' rows
 repeated per rollout (``{"tokens", "prompt"}`` [R, n], the task's reference answers in
-``tokens``), ``task`` the task (or None). Built in: ``solved`` and ``cell_accuracy`` (the task's
-verifier). A user reward, worked example (the fraction of answer cells that are 0)::
+``tokens``), ``task`` the task (or None). Built in: ``solved``, ``cell_accuracy`` and (Sudoku)
+``rule_cells``, fields of the task's verifier. A user reward, worked example (the fraction of
+answer cells that are 0)::
 
     from aogpt_jax.posttrain import grpo
 
@@ -109,13 +110,18 @@ def _verified(field: str) -> RewardFn:
   def fn(tokens, puzzles, task):
     if task is None:
       raise ValueError(f"rl.reward: {field!r} needs a task (its verifier), got task=None")
-    return np.asarray(task.verify(tokens, puzzles)[field], np.float64)
+    out = task.verify(tokens, puzzles)
+    if field not in out:
+      raise ValueError(f"rl.reward: {field!r} is not a field of the verifier of task "
+                       f"{task.name!r}; expected one of {', '.join(sorted(out))}")
+    return np.asarray(out[field], np.float64)
   fn.__doc__ = f"The task verifier's ``{field}`` per rollout."
   return fn
 
 
 register_reward("solved")(_verified("solved"))
 register_reward("cell_accuracy")(_verified("cell_accuracy"))
+register_reward("rule_cells")(_verified("rule_cells"))     # sudoku: cells breaking no rule
 
 
 def get_reward(reward: str | RewardFn) -> RewardFn:

@@ -244,6 +244,20 @@ def random_grids(size: int, rng: np.random.Generator, count: int) -> np.ndarray:
   return np.take_along_axis(relabel, g.reshape(count, -1).astype(np.intp), 1)
 
 
+def rule_cells(tokens: np.ndarray, prompt: np.ndarray, size: int) -> np.ndarray:
+  """float [B]: the fraction of each row's non-given cells whose digit is in range and appears
+  once in its row, its column and its box (1.0 for every valid grid, whichever solution it is;
+  1.0 where a row has no free cell)."""
+  vals = tokens[:, units(size)]                                   # [B, 3 size, size]
+  clash = (vals[..., :, None] == vals[..., None, :]).sum(-1) > 1  # a digit twice in the unit
+  bad = np.zeros(tokens.shape, bool)
+  for u, cells in enumerate(units(size)):
+    bad[:, cells] |= clash[:, u]
+  ok = ~bad & (tokens >= 0) & (tokens < size) & ~prompt
+  free = (~prompt).sum(1)
+  return np.where(free > 0, ok.sum(1) / np.maximum(free, 1), 1.0).astype(np.float64)
+
+
 def valid_rows(tokens: np.ndarray, size: int) -> np.ndarray:
   """bool [B]: every row, column and box of each token row is a permutation of 0..size-1."""
   cells = np.sort(tokens[:, units(size)], axis=-1)
@@ -258,7 +272,9 @@ class Sudoku(base.Task):
   """Sudoku (module docstring): ``tasks.make("sudoku", size=6, min_givens=18, max_givens=24)``.
 
   verify: "solved" (rules hold and every given kept), "valid" (rows, columns and boxes are
-  permutations of the digits), "givens_kept", "cell_accuracy" (over the non-given cells)."""
+  permutations of the digits), "givens_kept", "cell_accuracy" (over the non-given cells, against
+  the reference solution), "rule_cells" (`rule_cells`: the non-given cells that break no rule,
+  whichever solution the grid is; 0 where a given was changed)."""
 
   def __init__(self, size: int = 9, min_givens: int | None = None, max_givens: int | None = None,
                heldout_frac: float = 0.1, unique: bool = True, difficulty: str = "any"):
@@ -394,7 +410,10 @@ class Sudoku(base.Task):
     acc, kept = self._cell_accuracy(tokens, puzzle)
     in_range = ((tokens >= 0) & (tokens < self.size)).all(1)
     valid = in_range & valid_rows(np.clip(tokens, 0, self.size - 1), self.size)
-    return {"solved": valid & kept, "valid": valid, "givens_kept": kept, "cell_accuracy": acc}
+    prompt = np.asarray(puzzle["prompt"], bool)
+    rules = np.where(kept, rule_cells(tokens, prompt, self.size), 0.0)
+    return {"solved": valid & kept, "valid": valid, "givens_kept": kept, "cell_accuracy": acc,
+            "rule_cells": rules}
 
   def render(self, tokens_row, prompt_row=None) -> str:
     """The grid, given cells in [brackets], boxes separated by | and -."""
