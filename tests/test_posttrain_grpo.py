@@ -180,6 +180,7 @@ def test_loss_gradient_with_exact_kl_equals_a_finite_difference(task):
     (dict(likelihood="elbo", elbo_samples=0), "rl.elbo_samples: must be an int >= 1"),
     (dict(method="speculative"), "rl.method: must be one of"),
     (dict(policy_temperature=0.5), "rl.policy_temperature: a stochastic order policy needs"),
+    (dict(method="adaptive", order_only=True), "rl.order_only: trains the order's choices alone"),
     (dict(method="adaptive", policy="confidence", policy_temperature=0.5),
      "rl.policy: .confidence. cannot be stochastic"),
 ])

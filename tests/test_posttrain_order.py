@@ -7,6 +7,7 @@ probabilities of an independent float64 computation (chi-square, a uniform alter
 rejected); the order log-probability's gradient equals a finite difference; GRPO's gradient
 carries the order term; bad settings are one-line errors before anything compiles."""
 
+import dataclasses
 import itertools
 
 import jax
@@ -233,7 +234,16 @@ def test_grpo_with_the_stochastic_policy_trains_the_order():
   assert scale > 1e-3
   for d, w in zip(jax.tree.leaves(diff), jax.tree.leaves(want)):
     np.testing.assert_allclose(np.asarray(d), np.asarray(w), atol=1e-4 * scale, rtol=1e-3)
+  # order_only: the order's term alone
+  only = jax.jit(jax.grad(lambda p: grpo.grpo_loss(
+      m(p), dict(base, old_logp=out.order_logp), clip_eps=0.2, order=order_kw,
+      order_only=True)[0]))(params)
+  for d, w in zip(jax.tree.leaves(only), jax.tree.leaves(want)):
+    np.testing.assert_allclose(np.asarray(d), np.asarray(w), atol=1e-4 * scale, rtol=1e-3)
   metrics = trainer.step(jax.random.key(1), trainer.task_prompts(0, 1, count=2))
+  assert np.isfinite(metrics["loss"]) and abs(metrics["ratio"] - 1) < 1e-4
+  trainer = grpo.GRPO(model, dataclasses.replace(settings, order_only=True), task=task)
+  metrics = trainer.step(jax.random.key(2), trainer.task_prompts(0, 2, count=2))
   assert np.isfinite(metrics["loss"]) and abs(metrics["ratio"] - 1) < 1e-4
 
 

@@ -37,7 +37,9 @@ taken as given (the ratio is the tokens'). A stochastic one (``policy_temperatur
 writing that token at that position at that step: ``exp((logp_new + order_logp_new) -
 (logp_old + order_logp_old))`` with `likelihood.order_logp` (exact, in the same pass as the
 tokens': `likelihood.token_and_order_logp`, in bounded memory), so GRPO trains the order too.
-The KL term stays the tokens'. (The estimates are for diffusion rollouts: no order term.)
+``order_only=True`` keeps the order's terms alone (``exp(order_logp_new - order_logp_old)``):
+the tokens' choices get no credit, and the weights move only as far as the order's scores (the
+model's own confidences, for max_prob / margin / entropy) need. The KL term stays the tokens'. (The estimates are for diffusion rollouts: no order term.)
 
 Rewards are a registry (`REWARDS`, `register_reward`) of ``fn(tokens, puzzles, task) -> [R]``
 float: ``tokens`` int [R, n] the rollouts (original order), ``puzzles`` the prompts' rows
@@ -185,6 +187,7 @@ class GRPOSettings:
   elbo_samples: int = 4            # elbo: M random masks per rollout (estimators.elbo_masks)
   policy: str = "max_prob"         # adaptive: the order policy (sampling.adaptive)
   policy_temperature: float = 0.0  # adaptive: > 0 a stochastic policy, its order trained too
+  order_only: bool = False         # with a stochastic policy: the ratio is the order's alone
 
   @property
   def trains_order(self) -> bool:
@@ -212,6 +215,10 @@ class GRPOSettings:
       raise ValueError(f"rl.prompt_mask: {self.prompt_mask} > 0 masks the prompt of the "
                        f"mean-field estimate; expected rl.likelihood='mean_field', got "
                        f"{self.likelihood!r}")
+    if self.order_only and not self.trains_order:
+      raise ValueError("rl.order_only: trains the order's choices alone; expected a stochastic "
+                       "order policy (rl.method='adaptive', rl.policy_temperature > 0), got "
+                       f"method={self.method!r}, policy_temperature={self.policy_temperature!r}")
     if self.likelihood != "exact" and self.trains_order:
       raise ValueError(f"rl.likelihood: {self.likelihood!r} has no order term; a stochastic "
                        f"order policy (rl.policy_temperature > 0) needs rl.likelihood='exact'")
@@ -318,13 +325,15 @@ def exact_kl(logits_new, logits_ref):
 
 def grpo_loss(model: AOGPT, batch: dict, *, clip_eps: float, temperature: float = 1.0,
               reference: AOGPT | None = None, kl_coef: float = 0.0, order: dict | None = None,
-              estimator: str = "exact", loss_norm: str = "token", width: int | None = None):
+              estimator: str = "exact", loss_norm: str = "token", width: int | None = None,
+              order_only: bool = False):
   """(loss, metrics) of one batch of rollouts: ``batch`` holds tokens, order, steps, prompt,
   old_logp [R, n], adv [R] and optionally keep [R, n] (mean_field's kept prompt positions) or
   mask_order [R, M, n] and hidden [R, M] (elbo's masks, `estimators.elbo_masks`). ``order``: the
   stochastic policy's `likelihood.order_logp` keywords (policy, policy_temperature, max_steps,
   width): ``logp_new`` then adds the order's log-probability (`likelihood.token_and_order_logp`,
-  in bounded memory), and ``old_logp`` must hold the recorded sum. ``estimator``: exact,
+  in bounded memory), and ``old_logp`` must hold the recorded sum (``order_only``: the order's
+  log-probability alone, and the recorded order values in ``old_logp``). ``estimator``: exact,
   mean_field or elbo (`estimators.conditionals`; without ``order``); the KL is the estimator's
   conditionals', weighted as its log-likelihood. ``loss_norm``: `token_objective`'s ``norm``.
   ``width``: a blank model's queries per step (`estimators.conditionals`). Differentiable in
@@ -339,7 +348,7 @@ def grpo_loss(model: AOGPT, batch: dict, *, clip_eps: float, temperature: float 
   else:
     logp_RxN, olp_RxN, logits_RxNxV = likelihood.token_and_order_logp(
         model, *args, temperature=temperature, **order)
-    logp_RxN = logp_RxN + olp_RxN
+    logp_RxN = olp_RxN if order_only else logp_RxN + olp_RxN
     logits_RxKxNxV, w_RxKxN = logits_RxNxV[:, None], jnp.ones_like(logp_RxN)[:, None]
   kl_RxN = None
   if reference is not None and kl_coef > 0:
@@ -423,7 +432,7 @@ class GRPO:
       m = nnx.merge(self.graphdef, p, rest)
       return grpo_loss(m, batch, clip_eps=s.clip_eps, temperature=s.temperature, reference=ref,
                        kl_coef=s.kl_coef, order=order, estimator=s.likelihood,
-                       loss_norm=s.loss_norm, width=width)
+                       loss_norm=s.loss_norm, width=width, order_only=s.order_only)
 
     (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
     updates, opt_state = self.tx.update(grads, opt_state, params)
@@ -540,6 +549,7 @@ class GRPO:
     batch = {"tokens": np.asarray(out.tokens), "order": np.asarray(out.order),
              "steps": np.asarray(out.step_of_rank), "prompt": np.asarray(puzzles["prompt"]),
              "old_logp": np.asarray(out.logp if out.order_logp is None else
+                                     out.order_logp if s.order_only else
                                      out.logp + out.order_logp),
              "adv": group_advantages(rewards, s.group_size, s.scale_rewards, kind=s.advantage)}
     if s.likelihood != "exact":
