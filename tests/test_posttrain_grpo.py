@@ -3,6 +3,8 @@ updates; the clipped surrogate's gradient equals a float64 analytic reference, a
 loss's gradient (exact likelihoods, exact KL to a reference) a finite difference; bad settings
 are one-line errors before anything compiles."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -66,6 +68,23 @@ def test_grpo_raises_a_simple_reward_on_a_blank_block_model(task):
   assert rewards[0] < 0.4 and np.mean(rewards[-4:]) > rewards[0] + 0.3
 
 
+def test_per_token_credit_raises_a_per_token_reward(task):
+  """``credit="token"``: a reward per position (here 1 where the token is 0), advantages per
+  position over the group; the logged reward is each rollout's mean over its answer."""
+  model = _model(task, std=0.02)
+  settings = grpo.GRPOSettings(reward=lambda t, p, k: (np.asarray(t) == 0).astype(float),
+                               credit="token", group_size=8, lr=2e-2, steps=4)
+  trainer = grpo.GRPO(model, settings, task=task)
+  rewards = [trainer.step(jax.random.key(i), trainer.task_prompts(seed=0, index=i, count=4))
+             ["reward"] for i in range(12)]
+  print("rewards:", np.round(rewards, 3).tolist())
+  assert rewards[0] < 0.4 and np.mean(rewards[-4:]) > rewards[0] + 0.3
+  with pytest.raises(ValueError, match=r"rl.reward: returned shape \(32,\) on the rollouts; "
+                                       r"expected \(32, 16\), one reward per position"):
+    grpo.GRPO(model, dataclasses.replace(settings, reward=zeros_reward), task=task).step(
+        jax.random.key(0), trainer.task_prompts(seed=0, index=0, count=4))
+
+
 def test_rloo_advantages_and_loss_normalisations_equal_a_hand_computation():
   rewards = np.array([1.0, 0.0, 0.0, 1.0, 0.5, 0.5, 0.5, 2.0])
   g = 4
@@ -91,6 +110,13 @@ def test_rloo_advantages_and_loss_normalisations_equal_a_hand_computation():
   for norm, want in hand.items():
     loss, _ = grpo.token_objective(lp, lp, jnp.asarray(adv), jnp.asarray(scored), 0.2, norm=norm)
     np.testing.assert_allclose(float(loss), want, rtol=1e-5)
+  # per-token rewards [R, n]: each position against the same position of the group's rollouts
+  per_tok = rng.random((8, n))
+  cols = np.stack([grpo.group_advantages(per_tok[:, k], g) for k in range(n)], axis=1)
+  np.testing.assert_allclose(grpo.group_advantages(per_tok, g), cols, rtol=1e-6)
+  adv_tok = rng.normal(size=(r, n)).astype(np.float32)
+  loss, _ = grpo.token_objective(lp, lp, jnp.asarray(adv_tok), jnp.asarray(scored), 0.2)
+  np.testing.assert_allclose(float(loss), -np.sum(adv_tok * scored) / scored.sum(), rtol=1e-5)
 
 
 def test_kl_to_the_start_needs_no_reference_and_nan_rewards_are_one_line_errors(task):
@@ -172,6 +198,7 @@ def test_loss_gradient_with_exact_kl_equals_a_finite_difference(task):
 
 @pytest.mark.parametrize("kw,match", [
     (dict(reward="nope"), "rl.reward: unknown reward 'nope'"),
+    (dict(credit="cell"), "rl.credit: expected one of sequence, token, got 'cell'"),
     (dict(group_size=1), "rl.group_size: must be an int >= 2"),
     (dict(kl_coef=-0.1), "rl.kl_coef: must be >= 0"),
     (dict(advantage="ppo"), "rl.advantage: expected one of group, rloo, got 'ppo'"),

@@ -126,6 +126,14 @@ register_reward("cell_accuracy")(_verified("cell_accuracy"))
 register_reward("rule_cells")(_verified("rule_cells"))     # sudoku: cells breaking no rule
 
 
+@register_reward("cell_correct")
+def cell_correct(tokens, puzzles, task):
+  """float [R, n], a per-token reward (``credit="token"``): 1 where a position holds the
+  reference answer's token (``puzzles["tokens"]``), else 0; any task with reference answers."""
+  del task
+  return (np.asarray(tokens) == np.asarray(puzzles["tokens"])).astype(np.float64)
+
+
 def get_reward(reward: str | RewardFn) -> RewardFn:
   """A reward function: ``reward`` itself when callable, a `REWARDS` name, or ``MODULE:FUNCTION``
   (a dotted module name or a .py file, imported as ``task.module`` is: `tasks.import_module`)."""
@@ -150,18 +158,22 @@ def get_reward(reward: str | RewardFn) -> RewardFn:
   return REWARDS[reward]
 
 
-def reward_values(fn: RewardFn, tokens, puzzles: dict, task, what: str) -> np.ndarray:
-  """float64 [R]: ``fn(tokens, puzzles, task)``, one reward per row of ``tokens`` (``what``
-  they are, for the message); a reward that raises or returns another shape is one line."""
+def reward_values(fn: RewardFn, tokens, puzzles: dict, task, what: str,
+                  per_token: bool = False) -> np.ndarray:
+  """float64 [R] (``per_token``: [R, n], one per position): ``fn(tokens, puzzles, task)`` on the
+  rows of ``tokens`` (``what`` they are, for the message); a reward that raises or returns
+  another shape is one line."""
   try:
     rewards = np.asarray(fn(tokens, puzzles, task), np.float64)
   except Exception as e:  # noqa: BLE001 - a reward of one's own may raise anything
     msg = (str(e).strip().splitlines() or [repr(e)])[0]
     raise ValueError(f"rl.reward: {getattr(fn, '__name__', fn)} raised {type(e).__name__}: "
                      f"{msg} on {what}") from e
-  if rewards.shape != (np.shape(tokens)[0],):
-    raise ValueError(f"rl.reward: returned shape {rewards.shape} on {what}; expected "
-                     f"({np.shape(tokens)[0]},), one reward per rollout")
+  want = tuple(np.shape(tokens)) if per_token else (np.shape(tokens)[0],)
+  if rewards.shape != want:
+    raise ValueError(f"rl.reward: returned shape {rewards.shape} on {what}; expected {want}, "
+                     + ("one reward per position (rl.credit='token')" if per_token else
+                        "one reward per rollout"))
   return rewards
 
 
@@ -187,6 +199,7 @@ class GRPOSettings:
   elbo_samples: int = 4            # elbo: M random masks per rollout (estimators.elbo_masks)
   policy: str = "max_prob"         # adaptive: the order policy (sampling.adaptive)
   policy_temperature: float = 0.0  # adaptive: > 0 a stochastic policy, its order trained too
+  credit: str = "sequence"         # sequence: one reward per rollout | token: one per position
   order_only: bool = False         # with a stochastic policy: the ratio is the order's alone
 
   @property
@@ -231,6 +244,8 @@ class GRPOSettings:
     if self.advantage == "rloo" and self.scale_rewards:
       raise ValueError("rl.scale_rewards: RLOO advantages are not divided by the group's std; "
                        "expected rl.scale_rewards=False with rl.advantage='rloo', got True")
+    if self.credit not in CREDITS:
+      raise ValueError(f"rl.credit: expected one of {', '.join(CREDITS)}, got {self.credit!r}")
     if self.loss_norm not in LOSS_NORMS:
       raise ValueError(f"rl.loss_norm: expected one of {', '.join(LOSS_NORMS)}, got "
                        f"{self.loss_norm!r}")
@@ -263,6 +278,7 @@ class GRPOSettings:
 
 
 ADVANTAGES = ("group", "rloo")
+CREDITS = ("sequence", "token")
 LOSS_NORMS = ("token", "sequence", "constant")
 
 
@@ -271,25 +287,28 @@ def group_advantages(rewards: np.ndarray, group_size: int, scale: bool = True,
   """float32 [R]: ``rewards`` [R] (rows grouped: prompt p's rollouts are rows p G .. p G + G - 1)
   minus their group's mean (``kind`` group) or the mean of the group's OTHER rollouts (rloo:
   RLOO's leave-one-out baseline, G / (G - 1) times the former), divided by the group's std
-  (population) + ``eps`` when ``scale``."""
-  r_PxG = np.asarray(rewards, np.float64).reshape(-1, group_size)
-  a_PxG = r_PxG - r_PxG.mean(1, keepdims=True)
+  (population) + ``eps`` when ``scale``. Per-token rewards [R, n]: the same at each position,
+  over the group's rollouts (float32 [R, n])."""
+  r = np.asarray(rewards, np.float64)
+  r_PxGxK = r.reshape(-1, group_size, *r.shape[1:2] or (1,))
+  a_PxGxK = r_PxGxK - r_PxGxK.mean(1, keepdims=True)
   if kind == "rloo":
-    a_PxG = a_PxG * group_size / (group_size - 1)
+    a_PxGxK = a_PxGxK * group_size / (group_size - 1)
   if scale:
-    a_PxG = a_PxG / (r_PxG.std(1, keepdims=True) + eps)
-  return a_PxG.reshape(-1).astype(np.float32)
+    a_PxGxK = a_PxGxK / (r_PxGxK.std(1, keepdims=True) + eps)
+  return a_PxGxK.reshape(r.shape).astype(np.float32)
 
 
 def token_objective(logp_new, logp_old, adv, scored, clip_eps: float, kl=None,
                     kl_coef: float = 0.0, norm: str = "token"):
   """(loss, metrics): the clipped surrogate per token (module docstring), minus, over the
-  ``scored`` (answer) tokens of the batch; all [R, n] but ``adv`` [R]. ``norm``: token (their
+  ``scored`` (answer) tokens of the batch; all [R, n] but ``adv`` [R] (or [R, n]: per-token
+  advantages). ``norm``: token (their
   sum over the batch's answer-token count, DAPO's), sequence (each rollout's mean, then the
   mean over rollouts: GRPO's), constant (their sum over R n, no length normalisation: Dr.
   GRPO's). The metrics are token means."""
   ratio_RxN = jnp.exp(logp_new - logp_old)
-  adv_Rx1 = adv[:, None]
+  adv_Rx1 = adv[:, None] if adv.ndim == 1 else adv
   surr_RxN = jnp.minimum(ratio_RxN * adv_Rx1,
                          jnp.clip(ratio_RxN, 1 - clip_eps, 1 + clip_eps) * adv_Rx1)
   loss_RxN = -surr_RxN
@@ -369,12 +388,13 @@ def reward_name(reward) -> str:
 def check_finite(rewards: np.ndarray, reward, what: str = "rollout") -> np.ndarray:
   """``rewards``, or a one-line ValueError naming the reward when one is NaN or inf (which would
   make every weight NaN); ``what`` a row is, for the message."""
-  bad = ~np.isfinite(rewards)
+  bad = ~np.isfinite(rewards).reshape(len(rewards), -1)
   if bad.any():
-    row = int(np.argmax(bad))
-    raise ValueError(f"rl.reward: {reward_name(reward)!r} returned {rewards[row]} for {what} "
-                     f"{row} ({int(bad.sum())} of {len(rewards)} not finite); expected a finite "
-                     f"reward per {what} (no update was taken with it)")
+    row = int(np.argmax(bad.any(1)))
+    value = np.reshape(rewards[row], -1)[np.argmax(bad[row])]
+    raise ValueError(f"rl.reward: {reward_name(reward)!r} returned {value} for {what} "
+                     f"{row} ({int(bad.any(1).sum())} of {len(rewards)} not finite); expected a "
+                     f"finite reward per {what} (no update was taken with it)")
   return rewards
 
 
@@ -538,14 +558,16 @@ class GRPO:
 
   def rollout_batch(self, key: jax.Array, prompts: dict) -> tuple[dict, np.ndarray, dict]:
     """Rollouts of ``prompts`` with the model's current weights, scored: (the update's batch,
-    the rewards [R], the repeated puzzles). With an estimated likelihood the batch carries each
+    the rewards [R] (per-token rewards: their mean over each rollout's answer), the repeated
+    puzzles). With an estimated likelihood the batch carries each
     inner update's old values (``old_logp_steps`` [R, I, n]) and random masks (``keep_steps``,
     ``mask_order_steps``, ``hidden_steps``), drawn from ``key`` and computed here at the rollouts'
     weights: the old and new values of an inner update share its masks."""
     s = self.settings
     out, puzzles = self.rollouts(key, prompts)
     rewards = check_finite(reward_values(self.reward_fn, out.tokens, puzzles, self.task,
-                                         "the rollouts"), s.reward)
+                                         "the rollouts", per_token=s.credit == "token"),
+                           s.reward)
     batch = {"tokens": np.asarray(out.tokens), "order": np.asarray(out.order),
              "steps": np.asarray(out.step_of_rank), "prompt": np.asarray(puzzles["prompt"]),
              "old_logp": np.asarray(out.logp if out.order_logp is None else
@@ -554,6 +576,9 @@ class GRPO:
              "adv": group_advantages(rewards, s.group_size, s.scale_rewards, kind=s.advantage)}
     if s.likelihood != "exact":
       batch.update(self._estimated_old(jax.random.fold_in(key, 1), batch))
+    if rewards.ndim == 2:      # per-token: each rollout's mean over its answer positions
+      free = ~batch["prompt"]
+      rewards = (rewards * free).sum(1) / np.maximum(free.sum(1), 1)
     return batch, rewards, puzzles
 
   def _estimated_old(self, key: jax.Array, batch: dict) -> dict:

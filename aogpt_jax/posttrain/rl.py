@@ -98,7 +98,8 @@ def build(cfg, mc) -> "GRPOAlgorithm":
     first = task.train_batch(int(cfg.seed), 0, prompts)
     algorithm.trainer.check_prompts(first)
     grpo.check_finite(grpo.reward_values(algorithm.trainer.reward_fn, first["tokens"], first,
-                                         task, "the reference answers of the first prompts"),
+                                         task, "the reference answers of the first prompts",
+                                         per_token=settings.credit == "token"),
                       settings.reward, "reference answer")
     solve_lib.check_puzzles(task, algorithm.heldout, eval_settings(settings, task))
   except ValueError as err:
