@@ -190,6 +190,21 @@ def test_quickstart_benchmark_runs_end_to_end(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.subprocess
+def test_gradient_signal_share_recovers_a_known_share():
+  """post_training's gradient-signal share from K gradients mu + noise: |mu|^2 / (|mu|^2 +
+  E|noise|^2) within its jackknife error; 0 for pure noise."""
+  import numpy as np
+  import post_training
+  rng = np.random.default_rng(0)
+  d, k = 4000, 40
+  mu = rng.normal(size=d) * np.sqrt(0.25)             # |mu|^2 = d / 4, E|noise|^2 = d: 1/5
+  for m, want in ((mu, 0.2), (0 * mu, 0.0)):
+    g = m + rng.normal(size=(k, d))
+    got = post_training._signal_share(g @ g.T)
+    assert abs(got["share"] - want) < 3 * got["share_se"] + 0.01, (got, want)
+    assert 0 < got["share_se"] < 0.05
+
+
 def test_post_training_benchmark_runs_end_to_end(tmp_path):
   """benchmarks/post_training.py --size=test: a 2-step one-layer Sudoku model, 2 GRPO updates with
   each likelihood (exact, mean-field, ELBO) and with a stochastic order policy, the estimator's
@@ -214,4 +229,8 @@ def test_post_training_benchmark_runs_end_to_end(tmp_path):
   assert one_step["logp_error_token"]["mean_abs"] < 1e-5
   assert by[min(by)]["tokens_per_step"] == 1.0 and by[1.0]["logp_error_token"]["mean_abs"] > 0
   assert all(e["recorded_vs_exact_max"] < 1e-4 for e in by.values())
+  grad = r["gradient_signal"]
+  assert set(grad) == {"grpo", "token_credit", "supervised"}
+  assert all(g["batches"] == 3 and -1 <= g["mean_cos"] <= 1 and g["share_se"] >= 0
+             for g in grad.values())
   assert out.with_suffix(".md").exists() and out.with_suffix(".png").stat().st_size > 0
