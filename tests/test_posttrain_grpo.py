@@ -68,13 +68,26 @@ def test_grpo_raises_a_simple_reward_on_a_blank_block_model(task):
   assert rewards[0] < 0.4 and np.mean(rewards[-4:]) > rewards[0] + 0.3
 
 
+def parity_reward(tokens, puzzles, task):
+  """Per position: 1 where the token is the position's parity (0 at even positions, 1 at odd)."""
+  del puzzles, task
+  tokens = np.asarray(tokens)
+  return (tokens == np.arange(tokens.shape[1]) % 2).astype(np.float64)
+
+
 def test_per_token_credit_raises_a_per_token_reward(task):
-  """``credit="token"``: a reward per position (here 1 where the token is 0), advantages per
-  position over the group; the logged reward is each rollout's mean over its answer."""
+  """``credit="token"``: a reward per position (here: the token is the position's parity, which
+  needs each position's own credit), advantages per position over the group, moved to the rank
+  that wrote the position (the loss is in order space); the logged reward is each rollout's
+  mean over its answer."""
   model = _model(task, std=0.02)
-  settings = grpo.GRPOSettings(reward=lambda t, p, k: (np.asarray(t) == 0).astype(float),
-                               credit="token", group_size=8, lr=2e-2, steps=4)
+  settings = grpo.GRPOSettings(reward=parity_reward, credit="token", group_size=8, lr=2e-2,
+                               steps=4)
   trainer = grpo.GRPO(model, settings, task=task)
+  batch, _, _ = trainer.rollout_batch(jax.random.key(99), trainer.task_prompts(0, 99, count=4))
+  pos = grpo.group_advantages(parity_reward(batch["tokens"], None, None), 8)
+  rows = np.arange(len(pos))[:, None]
+  np.testing.assert_array_equal(batch["adv"], pos[rows, batch["order"]])
   rewards = [trainer.step(jax.random.key(i), trainer.task_prompts(seed=0, index=i, count=4))
              ["reward"] for i in range(12)]
   print("rewards:", np.round(rewards, 3).tolist())

@@ -302,8 +302,8 @@ def group_advantages(rewards: np.ndarray, group_size: int, scale: bool = True,
 def token_objective(logp_new, logp_old, adv, scored, clip_eps: float, kl=None,
                     kl_coef: float = 0.0, norm: str = "token"):
   """(loss, metrics): the clipped surrogate per token (module docstring), minus, over the
-  ``scored`` (answer) tokens of the batch; all [R, n] but ``adv`` [R] (or [R, n]: per-token
-  advantages). ``norm``: token (their
+  ``scored`` (answer) tokens of the batch; all [R, n] in ORDER space (rank k: the k-th position
+  written) but ``adv`` [R] (or [R, n]: per-token advantages, also in order space). ``norm``: token (their
   sum over the batch's answer-token count, DAPO's), sequence (each rollout's mean, then the
   mean over rollouts: GRPO's), constant (their sum over R n, no length normalisation: Dr.
   GRPO's). The metrics are token means."""
@@ -574,6 +574,8 @@ class GRPO:
                                      out.order_logp if s.order_only else
                                      out.logp + out.order_logp),
              "adv": group_advantages(rewards, s.group_size, s.scale_rewards, kind=s.advantage)}
+    if rewards.ndim == 2:      # per-token: position p's advantage to the rank that wrote it
+      batch["adv"] = np.take_along_axis(batch["adv"], batch["order"], axis=1)
     if s.likelihood != "exact":
       batch.update(self._estimated_old(jax.random.fold_in(key, 1), batch))
     if rewards.ndim == 2:      # per-token: each rollout's mean over its answer positions
