@@ -9,16 +9,23 @@ model and data, fewer steps, so that GRPO's own sampler starts with headroom), t
 
 * measures the held-out solved rate (95% Wilson interval) and cell accuracy with every decoding:
   a random order (the adaptive sampler's ``random`` policy, one cell per step) greedily and at
-  temperature 1, the best fixed heuristic (max_prob) likewise, and the stochastic order policy;
-* runs GRPO (`posttrain.grpo`, reward ``cell_accuracy``) on the training puzzles, for each seed
-  (its training puzzles and rollout keys, the same for every likelihood) with EXACT per-token
-  likelihoods, with d1's one-step mean-field estimate (`posttrain.estimators`, d1's 15% prompt
-  masking) and with a Monte Carlo ELBO (4 random masks per rollout, the LLaDA / VRPO / SPG
-  kind); then GRPO on the stochastic order policy (``order_policy``, the first seed only: its
-  cost). ``--runs`` also takes ``dr_grpo`` and ``rloo``. The held-out rates at a few points
-  along the way, against updates and wall time; each run's speed (seconds per compiled update,
-  rollouts per second, the gradient update's share); per run and decoding, the final rates of
-  every seed, their mean and how many seeds' intervals lie above the start's;
+  temperature 1, the best fixed heuristics (max_prob; margin) likewise, and the stochastic order
+  policy; and on the held-out puzzles that need search (``difficulty`` "search"), the policy's
+  decodings and the fixed heuristics;
+* audits the reward (`reward_audit`: training prompts with several solutions, valid rollouts
+  that ``cell_accuracy`` scores below 1) and measures how much of one update's gradient is
+  signal at the start (`gradient_signal`: GRPO's, per-cell credit's, the supervised one's);
+* runs GRPO (`posttrain.grpo`, reward ``rule_cells`` by default, ``--reward``) on the training
+  puzzles, for each seed (its training puzzles and rollout keys, the same for every likelihood)
+  with EXACT per-token likelihoods, with d1's one-step mean-field estimate
+  (`posttrain.estimators`, d1's 15% prompt masking) and with a Monte Carlo ELBO (4 random masks
+  per rollout, the LLaDA / VRPO / SPG kind); then GRPO on the stochastic order policy
+  (``order_policy``, and ``order_only``: the order's ratio alone; the first seed only: their
+  cost). ``--runs`` also takes ``dr_grpo``, ``rloo`` and ``token_credit`` (a reward per cell).
+  The held-out rates at a few points along the way, against updates and wall time; each run's
+  speed (seconds per compiled update, rollouts per second, the gradient update's share); per run
+  and decoding, the final rates of every seed, their mean and how many seeds' intervals lie
+  above the start's;
 * on the same rollouts, the error of the mean-field estimate against the exact value: of the
   log-likelihood (per token, per sequence) at several numbers of tokens written per step, and
   of the log-ratio between the GRPO-trained policy and the starting one.
@@ -45,21 +52,24 @@ import order_matters
 TRAIN_STEPS_CPU = 250
 SIZES = {
     "cpu": dict(size="cpu", train_steps=TRAIN_STEPS_CPU, updates=30, prompts=8, group=8,
+                reward="rule_cells",
                 lr=3e-5, eval_at=(15, 30), puzzles=500, error_rows=64, overrides={},
                 sampler="random", runs=("exact", "mean_field", "elbo"), seeds=(0, 1, 2),
                 first_seed_runs=("order_policy", "order_only"), grad_batches=16,
                 search_pool=200_000),
     "accel": dict(size="accel", train_steps=4000, updates=400, prompts=32, group=16, lr=1e-4,
+                  reward="rule_cells",
                   eval_at=(100, 200, 300, 400), puzzles=1000, error_rows=512, overrides={},
                   sampler="max_prob", runs=("exact", "mean_field", "elbo", "order_policy"),
                   seeds=(0, 1, 2), grad_batches=16, search_pool=5000),
     # seconds: a one-layer model, a few updates, a handful of puzzles (tests/test_benchmarks.py)
     "test": dict(size="cpu", train_steps=2, updates=2, prompts=2, group=2, lr=1e-4, eval_at=(2,),
+                 reward="rule_cells",
                  puzzles=4, error_rows=4, error_ends_only=True,
                  overrides={"model.n_layer": 1, "model.n_embd": 32, "model.n_head": 2,
                             "batch_size": 8, "eval.batch_size": 8},
                  sampler="max_prob", runs=("exact", "mean_field", "elbo", "order_policy"),
-                 seeds=(0,), grad_batches=3, search_pool=2000),
+                 seeds=(0,), grad_batches=3, search_pool=2000, audit_prompts=8),
 }
 POLICY_TEMPERATURE = 0.1     # the stochastic order policy: softmax(max_prob scores / 0.1)
 # GRPO's sampler (token temperature 1, one cell per step): name -> GRPOSettings fields, and the
@@ -130,7 +140,7 @@ def run_grpo(start: str, task, puzzles, name: str, cfg: dict, args, seed: int,
   model, _ = aogpt_jax.load(start)
   sampler, along = SAMPLERS[cfg["sampler"]]
   settings = grpo.GRPOSettings(group_size=cfg["group"], lr=cfg["lr"], steps=task.length,
-                               **{"reward": "cell_accuracy", **sampler, **RUNS[name]})
+                               **{"reward": cfg["reward"], **sampler, **RUNS[name]})
   along = POLICY_DECODERS if settings.trains_order else along
   trainer = grpo.GRPO(model, settings, task=task)
   curve, evals, train_s = [], [], 0.0
@@ -186,9 +196,9 @@ def gradient_signal(model, task, cfg: dict, seed: int) -> dict:
   graphdef, params, rest = nnx.split(model, nnx.Param, ...)
   params = nnx.to_pure_dict(params)
   out = {}
-  for name, kw in (("grpo", dict(reward="cell_accuracy")),
+  for name, kw in (("grpo", dict(reward=cfg["reward"])),
                    ("token_credit", dict(reward="cell_correct", credit="token")),
-                   ("supervised", dict(reward="cell_accuracy"))):
+                   ("supervised", dict(reward=cfg["reward"]))):
     trainer = grpo.GRPO(model, grpo.GRPOSettings(group_size=cfg["group"], steps=task.length,
                                                  **sampler, **kw), task=task)
     width = trainer.answer_width(task.length) if model.cfg.blank_block else None
@@ -421,6 +431,15 @@ def markdown(res: dict, machine: dict) -> str:
     for name, g in res["gradient_signal"].items():
       lines.append(f"| {name} | {g['share']:+.4f} +- {g['share_se']:.4f} | {g['mean_cos']:+.4f} "
                    f"| {g['batches']} x {g['rollouts_per_batch']} |")
+  audit = res.get("reward_audit")
+  if audit:
+    lines += ["", f"Of {audit['prompts']} training prompts, {100 * audit['several_solutions']:.0f}% "
+              f"have several solutions; rollouts that are valid solutions which `cell_accuracy` "
+              f"scores below 1 (another solution than the stored one): "
+              f"{100 * audit['T=1']['solved_but_cell_accuracy_below_1']:.1f}% at T = 1 "
+              f"({100 * audit['T=1']['solved']:.1f}% solved), "
+              f"{100 * audit['greedy']['solved_but_cell_accuracy_below_1']:.1f}% greedily "
+              f"({100 * audit['greedy']['solved']:.1f}% solved)."]
   if res.get("search_before"):
     lines += ["", f"| on the {res['search_puzzles']} held-out puzzles that need search | "
               + " | ".join(SEARCH_DECODERS) + " |", "|---|" + "---|" * len(SEARCH_DECODERS)]
@@ -457,6 +476,8 @@ def main(argv=None):
   p.add_argument("--runs", default="", help="comma-separated GRPO runs of " + ", ".join(RUNS)
                  + " (default: the size's)")
   p.add_argument("--lr", type=float, default=0.0, help="GRPO's learning rate (0: the size's)")
+  p.add_argument("--reward", default="", help="GRPO's sequence reward (default: the size's, "
+                 "rule_cells; cell_accuracy scores other solutions than the stored one below 1)")
   p.add_argument("--prompts", type=int, default=0,
                  help="training puzzles per update (0: the size's; x the group's 8 rollouts)")
   p.add_argument("--seeds", default="", help="comma-separated GRPO seeds (training prompts and "
@@ -470,6 +491,7 @@ def main(argv=None):
   if args.runs:                                # exactly these runs, with every seed
     cfg["first_seed_runs"] = ()
   cfg["lr"] = args.lr or cfg["lr"]
+  cfg["reward"] = args.reward or cfg["reward"]
   cfg["prompts"] = args.prompts or cfg["prompts"]
   try:
     cfg["seeds"] = tuple(int(x) for x in args.seeds.split(",")) if args.seeds else cfg["seeds"]
@@ -504,6 +526,7 @@ def main(argv=None):
     print(f"before, the {len(search['tokens'])} search puzzles: {k}: solved "
           f"{100 * v['solved']['rate']:.1f}%", flush=True)
   grad = gradient_signal(start_model, task, cfg, args.seed) if cfg["grad_batches"] else None
+  audit = reward_audit(start_model, task, cfg, args.seed, cfg.get("audit_prompts", 400))
   # runs x seeds, then the costly first_seed_runs (the order policy) with the first seed only
   runs = [run_grpo(str(wd), task, puzzles, name, cfg, args, seed, search)
           for seed in cfg["seeds"] for name in cfg["runs"]]
@@ -517,7 +540,7 @@ def main(argv=None):
          "puzzles": cfg["puzzles"], "heldout_seed": int(run_cfg.task.heldout_seed),
          "size": cfg, "train": train, "before": before, "grpo": runs, "estimator_error": error,
          "search_puzzles": 0 if search is None else len(search["tokens"]),
-         "search_before": search_before, "gradient_signal": grad,
+         "search_before": search_before, "gradient_signal": grad, "reward_audit": audit,
          "wall_s": wall, "load_avg_1m_start": load0, "load_avg_1m_end": common.load_avg_1m(),
          "total_s": None if train.get("train_s") is None else (
              wall + (train["train_s"] if train["reused"] else 0.0)),
@@ -530,6 +553,36 @@ def main(argv=None):
        f"GRPO on {task.options()['size']}x{task.options()['size']} Sudoku: exact likelihoods "
        f"against estimated ones ({machine['slug']}, {wall / 60:.0f} min)")
   print(res["findings"], flush=True)
+
+
+def reward_audit(model, task, cfg: dict, seed: int, count: int = 400) -> dict:
+  """What the ``cell_accuracy`` reward scores wrongly: of ``count`` training prompts (random
+  givens, as GRPO draws them), the share with several solutions, and of their rollouts with
+  GRPO's sampler (T = 1) and greedily, the share that are valid solutions scored below 1 (another
+  solution than the stored one); ``rule_cells`` scores those 1."""
+  import jax
+  import numpy as np
+  from aogpt_jax.sampling import SampleSettings, generate
+  from aogpt_jax.tasks import sudoku
+  rows = task.train_batch(seed + 21, 0, count)
+  tokens, prompt = np.asarray(rows["tokens"]), np.asarray(rows["prompt"])
+  several = np.array([sudoku.solve(np.where(p, t + 1, 0), limit=2)[0] > 1
+                      for t, p in zip(tokens, prompt)])
+  out = {"prompts": count, "several_solutions": float(several.mean())}
+  for name, greedy in (("T=1", False), ("greedy", True)):
+    s = SampleSettings(length=task.length, steps=task.length, greedy=greedy,
+                       **SAMPLERS[cfg["sampler"]][0])
+    got = generate(model, jax.random.key(seed + 22), s,
+                   prompt=(np.where(prompt, tokens, 0).astype(np.int32), prompt))
+    v = task.verify(np.asarray(got.tokens), rows)
+    out[name] = {"solved": float(v["solved"].mean()),
+                 "solved_but_cell_accuracy_below_1": float(
+                     (v["solved"] & (v["cell_accuracy"] < 1)).mean())}
+  print(f"[reward] {100 * out['several_solutions']:.0f}% of {count} training prompts have several "
+        f"solutions; valid rollouts that cell_accuracy scores below 1: "
+        f"{100 * out['T=1']['solved_but_cell_accuracy_below_1']:.1f}% at T=1, "
+        f"{100 * out['greedy']['solved_but_cell_accuracy_below_1']:.1f}% greedily", flush=True)
+  return out
 
 
 def search_puzzles(task, seed: int, pool: int):

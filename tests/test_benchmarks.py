@@ -229,6 +229,10 @@ def test_post_training_benchmark_runs_end_to_end(tmp_path):
   assert one_step["logp_error_token"]["mean_abs"] < 1e-5
   assert by[min(by)]["tokens_per_step"] == 1.0 and by[1.0]["logp_error_token"]["mean_abs"] > 0
   assert all(e["recorded_vs_exact_max"] < 1e-4 for e in by.values())
+  audit = r["reward_audit"]
+  assert audit["prompts"] == 8 and 0 <= audit["several_solutions"] <= 1
+  assert all(0 <= audit[k]["solved_but_cell_accuracy_below_1"] <= audit[k]["solved"] <= 1
+             for k in ("T=1", "greedy"))
   grad = r["gradient_signal"]
   assert set(grad) == {"grpo", "token_credit", "supervised"}
   assert all(g["batches"] == 3 and -1 <= g["mean_cos"] <= 1 and g["share_se"] >= 0
