@@ -21,7 +21,8 @@ model and data, fewer steps, so that GRPO's own sampler starts with headroom), t
   (`posttrain.estimators`, d1's 15% prompt masking) and with a Monte Carlo ELBO (4 random masks
   per rollout, the LLaDA / VRPO / SPG kind); then GRPO on the stochastic order policy
   (``order_policy``, and ``order_only``: the order's ratio alone; the first seed only: their
-  cost). ``--runs`` also takes ``dr_grpo``, ``rloo`` and ``token_credit`` (a reward per cell).
+  cost). ``--runs`` also takes ``dr_grpo``, ``rloo``, ``token_credit`` (a reward per cell) and
+  ``supervised`` (a control: the supervised gradient on the same batches and optimizer).
   The held-out rates at a few points along the way, against updates and wall time; each run's
   speed (seconds per compiled update, rollouts per second, the gradient update's share); per run
   and decoding, the final rates of every seed, their mean and how many seeds' intervals lie
@@ -37,6 +38,7 @@ load average), a Markdown table and a PNG beside it, shown in docs/post_training
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import os
 import pathlib
@@ -93,6 +95,9 @@ RUNS = {
                        policy_temperature=POLICY_TEMPERATURE, order_only=True),
     # a reward per answer cell (right or not), advantages per cell over the group
     "token_credit": dict(likelihood="exact", reward="cell_correct", credit="token"),
+    # a control, not GRPO: the same batches, orders and optimizer with the supervised gradient
+    # (the reference answers in the rollouts' orders, advantage 1: `supervised_batch`)
+    "supervised": dict(likelihood="exact"),
 }
 POLICY_DECODERS = ("max_prob, greedy", f"max_prob order at tau={POLICY_TEMPERATURE}, greedy")
 # the held-out puzzles that need search (`tasks.sudoku.difficulty`): the order policy against the
@@ -147,7 +152,8 @@ def run_grpo(start: str, task, puzzles, name: str, cfg: dict, args, seed: int,
   for u in range(cfg["updates"]):
     prompts = trainer.task_prompts(seed=seed, index=u, count=cfg["prompts"])
     t0 = time.perf_counter()
-    m = trainer.step(jax.random.fold_in(jax.random.key(seed), u), prompts)
+    m = trainer.step(jax.random.fold_in(jax.random.key(seed), u), prompts,
+                     functools.partial(supervised_batch, trainer) if name == "supervised" else None)
     train_s += time.perf_counter() - t0
     curve.append({"update": u + 1, "train_s": train_s, **m})
     if u + 1 in cfg["eval_at"]:
@@ -164,6 +170,18 @@ def run_grpo(start: str, task, puzzles, name: str, cfg: dict, args, seed: int,
   return {"name": name, "seed": seed, "likelihood": settings.likelihood, "settings": {k: v for k, v in vars(settings).items() if k != "reward"},
           "reward": settings.reward, "curve": curve, "evals": evals, "train_s": train_s,
           "speed": speed(curve), "model": model}
+
+
+def supervised_batch(trainer, batch: dict, puzzles: dict) -> dict:
+  """``batch`` (`GRPO.rollout_batch`'s) with the reference answers in the rollouts' orders,
+  their current log-likelihood as the old one and advantage 1: the update follows the
+  supervised gradient (minus the mean log-likelihood) at ratio 1."""
+  import numpy as np
+  batch = dict(batch, tokens=np.asarray(puzzles["tokens"], np.int32))
+  batch["old_logp"] = np.asarray(trainer.estimate_logp(
+      {f: batch[f] for f in ("tokens", "order", "steps", "prompt")}))
+  batch["adv"] = np.ones(len(batch["tokens"]), np.float32)
+  return batch
 
 
 def speed(curve: list[dict]) -> dict:
@@ -210,10 +228,7 @@ def gradient_signal(model, task, cfg: dict, seed: int) -> dict:
           jax.random.fold_in(jax.random.key(seed + 11), k),
           trainer.task_prompts(seed=seed + 11, index=k, count=cfg["prompts"]))
       if name == "supervised":     # ratio 1, advantage 1: minus the mean log-likelihood
-        batch["tokens"] = np.asarray(puzzles["tokens"], np.int32)
-        batch["old_logp"] = np.asarray(trainer.estimate_logp(
-            {f: batch[f] for f in ("tokens", "order", "steps", "prompt")}))
-        batch["adv"] = np.ones(len(batch["tokens"]), np.float32)
+        batch = supervised_batch(trainer, batch, puzzles)
       g = grad(params, batch)
       flat.append(np.concatenate([np.asarray(x, np.float64).ravel() for x in jax.tree.leaves(g)]))
     dots = np.stack(flat) @ np.stack(flat).T
@@ -313,13 +328,14 @@ def estimator_error(start_model, new_model, task, cfg: dict, args) -> dict:
 
 COLORS = {"exact": "tab:blue", "mean_field": "tab:orange", "order_policy": "tab:green",
           "elbo": "tab:red", "dr_grpo": "tab:purple", "rloo": "tab:brown",
-          "order_only": "tab:olive", "token_credit": "tab:cyan"}
+          "order_only": "tab:olive", "token_credit": "tab:cyan", "supervised": "tab:gray"}
 LABELS = {"exact": "GRPO, exact likelihood", "mean_field": "GRPO, d1 mean-field estimate",
           "elbo": "GRPO, Monte Carlo ELBO (M = 4 masks)", "dr_grpo": "Dr. GRPO, exact",
           "rloo": "RLOO advantages, exact",
           "order_policy": f"GRPO, stochastic max_prob order (tau={POLICY_TEMPERATURE}), exact",
           "order_only": f"GRPO, the order's ratio alone (tau={POLICY_TEMPERATURE})",
-          "token_credit": "GRPO, per-cell credit (cell_correct), exact"}
+          "token_credit": "GRPO, per-cell credit (cell_correct), exact",
+          "supervised": "control: the supervised gradient on the same batches"}
 
 
 def _curve(ax, res: dict, dec: str, names, style="o-") -> None:
@@ -344,7 +360,8 @@ def plot(res: dict, path: pathlib.Path, title: str) -> None:
   fig, axes = plt.subplots(2, 2, figsize=(15, 11))
   along = SAMPLERS[res["size"]["sampler"]][1]
   for ax, dec in zip(axes[0], along):
-    _curve(ax, res, dec, ("exact", "mean_field", "elbo", "dr_grpo", "rloo", "token_credit"))
+    _curve(ax, res, dec, ("exact", "mean_field", "elbo", "dr_grpo", "rloo", "token_credit",
+                          "supervised"))
     ax.set_title(f"GRPO by likelihood / advantage, held out: {dec}")
     ax.set_xlabel("GRPO updates")
     ax.set_ylabel("held-out puzzles solved (%), 95% interval")

@@ -267,7 +267,7 @@ ROWS: list[Row] = [
      "python benchmarks/reasoning_gap.py"),
     ("CPU: GRPO on held-out 6x6 Sudoku, exact likelihoods vs d1's mean-field and a Monte Carlo "
      "ELBO (solved, of 500)", f"post_training_cpu/{XEON}", _post_training,
-     "python benchmarks/post_training.py"),
+     "python benchmarks/post_training.py --reward=cell_accuracy"),
 ]
 
 

@@ -98,6 +98,29 @@ def test_per_token_credit_raises_a_per_token_reward(task):
         jax.random.key(0), trainer.task_prompts(seed=0, index=0, count=4))
 
 
+def test_step_transform_edits_the_update_batch(task):
+  """``step(..., transform)``: the update uses the edited batch (zero advantages: no gradient,
+  so AdamW without weight decay leaves every weight as it was), with the rollouts' puzzles."""
+  model = _model(task, std=0.3)
+  trainer = grpo.GRPO(model, grpo.GRPOSettings(reward=zeros_reward, group_size=4, steps=4,
+                                               lr=1e-2), task=task)
+  before = jax.tree.map(np.asarray, nnx.to_pure_dict(nnx.state(model, nnx.Param)))
+  seen = []
+
+  def zero(batch, puzzles):
+    seen.append(puzzles["tokens"].shape)
+    return dict(batch, adv=np.zeros_like(batch["adv"]))
+
+  trainer.step(jax.random.key(0), trainer.task_prompts(0, 0, count=2), zero)
+  assert seen == [(8, task.length)]
+  after = nnx.to_pure_dict(nnx.state(model, nnx.Param))
+  jax.tree.map(np.testing.assert_array_equal, before, jax.tree.map(np.asarray, after))
+  trainer.step(jax.random.key(0), trainer.task_prompts(0, 0, count=2))
+  moved = nnx.to_pure_dict(nnx.state(model, nnx.Param))
+  assert any(np.abs(np.asarray(m) - b).max() > 0
+             for m, b in zip(jax.tree.leaves(moved), jax.tree.leaves(before)))
+
+
 def test_rloo_advantages_and_loss_normalisations_equal_a_hand_computation():
   rewards = np.array([1.0, 0.0, 0.0, 1.0, 0.5, 0.5, 0.5, 2.0])
   g = 4

@@ -613,11 +613,15 @@ class GRPO:
                                                 order_sizes=sizes, width=width)
     return params, opt_state, metrics
 
-  def step(self, key: jax.Array, prompts: dict) -> dict[str, float]:
+  def step(self, key: jax.Array, prompts: dict, transform=None) -> dict[str, float]:
     """One GRPO step on ``prompts`` ({"tokens", "prompt"} [P, n]); returns host metrics (reward:
-    the rollouts' mean reward, before the update; `timing`'s speed)."""
+    the rollouts' mean reward, before the update; `timing`'s speed). ``transform(batch,
+    puzzles) -> batch``, when given, edits the update's batch first (a control experiment: e.g.
+    the reference answers in the rollouts' orders, benchmarks/post_training.py)."""
     t = time.perf_counter()
-    batch, rewards, _ = self.rollout_batch(key, prompts)
+    batch, rewards, puzzles = self.rollout_batch(key, prompts)
+    if transform is not None:
+      batch = transform(batch, puzzles)
     t_rollout, t = time.perf_counter() - t, time.perf_counter()
     batch = jax.tree.map(jnp.asarray, batch)
     params = nnx.to_pure_dict(nnx.state(self.model, nnx.Param))
