@@ -388,13 +388,15 @@ def plot(res: dict, path: pathlib.Path, title: str) -> None:
   ax.set_xlabel("held-out puzzles solved (%): start with its 95% interval; after GRPO the "
                 "mean over seeds, min to max")
   ax.set_title(f"every decoding, before and after {res['size']['updates']} updates "
-               f"({len(res['size']['seeds'])} seeds)")
+               f"({len(res['size']['seeds'])} seed{'s' if len(res['size']['seeds']) > 1 else ''})")
   ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=2)
   ax = axes[1, 1]
   err = res["estimator_error"]["by_steps"]
+  err_run = res["grpo"][0]["name"]      # the model `estimator_error` compares
   x = [r["tokens_per_step"] for r in err]
   for key, label, color in (("logp_error_token", "log-likelihood (start model)", "tab:red"),
-                            ("log_ratio_error_token", "log-ratio (exact-GRPO model / start)",
+                            ("log_ratio_error_token",
+                             f"log-ratio ({err_run}-GRPO model / start)",
                              "tab:purple")):
     ax.errorbar(x, [r[key]["mean"] for r in err], yerr=[r[key]["std"] for r in err], fmt="o-",
                 color=color, capsize=3, label=f"{label}, per token: mean +- std")
@@ -549,7 +551,7 @@ def main(argv=None):
           for seed in cfg["seeds"] for name in cfg["runs"]]
   runs += [run_grpo(str(wd), task, puzzles, name, cfg, args, cfg["seeds"][0], search)
            for name in cfg.get("first_seed_runs", ()) if name not in cfg["runs"]]
-  error = estimator_error(start_model, runs[0].pop("model"), task, cfg, args)
+  error = estimator_error(start_model, runs[0].pop("model"), task, cfg, args)   # the first run's
   for r in runs:
     r.pop("model", None)
   wall = time.perf_counter() - t0
