@@ -254,8 +254,9 @@ def _signal_share(dots) -> dict:
   loo = np.array([share(np.delete(np.arange(k), i)) for i in range(k)])
   norm = np.sqrt(np.diag(dots))
   cos = (dots / np.outer(norm, norm))[~np.eye(k, dtype=bool)]
-  return {"share": float(full), "share_se": float(np.sqrt((k - 1) / k * ((loo - loo.mean()) ** 2).sum())),
-          "mean_cos": float(cos.mean()), "batches": int(k)}
+  se = np.sqrt((k - 1) / k * ((loo - loo.mean()) ** 2).sum())
+  return {"share": float(full), "share_se": float(se), "mean_cos": float(cos.mean()),
+          "batches": int(k)}
 
 
 def _stats(x) -> dict:
@@ -452,9 +453,10 @@ def markdown(res: dict, machine: dict) -> str:
                    f"| {g['batches']} x {g['rollouts_per_batch']} |")
   audit = res.get("reward_audit")
   if audit:
-    lines += ["", f"Of {audit['prompts']} training prompts, {100 * audit['several_solutions']:.0f}% "
-              f"have several solutions; rollouts that are valid solutions which `cell_accuracy` "
-              f"scores below 1 (another solution than the stored one): "
+    lines += ["", f"Of {audit['prompts']} training prompts, "
+              f"{100 * audit['several_solutions']:.0f}% have several solutions; rollouts "
+              f"that are valid solutions which `cell_accuracy` scores below 1 (another "
+              f"solution than the stored one): "
               f"{100 * audit['T=1']['solved_but_cell_accuracy_below_1']:.1f}% at T = 1 "
               f"({100 * audit['T=1']['solved']:.1f}% solved), "
               f"{100 * audit['greedy']['solved_but_cell_accuracy_below_1']:.1f}% greedily "

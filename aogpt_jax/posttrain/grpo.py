@@ -39,7 +39,8 @@ writing that token at that position at that step: ``exp((logp_new + order_logp_n
 tokens': `likelihood.token_and_order_logp`, in bounded memory), so GRPO trains the order too.
 ``order_only=True`` keeps the order's terms alone (``exp(order_logp_new - order_logp_old)``):
 the tokens' choices get no credit, and the weights move only as far as the order's scores (the
-model's own confidences, for max_prob / margin / entropy) need. The KL term stays the tokens'. (The estimates are for diffusion rollouts: no order term.)
+model's own confidences, for max_prob / margin / entropy) need. The KL term stays the tokens'.
+(The estimates are for diffusion rollouts: no order term.)
 
 Rewards are a registry (`REWARDS`, `register_reward`) of ``fn(tokens, puzzles, task) -> [R]``
 float: ``tokens`` int [R, n] the rollouts (original order), ``puzzles`` the prompts' rows
@@ -303,10 +304,10 @@ def token_objective(logp_new, logp_old, adv, scored, clip_eps: float, kl=None,
                     kl_coef: float = 0.0, norm: str = "token"):
   """(loss, metrics): the clipped surrogate per token (module docstring), minus, over the
   ``scored`` (answer) tokens of the batch; all [R, n] in ORDER space (rank k: the k-th position
-  written) but ``adv`` [R] (or [R, n]: per-token advantages, also in order space). ``norm``: token (their
-  sum over the batch's answer-token count, DAPO's), sequence (each rollout's mean, then the
-  mean over rollouts: GRPO's), constant (their sum over R n, no length normalisation: Dr.
-  GRPO's). The metrics are token means."""
+  written) but ``adv`` [R] (or [R, n]: per-token advantages, also in order space). ``norm``:
+  token (their sum over the batch's answer-token count, DAPO's), sequence (each rollout's mean,
+  then the mean over rollouts: GRPO's), constant (their sum over R n, no length normalisation:
+  Dr. GRPO's). The metrics are token means."""
   ratio_RxN = jnp.exp(logp_new - logp_old)
   adv_Rx1 = adv[:, None] if adv.ndim == 1 else adv
   surr_RxN = jnp.minimum(ratio_RxN * adv_Rx1,
@@ -559,10 +560,11 @@ class GRPO:
   def rollout_batch(self, key: jax.Array, prompts: dict) -> tuple[dict, np.ndarray, dict]:
     """Rollouts of ``prompts`` with the model's current weights, scored: (the update's batch,
     the rewards [R] (per-token rewards: their mean over each rollout's answer), the repeated
-    puzzles). With an estimated likelihood the batch carries each
-    inner update's old values (``old_logp_steps`` [R, I, n]) and random masks (``keep_steps``,
-    ``mask_order_steps``, ``hidden_steps``), drawn from ``key`` and computed here at the rollouts'
-    weights: the old and new values of an inner update share its masks."""
+    puzzles). With an estimated likelihood the batch carries each inner update's old values
+    (``old_logp_steps`` [R, I, n]) and random masks (``keep_steps``, ``mask_order_steps``,
+    ``hidden_steps``), drawn from ``key`` and computed here at the rollouts' weights: the old
+    and new values of an inner update share its masks. Per-token advantages are moved to order
+    space (the rank that wrote each position), as the loss takes them."""
     s = self.settings
     out, puzzles = self.rollouts(key, prompts)
     rewards = check_finite(reward_values(self.reward_fn, out.tokens, puzzles, self.task,
