@@ -31,8 +31,9 @@ model and data, fewer steps, so that GRPO's own sampler starts with headroom), t
   log-likelihood (per token, per sequence) at several numbers of tokens written per step, and
   of the log-ratio between the GRPO-trained policy and the starting one.
 
-It writes benchmarks/results/post_training_SIZE/<machine>.json (every number, the machine, the
-load average), a Markdown table and a PNG beside it, shown in docs/post_training.md.
+It writes benchmarks/results/post_training_SIZE[_NAME]/<machine>.json (every number, the
+machine, the load average; ``--name`` for a partial protocol beside the full one), a Markdown
+table and a PNG beside it, shown in docs/post_training.md.
 """
 
 from __future__ import annotations
@@ -503,6 +504,8 @@ def main(argv=None):
                  help="training puzzles per update (0: the size's; x the group's 8 rollouts)")
   p.add_argument("--seeds", default="", help="comma-separated GRPO seeds (training prompts and "
                  "rollout keys; default: the size's); the first also seeds the evaluations")
+  p.add_argument("--name", default="", help="results go to benchmarks/results/"
+                 "post_training_SIZE_NAME/ (a partial protocol beside the full one)")
   p.add_argument("--out", default="", help="the JSON (default: benchmarks/results/...)")
   args = p.parse_args(argv)
   logging.getLogger().setLevel(logging.WARNING)
@@ -567,7 +570,8 @@ def main(argv=None):
              wall + (train["train_s"] if train["reused"] else 0.0)),
          "command": " ".join(["python", "benchmarks/post_training.py", *(argv or sys.argv[1:])])}
   res["findings"] = findings(res)
-  path = common.write_result(f"post_training_{args.size}", args, res, out=args.out or None)
+  bench = f"post_training_{args.size}" + (f"_{args.name}" if args.name else "")
+  path = common.write_result(bench, args, res, out=args.out or None)
   machine = common.machine()
   path.with_suffix(".md").write_text(markdown(res, machine))
   plot(res, path.with_suffix(".png"),
