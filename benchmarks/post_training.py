@@ -575,8 +575,9 @@ def main(argv=None):
   machine = common.machine()
   path.with_suffix(".md").write_text(markdown(res, machine))
   plot(res, path.with_suffix(".png"),
-       f"GRPO on {task.options()['size']}x{task.options()['size']} Sudoku: exact likelihoods "
-       f"against estimated ones ({machine['slug']}, {wall / 60:.0f} min)")
+       f"GRPO on {task.options()['size']}x{task.options()['size']} Sudoku: "
+       f"{', '.join(dict.fromkeys(r['name'] for r in res['grpo']))} ({machine['slug']}, "
+       f"{wall / 60:.0f} min)")
   print(res["findings"], flush=True)
 
 
