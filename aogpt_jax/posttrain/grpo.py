@@ -42,12 +42,12 @@ the tokens' choices get no credit, and the weights move only as far as the order
 model's own confidences, for max_prob / margin / entropy) need. The KL term stays the tokens'.
 (The estimates are for diffusion rollouts: no order term.)
 
-Rewards are a registry (`rewards.py`: `REWARDS`, `register_reward`, re-exported here) of ``fn(tokens, puzzles, task) -> [R]``
-float: ``tokens`` int [R, n] the rollouts (original order), ``puzzles`` the prompts' rows
-repeated per rollout (``{"tokens", "prompt"}`` [R, n], the task's reference answers in
-``tokens``), ``task`` the task (or None). Built in: ``solved``, ``cell_accuracy`` and (Sudoku)
-``rule_cells``, fields of the task's verifier. A user reward, worked example (the fraction of
-answer cells that are 0)::
+Rewards are a registry (`rewards.py`: `REWARDS`, `register_reward`, re-exported here) of
+``fn(tokens, puzzles, task) -> [R]`` float: ``tokens`` int [R, n] the rollouts (original
+order), ``puzzles`` the prompts' rows repeated per rollout (``{"tokens", "prompt"}`` [R, n], the
+task's reference answers in ``tokens``), ``task`` the task (or None). Built in: ``solved``,
+``cell_accuracy`` and (Sudoku) ``rule_cells``, fields of the task's verifier. A user reward,
+worked example (the fraction of answer cells that are 0)::
 
     from aogpt_jax.posttrain import grpo
 
