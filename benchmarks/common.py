@@ -128,15 +128,17 @@ def device() -> dict:
 
 
 def commit() -> str | None:
-  """`git rev-parse HEAD` of this checkout, or None (no git, not a checkout)."""
+  """`git rev-parse HEAD` of this checkout; where the tree is a copy without git (a rented
+  accelerator's), the hash in AOGPT_COMMIT (a 40-digit hex hash, else ignored); else None."""
   try:
     p = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True,
                        timeout=20)
+    if p.returncode == 0 and p.stdout.strip():
+      return p.stdout.strip()
   except (OSError, subprocess.SubprocessError):
-    return None
-  if p.returncode != 0:
-    return None
-  return p.stdout.strip() or None
+    pass
+  given = os.environ.get("AOGPT_COMMIT", "").strip().lower()
+  return given if re.fullmatch(r"[0-9a-f]{40}", given) else None
 
 
 def utc_now() -> str:

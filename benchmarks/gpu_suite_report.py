@@ -52,6 +52,15 @@ def rows(d: pathlib.Path) -> tuple[list[tuple[str, str]], dict]:
                 f"measured peak {_gib(r.get('measured_peak_bytes'))}; XLA estimate on this "
                 f"device {_gib(xm.get('peak_bytes'))}; scale_sim (XLA:CPU, attention xla) "
                 f"{_gib(sim_peak)}"))
+    prof = r.get("profile") or {}
+    if prof.get("groups_ms_per_step"):
+      groups = ", ".join(f"{k} {v:.1f}" for k, v in prof["groups_ms_per_step"].items())
+      out.append((f"where the train step's time goes, {size} ({attn}; profile of 3 steps)",
+                  f"busy {prof['busy_ms_per_step']:.1f} ms, idle "
+                  f"{prof['idle_ms_per_step']:.1f} ms per step; kernels (ms): {groups}; "
+                  f"{prof['kernels_per_step']:.0f} kernels per step"))
+    elif prof.get("error"):
+      out.append((f"profile of the train step, {size} ({attn})", f"failed: {prof['error']}"))
   s = _load(d / "sample_speed.json")
   if s:
     raw["sample_speed"] = s

@@ -13,7 +13,8 @@ benchmarks/results/train_step_<config>/<machine>.json). MFU uses the dense bf16 
 of the device (flops.peak_flops; AOGPT_PEAK_TFLOPS overrides) and is null on CPU. Memory per
 device: XLA's estimate of the compiled step (`xla_memory`) and the measured peak
 (`measured_peak_bytes`, from `memory_stats()`; null on CPU). ``--profile_dir=DIR`` adds a
-``jax.profiler`` trace of three more steps in DIR.
+``jax.profiler`` trace of three more steps in DIR, summarised into the result's ``profile``
+(`benchmarks/profile/trace_summary.py`: accelerator time per step by kernel group, busy and idle).
 """
 
 from __future__ import annotations
@@ -82,11 +83,15 @@ def main(argv) -> None:
       state, m = step(state, b)
       jax.block_until_ready(m)
       times.append(time.perf_counter() - t)
+    profile_error = None
     if _PROFILE.value:
-      with jax.profiler.trace(_PROFILE.value):
-        for _ in range(3):
-          state, m = step(state, batch())
-        jax.block_until_ready(m)
+      try:   # a profiler that fails (no CUPTI, say) costs the profile, not the timings
+        with jax.profiler.trace(_PROFILE.value):
+          for _ in range(3):
+            state, m = step(state, batch())
+          jax.block_until_ready(m)
+      except Exception as e:  # noqa: BLE001
+        profile_error = f"{type(e).__name__}: {e}"
 
   step_s = statistics.median(times)
   flops = flops_lib.train_flops_per_step(mc, cfg.batch_size, cfg.seq_len, cfg.microbatches)
@@ -117,6 +122,14 @@ def main(argv) -> None:
       # (jax Device.memory_stats; null on CPU).
       "xla_memory": xla_memory, "measured_peak_bytes": measured_peak,
   }
+  if _PROFILE.value:
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent / "profile"))
+    import trace_summary  # noqa: E402 - benchmarks/profile/trace_summary.py
+    try:
+      result["profile"] = (trace_summary.summarize(_PROFILE.value, steps=3)
+                           if profile_error is None else {"error": profile_error})
+    except Exception as e:  # noqa: BLE001
+      result["profile"] = {"error": f"{type(e).__name__}: {e}"}
   text = json.dumps(result, indent=2)
   print(text)
   if jax.process_index() == 0:

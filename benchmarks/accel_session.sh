@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# One accelerator's checks in one call that ends by a deadline (a lent GPU's lease is short):
+#   1. benchmarks/gpu_suite.sh --quick, alone on the device: AO-GPT Small's train step (MFU, memory,
+#      a profile: where the step's time goes) and the sampler against the encoder MDM at n = 1024;
+#   2. the reasoning gap at accelerator size (benchmarks/reasoning_gap.py --size=accel, the 8 x 256
+#      model): 9x9 Sudoku (encoder MDM against AO-GPT with the query block over the blanks) and
+#      the star graph (encoder MDM against AO-GPT blanks with 40% right-to-left rows), the two
+#      tasks in two processes sharing the device, each stopped at the deadline.
+# Then packs what they wrote (benchmarks/results/gpu_suite, benchmarks/results/reasoning_gap_accel_*
+# and the logs) into OUT/results.tgz (unpack it in the checkout to commit the JSONs), and the
+# train step's jax.profiler trace into OUT/profile.tgz (for xprof / TensorBoard).
+#
+#   benchmarks/accel_session.sh                    # ~9 min on one H100 / H200
+#   DEADLINE=300 RG_STEPS=2000 benchmarks/accel_session.sh
+#
+# Env: OUT (default ${TMPDIR:-/tmp}/aogpt_accel), DEADLINE (seconds for everything, default 520),
+# RG_STEPS (training steps of every reasoning-gap model, default 4000; the configs' own are
+# 20,000), RG_PUZZLES (held-out puzzles per task, default 200), SUITE_ARGS (gpu_suite.sh's
+# arguments, default --quick; --dry-run proves the plumbing on a CPU).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+case "${1:-}" in
+  -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
+  "") ;;
+  *) echo "accel_session.sh: unknown argument $1 (it takes none; see --help)" >&2; exit 2 ;;
+esac
+START=$SECONDS
+DEADLINE=${DEADLINE:-520}
+RG_STEPS=${RG_STEPS:-4000}
+RG_PUZZLES=${RG_PUZZLES:-200}
+SUITE_ARGS=${SUITE_ARGS:---quick}
+OUT=${OUT:-${TMPDIR:-/tmp}/aogpt_accel}
+mkdir -p "$OUT"
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+left() { echo $(( DEADLINE - (SECONDS - START) )); }
+{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>&1
+  python -c 'import jax, flax; print("jax", jax.__version__, "flax", flax.__version__, jax.devices())'
+} > "$OUT/machine.txt" 2>&1
+cat "$OUT/machine.txt"
+
+budget=$(( $(left) * 45 / 100 ))
+echo "[$((SECONDS - START)) s] gpu_suite $SUITE_ARGS (at most $budget s)"
+OUT="$OUT/suite" timeout "$budget" bash benchmarks/gpu_suite.sh $SUITE_ARGS > "$OUT/suite.log" 2>&1 ||
+  echo "gpu_suite stopped or failed: see suite.log"
+
+budget=$(( $(left) - 25 ))
+echo "[$((SECONDS - START)) s] reasoning gap, 9x9 Sudoku and star graph together (at most $budget s)"
+export XLA_PYTHON_CLIENT_PREALLOCATE=false     # two processes on one device
+common=(--size=accel --steps="$RG_STEPS" --puzzles="$RG_PUZZLES" --speed_repeats=0
+        --reference_check=0 --workdir="${TMPDIR:-/tmp}/aogpt_accel_rg")
+timeout "$budget" python benchmarks/reasoning_gap.py --tasks=sudoku9 --variants=mdm,blanks \
+  "${common[@]}" > "$OUT/rg_sudoku9.log" 2>&1 &
+timeout "$budget" python benchmarks/reasoning_gap.py --tasks=star_graph --variants=mdm,blanks_r2l \
+  "${common[@]}" > "$OUT/rg_star_graph.log" 2>&1 &
+wait
+echo "[$((SECONDS - START)) s] packing"
+shopt -s nullglob
+tar czf "$OUT/results.tgz" benchmarks/results/gpu_suite benchmarks/results/reasoning_gap_accel_* \
+  "$OUT"/*.log "$OUT"/machine.txt "$OUT"/suite/*.json "$OUT"/suite/*.log 2>/dev/null
+[[ -d "$OUT/suite/profile_small" ]] && tar czf "$OUT/profile.tgz" -C "$OUT/suite" profile_small
+tail -n 4 "$OUT"/rg_*.log
+[[ -f "$OUT/suite/gpu_suite.json" ]] && sed -n '/^| measurement/,$p' "$OUT/suite.log"
+echo "[$((SECONDS - START)) s] done: $OUT/results.tgz"
