@@ -128,17 +128,18 @@ def device() -> dict:
 
 
 def commit() -> str | None:
-  """`git rev-parse HEAD` of this checkout; where the tree is a copy without git (a rented
-  accelerator's), the hash in AOGPT_COMMIT (a 40-digit hex hash, else ignored); else None."""
+  """The hash in AOGPT_COMMIT when set (a 40-digit hex hash, else ignored: for a copy of the tree
+  whose git, if any, is not the tree's own, as on a rented accelerator), else `git rev-parse
+  HEAD` of this checkout, else None."""
+  given = os.environ.get("AOGPT_COMMIT", "").strip().lower()
+  if re.fullmatch(r"[0-9a-f]{40}", given):
+    return given
   try:
     p = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True,
                        timeout=20)
-    if p.returncode == 0 and p.stdout.strip():
-      return p.stdout.strip()
   except (OSError, subprocess.SubprocessError):
-    pass
-  given = os.environ.get("AOGPT_COMMIT", "").strip().lower()
-  return given if re.fullmatch(r"[0-9a-f]{40}", given) else None
+    return None
+  return (p.stdout.strip() or None) if p.returncode == 0 else None
 
 
 def utc_now() -> str:

@@ -3,7 +3,8 @@
 #   1. train-step throughput and MFU, AO-GPT Small and Medium, cuDNN attention on and off
 #      (benchmarks/train_step.py; also XLA's memory estimate and the measured peak per device);
 #      the Small cuDNN step is profiled: accelerator time per step by kernel group, busy and
-#      idle (benchmarks/profile/trace_summary.py; the trace stays in OUT/profile_small)
+#      idle (benchmarks/profile/trace_summary.py; the trace stays in OUT/profile_small), and
+#      timed again without rematerialisation (the configs' paper recipe remats every block)
 #   2. sampler speed at n = 1024, batch 32: AO-GPT KV-cached sampler vs encoder MDM and AR
 #      (benchmarks/sample_speed.py)
 #   3. context-order ensemble cost at n = 1024 (benchmarks/eval_cost.py)
@@ -28,7 +29,7 @@ for a in "$@"; do
   case "$a" in
     --dry-run) DRY=1 ;;
     --quick) QUICK=1 ;;
-    -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
     *) echo "gpu_suite.sh: unknown argument $a (known: --dry-run, --quick)" >&2; exit 2 ;;
   esac
 done
@@ -72,6 +73,15 @@ for size in $SIZES; do
       --out="$OUT/train_${size}_${attn}.json" > "$OUT/train_${size}_${attn}.log" 2>&1 ||
       echo "train $size $attn failed: see $OUT/train_${size}_${attn}.log"
   done
+  if [[ $size == "${SIZES%% *}" ]]; then   # the first size's step without rematerialisation
+    attn=${ATTN%% *}
+    python benchmarks/train_step.py "${cfg[@]}" --config.model.attention_impl="$attn" \
+      --config.model.remat=False --config.model.dtype=$DTYPE --config.seq_len=$SEQ \
+      --config.batch_size=$((PER * NDEV)) --config.microbatches=1 --config.mesh.data=-1 \
+      --steps="$STEPS" --warmup=1 --out="$OUT/train_${size}_${attn}-noremat.json" \
+      > "$OUT/train_${size}_${attn}-noremat.log" 2>&1 ||
+      echo "train $size $attn without remat failed: see $OUT/train_${size}_${attn}-noremat.log"
+  fi
   [[ $QUICK == 1 ]] && continue
   python benchmarks/scale_sim.py --sizes="$size" --meshes=1:single --programs=train \
     --depth="$([[ $DRY == 1 ]] && echo full || echo extrapolate)" --per_device="$PER" \

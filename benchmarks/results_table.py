@@ -139,6 +139,35 @@ def _reasoning_gap(j: Result) -> str:
           f"({j.r('total_s') / 60:.0f} min, load average {min(loads):.0f}-{max(loads):.0f})")
 
 
+def _gap_pair(task: str, ours: str) -> Callable[[Result], str]:
+  """An accelerator-size reasoning gap: AO-GPT variant ``ours`` against the encoder MDM, the
+  best adaptive and the random-order solved rates, held-out losses, steps and minutes."""
+  def number(j: Result) -> str:
+    f = j.r("tasks", task, "findings")
+    best, loss = f["best_adaptive"], f["heldout_loss_per_blank"]
+    steps = j.r("tasks", task, "train", ours, "total_steps")
+    rate = lambda v: f"{best[v]['decoding']} {100 * best[v]['rate']:.1f}%"  # noqa: E731
+    lo = lambda v: "n/a" if loss.get(v) is None else f"{loss[v]:.3f}"  # noqa: E731
+    return (f"AO-GPT {ours} {rate(ours)}, random order {100 * f['random_order'][ours]:.1f}%; "
+            f"encoder MDM {rate('mdm')}, random order {100 * f['random_order']['mdm']:.1f}%; "
+            f"held-out loss per blank {lo(ours)} vs MDM bound {lo('mdm')} ({steps:,} steps "
+            f"each, {j.r('total_s') / 60:.0f} min training and solving)")
+  return number
+
+
+def _gpu_quick(j: Result) -> str:
+  """gpu_suite --quick: the Small train step, where its time goes, and the sampler."""
+  t = j.r("raw", "train_small_cudnn")
+  prof, groups = t["profile"], t["profile"]["groups_ms_per_step"]
+  row = j.r("raw", "sample_speed", "rows", {"method": "diffusion", "steps": 1024})
+  return (f"train step {1e3 * t['step_s_median']:.1f} ms, MFU {100 * t['mfu']:.1f}%, peak "
+          f"{t['measured_peak_bytes'] / 2**30:.1f} GiB (kernels per step: matmuls "
+          f"{groups['matmul']:.1f} ms, attention {groups['attention']:.1f} ms, other fusions "
+          f"{groups['other']:.1f} ms; idle {prof['idle_ms_per_step']:.1f} ms); sampling "
+          f"{row['run_s']:.3f} s, {_x(row['encoder_over_diffusion_speedup'])} faster than the "
+          f"encoder MDM")
+
+
 def _post_training(j: Result) -> str:
   """GRPO's held-out solved rate before / after under GRPO's own sampler (greedy tokens), the
   mean over seeds of each likelihood, how many seeds end beyond the start's interval, and d1's
@@ -245,6 +274,15 @@ ROWS: list[Row] = [
                f" warm / {_x(j.r('best_s', 'ensembles', 'published') / j.r('best_s', 'ensembles', 'ours_first_call_s'))}"
                " counting compilation",
      f"{VS} --device=gpu --repeats=1 --runs=2"),
+    ("H200: AO-GPT Small train step (16 x 1024, bf16, cuDNN, every block rematerialised) and "
+     "sampling n = T = 1024, batch 32", "gpu_suite/h200.json", _gpu_quick,
+     "benchmarks/gpu_suite.sh --quick"),
+    ("H200: the reasoning gap at accelerator size, held-out 9x9 Sudoku (30-40 givens), the "
+     "8 x 256 model (solved, of 200)", "reasoning_gap_accel_sudoku9/h200.json",
+     _gap_pair("sudoku9", "blanks"), "RG_STEPS=3500 benchmarks/accel_session.sh"),
+    ("H200: star graph (degree 5, path 8, 64 nodes), the 8 x 256 model (solved, of 200)",
+     "reasoning_gap_accel_star_graph/h200.json", _gap_pair("star_graph", "blanks_r2l"),
+     "RG_STEPS=3500 benchmarks/accel_session.sh"),
     ("Memory per device, AO-GPT Small / Medium train step, 16 x 1024 per rank, 64-way FSDP "
      "(XLA:CPU estimate, simulated mesh)", f"scale_sim_pods/{CPU}",
      lambda j: " / ".join(

@@ -54,6 +54,18 @@ def test_default_path_is_benchmark_and_machine_slug(tmp_path, monkeypatch):
   assert path == tmp_path / "b" / "cpu-2core-x.json"
 
 
+def test_commit_is_the_named_hash_where_one_is_given(monkeypatch):
+  """A copy of the tree on a rented accelerator may carry another tree's git: AOGPT_COMMIT names
+  the tree that ran; anything but a 40-digit hex hash is ignored (git's answer, or None)."""
+  monkeypatch.setenv("AOGPT_COMMIT", "AB" * 20)
+  assert common.commit() == "ab" * 20
+  monkeypatch.setenv("AOGPT_COMMIT", "not-a-hash")
+  assert common.commit() != "not-a-hash"
+  monkeypatch.delenv("AOGPT_COMMIT")
+  got = common.commit()
+  assert got is None or len(got) == 40
+
+
 def test_machine_slugs():
   assert common.machine_slug("", 16, "NVIDIA H100 80GB HBM3") == "h100"
   assert common.machine_slug("AMD EPYC 7B13", 2, None) == "cpu-2core-amd-epyc"
