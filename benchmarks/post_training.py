@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import json
 import logging
 import os
 import pathlib
@@ -60,11 +61,15 @@ SIZES = {
                 sampler="random", runs=("exact", "mean_field", "elbo"), seeds=(0, 1, 2),
                 first_seed_runs=("order_policy", "order_only"), grad_batches=16,
                 search_pool=200_000),
-    "accel": dict(size="accel", train_steps=4000, updates=400, prompts=32, group=16, lr=1e-4,
-                  reward="rule_cells",
-                  eval_at=(100, 200, 300, 400), puzzles=1000, error_rows=512, overrides={},
-                  sampler="max_prob", runs=("exact", "mean_field", "elbo", "order_policy"),
-                  seeds=(0, 1, 2), grad_batches=16, search_pool=5000),
+    # one accelerator, meant for about 10 minutes (not yet run): 9x9 and the 8 x 256 model,
+    # trained in chunks of 250 steps until a random order at T = 1 solves 20% of training
+    # puzzles (at 3,500 steps max_prob solves every held-out one: no headroom), then the exact
+    # sequence reward against the reward per cell
+    "accel": dict(size="accel", train_steps=0, calibrate=(0.2, 250, 4000), updates=200,
+                  prompts=16, group=16, lr=1e-4, reward="rule_cells",
+                  eval_at=(50, 100, 150, 200), puzzles=500, error_rows=256, overrides={},
+                  sampler="random", runs=("exact", "token_credit"), seeds=(0,),
+                  grad_batches=4, search_pool=5000),
     # seconds: a one-layer model, a few updates, a handful of puzzles (tests/test_benchmarks.py)
     "test": dict(size="cpu", train_steps=2, updates=2, prompts=2, group=2, lr=1e-4, eval_at=(2,),
                  reward="rule_cells",
@@ -74,6 +79,8 @@ SIZES = {
                  sampler="max_prob", runs=("exact", "mean_field", "elbo", "order_policy"),
                  seeds=(0,), grad_batches=3, search_pool=2000, audit_prompts=8),
 }
+# calibrated starts (a size's ``calibrate``): puzzles of the training distribution, their seed
+CALIBRATION, CALIBRATION_SEED = 200, 0x5EED
 POLICY_TEMPERATURE = 0.1     # the stochastic order policy: softmax(max_prob scores / 0.1)
 # GRPO's sampler (token temperature 1, one cell per step): name -> GRPOSettings fields, and the
 # held-out decodings measured along the way (greedy, and as GRPO draws).
@@ -421,7 +428,11 @@ def markdown(res: dict, machine: dict) -> str:
            + " | cell accuracy, random order greedy |", "|---|---|---|" + "---|" * len(decs)
            + "---|"]
   b = res["before"]
-  lines.append(f"| start ({res['train']['total_steps']} training steps) | 0 | 0 | "
+  cal = res["train"].get("calibration")
+  steps = (f"{res['train']['total_steps']} training steps" if not cal else
+           f"{res['train']['total_steps']} training steps, calibrated: "
+           + ", ".join(f"{s} -> {100 * r:.0f}%" for s, r in cal))
+  lines.append(f"| start ({steps}) | 0 | 0 | "
                + " | ".join(pct(b[d]["solved"]) for d in decs)
                + f" | {100 * b[decs[0]]['cell_accuracy']:.1f}% |")
   for run in res["grpo"]:
@@ -487,6 +498,50 @@ def markdown(res: dict, machine: dict) -> str:
   return "\n".join(lines) + "\n"
 
 
+def start_run(cfg: dict, args) -> tuple[pathlib.Path, dict]:
+  """Trains (or reuses) the starting model in --workdir: the size's ``train_steps``, or with its
+  ``calibrate`` = (least rate, chunk, most steps) chunks of that many steps until GRPO's own
+  sampler (the size's, tokens at T = 1) solves at least the least rate of ``CALIBRATION`` (the
+  size's ``calibration_puzzles``) training-distribution puzzles (never the held-out ones; a
+  training puzzle may have several solutions: any valid grid counts), so that GRPO starts with headroom
+  whatever the device's speed; the chosen steps are kept with the run and reused. Returns (the
+  run's folder, its training record with ``total_steps`` and, calibrated, the rate per chunk)."""
+  calib = cfg.get("calibrate")
+  wd = pathlib.Path(args.workdir) / (f"sudoku-{args.size}-start-" +
+                                     ("auto" if calib else str(cfg["train_steps"])))
+  print(f"training (or reusing) the starting model in {wd}", flush=True)
+  if not calib:
+    train = order_matters.train("sudoku", cfg["size"], "", wd, cfg["train_steps"],
+                                cfg["overrides"])
+    return wd, {**train, "total_steps": cfg["train_steps"]}
+  record = wd / "post_training_calibration.json"
+  if record.exists():
+    return wd, {**json.loads(record.read_text()), "reused": True}
+  import aogpt_jax
+  from aogpt_jax import tasks
+  least, chunk, most = calib
+  count = cfg.get("calibration_puzzles", CALIBRATION)
+  steps, train_s, rates = 0, 0.0, []
+  while True:
+    steps = min(steps + chunk, most)
+    t = order_matters.train("sudoku", cfg["size"], "", wd, steps, cfg["overrides"])
+    train_s += t.get("train_s") or 0.0
+    model, run_cfg = aogpt_jax.load(str(wd))
+    task = tasks.make(run_cfg.task.name, **run_cfg.task.options.to_dict())
+    rate = evaluate(model, task, task.train_batch(CALIBRATION_SEED, 0, count), 0,
+                    (SAMPLERS[cfg["sampler"]][1][1],))
+    rate = next(iter(rate.values()))["solved"]["rate"]
+    rates.append([steps, rate])
+    print(f"[calibration] {steps} steps: {SAMPLERS[cfg['sampler']][1][1]} solves "
+          f"{100 * rate:.1f}% of {count} training puzzles", flush=True)
+    if rate >= least or steps >= most:
+      break
+  train = {**t, "total_steps": steps, "train_s": train_s, "calibration": rates,
+           "calibrate": list(calib)}
+  common.write_json(record, train)
+  return wd, {**train, "reused": False}
+
+
 def main(argv=None):
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   p.add_argument("--size", choices=sorted(SIZES), default="cpu")
@@ -531,10 +586,7 @@ def main(argv=None):
   load0, t0 = common.load_avg_1m(), time.perf_counter()
   import aogpt_jax
   from aogpt_jax import tasks
-  wd = pathlib.Path(args.workdir) / f"sudoku-{args.size}-start-{cfg['train_steps']}"
-  print(f"training (or reusing) the starting model in {wd}", flush=True)
-  train = order_matters.train("sudoku", cfg["size"], "", wd, cfg["train_steps"], cfg["overrides"])
-  train["total_steps"] = cfg["train_steps"]
+  wd, train = start_run(cfg, args)
   start_model, run_cfg = aogpt_jax.load(str(wd))
   task = tasks.make(run_cfg.task.name, **run_cfg.task.options.to_dict())
   puzzles = task.heldout(int(run_cfg.task.heldout_seed), cfg["puzzles"])

@@ -217,6 +217,31 @@ def test_gradient_signal_share_recovers_a_known_share():
     assert 0 < got["share_se"] < 0.05
 
 
+@pytest.mark.slow
+def test_post_training_calibrated_start_trains_in_chunks_and_is_reused(tmp_path, monkeypatch):
+  """A size with ``calibrate`` (the accelerator size's start): chunks of steps until GRPO's
+  sampler solves the least rate of training puzzles, at most the most steps; the chosen steps and
+  the rate per chunk are kept with the run, and a second call reuses them without training."""
+  import argparse
+  import post_training
+  cfg = {**post_training.SIZES["test"], "sampler": "random", "calibrate": (1.01, 1, 2),
+         "calibration_puzzles": 4}
+  args = argparse.Namespace(size="test", workdir=str(tmp_path))
+  wd, train = post_training.start_run(cfg, args)
+  assert wd == tmp_path / "sudoku-test-start-auto" and not train["reused"]
+  # 101% is never reached: two chunks of one step, each measured on 4 training puzzles
+  assert train["total_steps"] == 2 and [s for s, _ in train["calibration"]] == [1, 2]
+  assert all(0 <= r <= 1 for _, r in train["calibration"])
+  monkeypatch.setattr(post_training.order_matters, "train", lambda *a, **k: pytest.fail("trained"))
+  wd2, again = post_training.start_run(cfg, args)
+  assert wd2 == wd and again["reused"] and again["calibration"] == train["calibration"]
+  monkeypatch.undo()
+  # a least rate of 0 is met at once: one chunk, not the most steps
+  _, first = post_training.start_run({**cfg, "calibrate": (0.0, 1, 3)},
+                                     argparse.Namespace(size="test0", workdir=str(tmp_path)))
+  assert first["total_steps"] == 1 and len(first["calibration"]) == 1
+
+
 def test_post_training_benchmark_runs_end_to_end(tmp_path):
   """benchmarks/post_training.py --size=test: a 2-step one-layer Sudoku model, 2 GRPO updates with
   each likelihood (exact, mean-field, ELBO) and with a stochastic order policy, the estimator's
