@@ -18,11 +18,13 @@
 # Env: OUT (default ${TMPDIR:-/tmp}/aogpt_accel), DEADLINE (seconds for everything, default 555),
 # RG_STEPS (training steps of every reasoning-gap model, default 2500; the configs' own are
 # 20,000), RG_PUZZLES (held-out puzzles per task, default 200), SUITE_ARGS (gpu_suite.sh's
-# arguments, default --quick; --dry-run proves the plumbing on a CPU).
+# arguments, default --quick; --dry-run proves the plumbing on a CPU), PARTS (default
+# suite,reasoning; posttrain adds benchmarks/post_training.py $PT_ARGS, default --size=accel, run
+# beside the reasoning gap after the suite).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 case "${1:-}" in
-  -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
+  -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
   "") ;;
   *) echo "accel_session.sh: unknown argument $1 (it takes none; see --help)" >&2; exit 2 ;;
 esac
@@ -31,6 +33,8 @@ DEADLINE=${DEADLINE:-555}
 RG_STEPS=${RG_STEPS:-2500}
 RG_PUZZLES=${RG_PUZZLES:-200}
 SUITE_ARGS=${SUITE_ARGS:---quick}
+PARTS=${PARTS:-suite,reasoning}
+PT_ARGS=${PT_ARGS:---size=accel}
 OUT=${OUT:-${TMPDIR:-/tmp}/aogpt_accel}
 mkdir -p "$OUT"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
@@ -40,26 +44,37 @@ left() { echo $(( DEADLINE - (SECONDS - START) )); }
 } > "$OUT/machine.txt" 2>&1
 cat "$OUT/machine.txt"
 
-budget=$(( $(left) * 45 / 100 ))
-echo "[$((SECONDS - START)) s] gpu_suite $SUITE_ARGS (at most $budget s)"
-OUT="$OUT/suite" timeout "$budget" bash benchmarks/gpu_suite.sh $SUITE_ARGS > "$OUT/suite.log" 2>&1 ||
-  echo "gpu_suite stopped or failed: see suite.log"
+part() { [[ ",$PARTS," == *",$1,"* ]]; }
+if part suite; then
+  budget=$(( $(left) * 45 / 100 ))
+  echo "[$((SECONDS - START)) s] gpu_suite $SUITE_ARGS (at most $budget s)"
+  OUT="$OUT/suite" timeout "$budget" bash benchmarks/gpu_suite.sh $SUITE_ARGS > "$OUT/suite.log" 2>&1 ||
+    echo "gpu_suite stopped or failed: see suite.log"
+fi
 
 budget=$(( $(left) - 25 ))
-echo "[$((SECONDS - START)) s] reasoning gap, 9x9 Sudoku and star graph together (at most $budget s)"
-export XLA_PYTHON_CLIENT_PREALLOCATE=false     # two processes on one device
-common=(--size=accel --steps="$RG_STEPS" --puzzles="$RG_PUZZLES" --speed_repeats=0
-        --reference_check=0 --workdir="${TMPDIR:-/tmp}/aogpt_accel_rg")
-timeout -k 20 "$budget" python benchmarks/reasoning_gap.py --tasks=sudoku9 --variants=mdm,blanks \
-  "${common[@]}" > "$OUT/rg_sudoku9.log" 2>&1 &
-timeout -k 20 "$budget" python benchmarks/reasoning_gap.py --tasks=star_graph --variants=mdm,blanks_r2l \
-  "${common[@]}" > "$OUT/rg_star_graph.log" 2>&1 &
+export XLA_PYTHON_CLIENT_PREALLOCATE=false     # several processes on one device
+if part reasoning; then
+  echo "[$((SECONDS - START)) s] reasoning gap, 9x9 Sudoku and star graph together (at most $budget s)"
+  common=(--size=accel --steps="$RG_STEPS" --puzzles="$RG_PUZZLES" --speed_repeats=0
+          --reference_check=0 --workdir="${TMPDIR:-/tmp}/aogpt_accel_rg")
+  timeout -k 20 "$budget" python benchmarks/reasoning_gap.py --tasks=sudoku9 --variants=mdm,blanks \
+    "${common[@]}" > "$OUT/rg_sudoku9.log" 2>&1 &
+  timeout -k 20 "$budget" python benchmarks/reasoning_gap.py --tasks=star_graph \
+    --variants=mdm,blanks_r2l "${common[@]}" > "$OUT/rg_star_graph.log" 2>&1 &
+fi
+if part posttrain; then
+  echo "[$((SECONDS - START)) s] post_training $PT_ARGS (at most $budget s)"
+  timeout -k 20 "$budget" python benchmarks/post_training.py $PT_ARGS \
+    --workdir="${TMPDIR:-/tmp}/aogpt_accel_pt" > "$OUT/post_training.log" 2>&1 &
+fi
 wait
 echo "[$((SECONDS - START)) s] packing"
 shopt -s nullglob
 tar czf "$OUT/results.tgz" benchmarks/results/gpu_suite benchmarks/results/reasoning_gap_accel_* \
-  "$OUT"/*.log "$OUT"/machine.txt "$OUT"/suite/*.json "$OUT"/suite/*.log 2>/dev/null
+  benchmarks/results/post_training_* "$OUT"/*.log "$OUT"/machine.txt "$OUT"/suite/*.json \
+  "$OUT"/suite/*.log 2>/dev/null
 [[ -d "$OUT/suite/profile_small" ]] && tar czf "$OUT/profile.tgz" -C "$OUT/suite" profile_small
-tail -n 4 "$OUT"/rg_*.log
+tail -n 4 "$OUT"/rg_*.log "$OUT"/post_training.log
 [[ -f "$OUT/suite/gpu_suite.json" ]] && sed -n '/^| measurement/,$p' "$OUT/suite.log"
 echo "[$((SECONDS - START)) s] done: $OUT/results.tgz"
