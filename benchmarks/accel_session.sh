@@ -72,7 +72,7 @@ wait
 echo "[$((SECONDS - START)) s] packing"
 shopt -s nullglob
 tar czf "$OUT/results.tgz" benchmarks/results/gpu_suite benchmarks/results/reasoning_gap_accel_* \
-  benchmarks/results/post_training_* "$OUT"/*.log "$OUT"/machine.txt "$OUT"/suite/*.json \
+  benchmarks/results/post_training_accel* "$OUT"/*.log "$OUT"/machine.txt "$OUT"/suite/*.json \
   "$OUT"/suite/*.log 2>/dev/null
 [[ -d "$OUT/suite/profile_small" ]] && tar czf "$OUT/profile.tgz" -C "$OUT/suite" profile_small
 tail -n 4 "$OUT"/rg_*.log "$OUT"/post_training.log
