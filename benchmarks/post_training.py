@@ -502,10 +502,11 @@ def start_run(cfg: dict, args) -> tuple[pathlib.Path, dict]:
   """Trains (or reuses) the starting model in --workdir: the size's ``train_steps``, or with its
   ``calibrate`` = (least rate, chunk, most steps) chunks of that many steps until GRPO's own
   sampler (the size's, tokens at T = 1) solves at least the least rate of ``CALIBRATION`` (the
-  size's ``calibration_puzzles``) training-distribution puzzles (never the held-out ones; a
-  training puzzle may have several solutions: any valid grid counts), so that GRPO starts with headroom
-  whatever the device's speed; the chosen steps are kept with the run and reused. Returns (the
-  run's folder, its training record with ``total_steps`` and, calibrated, the rate per chunk)."""
+  size's ``calibration_puzzles``) training-distribution puzzles (never the held-out ones; one
+  may have several solutions: any valid grid counts), so that GRPO starts with headroom on any
+  device. The rates are kept with the run after every chunk: an interrupted calibration goes on
+  where it stopped, a finished one is reused. Returns (the run's folder, its training record
+  with ``total_steps`` and, calibrated, ``calibration``: [steps, rate] per chunk)."""
   calib = cfg.get("calibrate")
   wd = pathlib.Path(args.workdir) / (f"sudoku-{args.size}-start-" +
                                      ("auto" if calib else str(cfg["train_steps"])))
@@ -515,29 +516,29 @@ def start_run(cfg: dict, args) -> tuple[pathlib.Path, dict]:
                                 cfg["overrides"])
     return wd, {**train, "total_steps": cfg["train_steps"]}
   record = wd / "post_training_calibration.json"
-  if record.exists():
-    return wd, {**json.loads(record.read_text()), "reused": True}
+  done = json.loads(record.read_text()) if record.exists() else {"calibration": [], "train_s": 0.0}
+  if done.get("done"):
+    return wd, {**done, "reused": True}
   import aogpt_jax
   from aogpt_jax import tasks
   least, chunk, most = calib
   count = cfg.get("calibration_puzzles", CALIBRATION)
-  steps, train_s, rates = 0, 0.0, []
-  while True:
+  decoder = SAMPLERS[cfg["sampler"]][1][1]
+  rates, train_s = done["calibration"], done["train_s"]
+  steps = rates[-1][0] if rates else 0
+  while not rates or (rates[-1][1] < least and steps < most):
     steps = min(steps + chunk, most)
     t = order_matters.train("sudoku", cfg["size"], "", wd, steps, cfg["overrides"])
     train_s += t.get("train_s") or 0.0
     model, run_cfg = aogpt_jax.load(str(wd))
     task = tasks.make(run_cfg.task.name, **run_cfg.task.options.to_dict())
-    rate = evaluate(model, task, task.train_batch(CALIBRATION_SEED, 0, count), 0,
-                    (SAMPLERS[cfg["sampler"]][1][1],))
-    rate = next(iter(rate.values()))["solved"]["rate"]
-    rates.append([steps, rate])
-    print(f"[calibration] {steps} steps: {SAMPLERS[cfg['sampler']][1][1]} solves "
-          f"{100 * rate:.1f}% of {count} training puzzles", flush=True)
-    if rate >= least or steps >= most:
-      break
-  train = {**t, "total_steps": steps, "train_s": train_s, "calibration": rates,
-           "calibrate": list(calib)}
+    ev = evaluate(model, task, task.train_batch(CALIBRATION_SEED, 0, count), 0, (decoder,))
+    rates.append([steps, ev[decoder]["solved"]["rate"]])
+    print(f"[calibration] {steps} steps: {decoder} solves {100 * rates[-1][1]:.1f}% of {count} "
+          f"training puzzles", flush=True)
+    common.write_json(record, {**t, "total_steps": steps, "train_s": train_s,
+                               "calibration": rates, "calibrate": list(calib), "done": False})
+  train = {**json.loads(record.read_text()), "done": True}
   common.write_json(record, train)
   return wd, {**train, "reused": False}
 

@@ -220,26 +220,27 @@ def test_gradient_signal_share_recovers_a_known_share():
 @pytest.mark.slow
 def test_post_training_calibrated_start_trains_in_chunks_and_is_reused(tmp_path, monkeypatch):
   """A size with ``calibrate`` (the accelerator size's start): chunks of steps until GRPO's
-  sampler solves the least rate of training puzzles, at most the most steps; the chosen steps and
-  the rate per chunk are kept with the run, and a second call reuses them without training."""
+  sampler solves the least rate of training puzzles, at most the most steps; the rate per chunk
+  is kept with the run, an interrupted calibration goes on from its last chunk, and a finished
+  one is reused without training."""
   import argparse
   import post_training
-  cfg = {**post_training.SIZES["test"], "sampler": "random", "calibrate": (1.01, 1, 2),
-         "calibration_puzzles": 4}
+  cfg = {**post_training.SIZES["test"], "sampler": "random", "calibration_puzzles": 4}
   args = argparse.Namespace(size="test", workdir=str(tmp_path))
-  wd, train = post_training.start_run(cfg, args)
-  assert wd == tmp_path / "sudoku-test-start-auto" and not train["reused"]
-  # 101% is never reached: two chunks of one step, each measured on 4 training puzzles
-  assert train["total_steps"] == 2 and [s for s, _ in train["calibration"]] == [1, 2]
-  assert all(0 <= r <= 1 for _, r in train["calibration"])
+  # a least rate of 0 is met at once: one chunk, not the most steps
+  wd, first = post_training.start_run({**cfg, "calibrate": (0.0, 1, 3)}, args)
+  assert wd == tmp_path / "sudoku-test-start-auto" and not first["reused"]
+  assert first["total_steps"] == 1 and len(first["calibration"]) == 1
+  assert 0 <= first["calibration"][0][1] <= 1
+  # interrupted after that chunk, asked for 101% (never met): one more chunk, to the most steps
+  record = wd / "post_training_calibration.json"
+  record.write_text(json.dumps({**json.loads(record.read_text()), "done": False}))
+  cfg["calibrate"] = (1.01, 1, 2)
+  _, more = post_training.start_run(cfg, args)
+  assert [s for s, _ in more["calibration"]] == [1, 2] and more["total_steps"] == 2
   monkeypatch.setattr(post_training.order_matters, "train", lambda *a, **k: pytest.fail("trained"))
   wd2, again = post_training.start_run(cfg, args)
-  assert wd2 == wd and again["reused"] and again["calibration"] == train["calibration"]
-  monkeypatch.undo()
-  # a least rate of 0 is met at once: one chunk, not the most steps
-  _, first = post_training.start_run({**cfg, "calibrate": (0.0, 1, 3)},
-                                     argparse.Namespace(size="test0", workdir=str(tmp_path)))
-  assert first["total_steps"] == 1 and len(first["calibration"]) == 1
+  assert wd2 == wd and again["reused"] and again["calibration"] == more["calibration"]
 
 
 def test_post_training_benchmark_runs_end_to_end(tmp_path):
