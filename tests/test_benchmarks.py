@@ -217,30 +217,43 @@ def test_gradient_signal_share_recovers_a_known_share():
     assert 0 < got["share_se"] < 0.05
 
 
-@pytest.mark.slow
 def test_post_training_calibrated_start_trains_in_chunks_and_is_reused(tmp_path, monkeypatch):
   """A size with ``calibrate`` (the accelerator size's start): chunks of steps until GRPO's
-  sampler solves the least rate of training puzzles, at most the most steps; the rate per chunk
-  is kept with the run, an interrupted calibration goes on from its last chunk, and a finished
-  one is reused without training."""
+  sampler solves the least rate of training puzzles (not held-out ones), at most the most steps;
+  the rate per chunk is kept with the run, an interrupted calibration goes on from its last
+  chunk, and a finished one is reused without training. Training and solving are stubbed: the
+  schedule is under test (the end-to-end test below trains and solves for real)."""
   import argparse
+  import types
+  import aogpt_jax
   import post_training
-  cfg = {**post_training.SIZES["test"], "sampler": "random", "calibration_puzzles": 4}
+  trained, rates = [], iter([0.05, 0.1, 0.3, 0.0])
+  monkeypatch.setattr(post_training.order_matters, "train",
+                      lambda task, size, variant, wd, steps, overrides: trained.append(steps)
+                      or {"train_s": 1.0})
+  task_cfg = types.SimpleNamespace(name="sudoku", options=types.SimpleNamespace(
+      to_dict=lambda: {"size": 6, "min_givens": 14, "max_givens": 22}))
+  monkeypatch.setattr(aogpt_jax, "load", lambda wd: (None, types.SimpleNamespace(task=task_cfg)))
+
+  def evaluate(model, task, puzzles, seed, which):
+    assert which == ("random order, T=1",) and puzzles["tokens"].shape == (4, 36)
+    assert not task.in_heldout(puzzles["tokens"]).any()          # training puzzles only
+    return {which[0]: {"solved": {"rate": next(rates)}}}
+  monkeypatch.setattr(post_training, "evaluate", evaluate)
+  cfg = {**post_training.SIZES["test"], "sampler": "random", "calibration_puzzles": 4,
+         "calibrate": (0.2, 100, 1000)}
   args = argparse.Namespace(size="test", workdir=str(tmp_path))
-  # a least rate of 0 is met at once: one chunk, not the most steps
-  wd, first = post_training.start_run({**cfg, "calibrate": (0.0, 1, 3)}, args)
+  wd, first = post_training.start_run(cfg, args)     # 5%, 10%, then 30% >= 20%: three chunks
   assert wd == tmp_path / "sudoku-test-start-auto" and not first["reused"]
-  assert first["total_steps"] == 1 and len(first["calibration"]) == 1
-  assert 0 <= first["calibration"][0][1] <= 1
-  # interrupted after that chunk, asked for 101% (never met): one more chunk, to the most steps
+  assert trained == [100, 200, 300] and first["total_steps"] == 300
+  assert first["calibration"] == [[100, 0.05], [200, 0.1], [300, 0.3]] and first["train_s"] == 3
+  # interrupted after its last chunk (asked for more now): goes on from 300, to the most steps
   record = wd / "post_training_calibration.json"
   record.write_text(json.dumps({**json.loads(record.read_text()), "done": False}))
-  cfg["calibrate"] = (1.01, 1, 2)
-  _, more = post_training.start_run(cfg, args)
-  assert [s for s, _ in more["calibration"]] == [1, 2] and more["total_steps"] == 2
-  monkeypatch.setattr(post_training.order_matters, "train", lambda *a, **k: pytest.fail("trained"))
-  wd2, again = post_training.start_run(cfg, args)
-  assert wd2 == wd and again["reused"] and again["calibration"] == more["calibration"]
+  _, more = post_training.start_run({**cfg, "calibrate": (0.5, 100, 400)}, args)
+  assert trained[3:] == [400] and more["total_steps"] == 400 and len(more["calibration"]) == 4
+  _, again = post_training.start_run(cfg, args)      # finished: reused, nothing trained
+  assert again["reused"] and again["calibration"] == more["calibration"] and len(trained) == 4
 
 
 def test_post_training_benchmark_runs_end_to_end(tmp_path):
