@@ -201,6 +201,24 @@ def _token_credit(j: Result) -> str:
           f"{j.r('load_avg_1m_end'):.0f})")
 
 
+def _token_credit_seeds(j: Result) -> str:
+  """The per-cell GRPO run on more seeds: held-out solved before -> after, each seed, and how
+  many seeds' 95% intervals end above the start's."""
+  over = j.r("findings", "over_seeds")
+  run = j.r("grpo")[0]
+  parts = []
+  for dec in ("random order, T=1", "max_prob, T=1", "random order, greedy", "max_prob, greedy"):
+    o = over[f"token_credit: {dec}"]
+    parts.append(f"{dec}: {100 * o['before']:.1f}% -> "
+                 + " / ".join(f"{100 * a:.1f}%" for a in o["after"])
+                 + f" ({o['seeds_beyond_interval']} of {o['seeds']} above the start's interval)")
+  seeds = ", ".join(str(r["seed"]) for r in j.r("grpo"))
+  minutes = " / ".join(f"{r['train_s'] / 60:.0f}" for r in j.r("grpo"))
+  return (f"seeds {seeds}: {'; '.join(parts)} after {run['evals'][-1]['update']} updates "
+          f"({minutes} min of GRPO, load average "
+          f"{j.r('load_avg_1m_start'):.0f}-{j.r('load_avg_1m_end'):.0f})")
+
+
 ROWS: list[Row] = [
     ("CPU quickstart: the whole command (start-up, data, compile, training, evals, checkpoints)",
      f"quickstart/{CPU}",
@@ -324,6 +342,10 @@ ROWS: list[Row] = [
      "Sudoku, seed 0 (solved, of 500)", f"post_training_cpu_token_credit/{XEON}", _token_credit,
      "python benchmarks/post_training.py --runs=token_credit --seeds=0 --lr=1e-4 --updates=300 "
      "--name=token_credit"),
+    ("CPU: the same per-cell GRPO on two more seeds (solved, of 500)",
+     f"post_training_cpu_token_credit_seeds12/{XEON}", _token_credit_seeds,
+     "python benchmarks/post_training.py --runs=token_credit --seeds=1,2 --lr=1e-4 "
+     "--updates=300 --name=token_credit_seeds12"),
 ]
 
 
