@@ -152,6 +152,31 @@ def test_cached_sampler_is_its_reference_and_the_likelihood_is_exact(model, kw):
     np.testing.assert_allclose(a.order_logp, np.asarray(olp), atol=1e-5, rtol=0)
 
 
+def test_query_phases_draw_the_same_rollouts(model, monkeypatch):
+  """The blank sampler's late steps on ceil(Q / 2) query slots (`AdaptiveShape.phases`, here
+  from Q = 4 on: 10, then 5) draw what one phase draws (tokens, order, steps, recorded
+  log-probabilities) and what the uncached reference draws with the same phases."""
+  from aogpt_jax.sampling import adaptive
+  ptok, pmask = _prompt()
+  s = sampler.SampleSettings(length=N, method="adaptive", steps=N, policy="max_prob",
+                             policy_temperature=0.7)
+  monkeypatch.setattr(adaptive, "PHASE_MIN_QUERIES", 0)
+  one = sampler.generate(model, jax.random.key(2), s, prompt=(ptok, pmask), return_logp=True)
+  monkeypatch.setattr(adaptive, "PHASE_MIN_QUERIES", 4)
+  two = sampler.generate(model, jax.random.key(2), s, prompt=(ptok, pmask), return_logp=True,
+                         debug=True)
+  ref = sampler.generate(model, jax.random.key(2), s, prompt=(ptok, pmask), debug=True,
+                         reference=True)
+  for a in (two, ref):
+    for f in ("tokens", "order", "step_of_rank"):
+      np.testing.assert_array_equal(getattr(a, f), getattr(one, f))
+  for f in ("model_logp", "order_logp"):
+    np.testing.assert_allclose(getattr(two, f), getattr(one, f), atol=1e-6)
+  fin = np.isfinite(ref.logits)
+  np.testing.assert_allclose(two.logits[fin], ref.logits[fin], atol=2e-5)
+  assert not fin[-1, :, 5:].any()      # the last step ran on 5 query slots
+
+
 def _uncached_logp(model, tokens, order, steps, prompt):
   """`sequence_logp` of a blank model the slow way: for each row and step, one uncached pass of
   `blanks.query_layout` (n written slots, then the step's blanks as queries)."""
@@ -201,6 +226,43 @@ def test_likelihood_over_cached_written_slots_equals_uncached_passes_with_gradie
     np.testing.assert_allclose(np.asarray(x), np.asarray(y), atol=2e-4, rtol=1e-3)
   olp = likelihood.order_logp(model, *args, policy="max_prob", policy_temperature=0.7)
   np.testing.assert_allclose(np.asarray(olp), a.order_logp[:2], atol=2e-5)
+
+
+def test_folded_passes_equal_one_pass_per_step_with_gradients(model):
+  """`likelihood.blank_scan` folds step t and step T - 1 - t into one pass of W + 1 queries when
+  they fit (`fold_steps`) and keeps one step a pass where they do not; in one batch of both kinds
+  (one token a step, two a step, one then all the rest, uneven steps) its logits, and the
+  gradients of `sequence_logp` (log-probabilities taken inside the passes), equal the unfolded
+  scan's (`order_scan`: one step per pass, logits outside)."""
+  from flax import nnx
+  tokens, order, prompt, plen = _rows(7)
+  w = int(N - plen.min())
+  patterns = [lambda a: np.arange(a), lambda a: np.arange(a) // 2,
+              lambda a: np.minimum(np.arange(a), 1), lambda a: np.array([0, 0, 0, 1, 2, 2, 3,
+                                                                         4, 5, 5])[:a]]
+  steps = np.full((4, N), -1, np.int32)
+  for i, f in enumerate(patterns):
+    steps[i, plen[i]:] = f(N - plen[i])
+  steps = jnp.asarray(steps)
+  sq = likelihood.step_queries(steps, orders_lib.scored_ranks(prompt), w, w)
+  pass_BxT, _ = likelihood.fold_steps(sq, N, w + 1)
+  t_rows = np.asarray(jnp.sum(sq.start < N, axis=1))
+  n_pass = np.asarray(jnp.max(jnp.where(sq.start < N, pass_BxT, -1), axis=1)) + 1
+  assert n_pass[0] == -(-t_rows[0] // 2) and n_pass[2] == t_rows[2] == 2   # folds; does not
+  args = (tokens, order, steps, prompt)
+  scored = np.asarray(orders_lib.scored_ranks(prompt))
+  fold = np.asarray(likelihood.blank_scan(model, *args, width=w))
+  ref = np.asarray(likelihood.order_scan(model, *args, policy="max_prob", policy_temperature=0.0,
+                                         width=w)[1])
+  np.testing.assert_allclose(fold[scored], ref[scored], atol=2e-5)
+  c = jnp.asarray(np.random.default_rng(1).normal(size=(4, N)), jnp.float32)
+  g_fold = nnx.jit(nnx.grad(lambda m: jnp.sum(c * likelihood.sequence_logp(m, *args,
+                                                                            width=w))))(model)
+  g_ref = nnx.jit(nnx.grad(lambda m: jnp.sum(c * likelihood.token_logp(likelihood.order_scan(
+      m, *args, policy="max_prob", policy_temperature=0.0, width=w)[1], tokens, order,
+      prompt))))(model)
+  for x, y in zip(jax.tree.leaves(g_fold), jax.tree.leaves(g_ref)):
+    np.testing.assert_allclose(np.asarray(x), np.asarray(y), atol=2e-4, rtol=1e-3)
 
 
 def test_one_token_per_step_likelihood_is_the_next_rank_loss(model):

@@ -41,6 +41,9 @@ from aogpt_jax.model.aogpt import AOGPT, NO_TARGET, check_length, prompt_block
 from aogpt_jax.sampling import adaptive as adaptive_lib
 
 NO_PROMPT_STEP = -1     # the step value of prompt ranks (any value < every answer step works)
+# `blank_scan` folds two steps into a pass (False: one step a pass, W query slots;
+# benchmarks/grpo_speed.py measures what folding buys)
+FOLD_STEPS = True
 
 
 def frontier(steps: jax.Array, scored: jax.Array) -> jax.Array:
@@ -81,14 +84,12 @@ def rollout_logits(model: AOGPT, tokens: jax.Array, order: jax.Array, steps: jax
   """float32 [B, n, V] in rank layout: the logits rank r's token was drawn from (temperature
   1), i.e. the model's conditional given the ranks of earlier steps (meaningless at the prompt's
   ranks); arguments as `sequence_logp`. One pass over 2n slots; for ``model.blank_block``, whose
-  queries of a step see each other, the written slots once and then each step's blanks
-  (`order_scan`; ``width``: W blank queries a step, at least every row's answer length, None:
-  n)."""
+  queries of a step see each other, the written slots once and then the steps' blanks, two steps
+  a pass (`blank_scan`; ``width``: W, at least every row's answer length, None: n)."""
   b, n = tokens.shape
   check_length(model.cfg, n)
   if model.cfg.blank_block:
-    return order_scan(model, tokens, order, steps, prompt, policy="max_prob",
-                      policy_temperature=0.0, width=width)[1]
+    return blank_scan(model, tokens, order, steps, prompt, width=width)
   prompt = jnp.zeros((b, n), bool) if prompt is None else prompt
   m_BxN = frontier(steps, orders_lib.scored_ranks(prompt))
   tok_BxF, pos_BxF, tgt_BxF, mask_BxFxF = likelihood_slots(
@@ -99,28 +100,40 @@ def rollout_logits(model: AOGPT, tokens: jax.Array, order: jax.Array, steps: jax
   return model.head(hidden_BxNxD, order.astype(jnp.int32))
 
 
+def target_logp(logits: jax.Array, target: jax.Array, temperature: float = 1.0) -> jax.Array:
+  """[B, n]: log-softmax of ``logits`` [B, n, V] / ``temperature`` at ``target`` [B, n]."""
+  logits_BxNxV = logits / jnp.float32(temperature)
+  return (jnp.take_along_axis(logits_BxNxV, target[..., None], axis=-1)[..., 0]
+          - jax.nn.logsumexp(logits_BxNxV, axis=-1))
+
+
 def token_logp(logits: jax.Array, tokens: jax.Array, order: jax.Array, prompt: jax.Array | None,
                temperature: float = 1.0) -> jax.Array:
   """[B, n]: log-softmax of `rollout_logits` / ``temperature`` at each rank's token (0 at the
   prompt's ranks)."""
-  logits_BxNxV = logits / jnp.float32(temperature)
-  target_BxN = orders_lib.permute(tokens, order)
-  logp_BxN = (jnp.take_along_axis(logits_BxNxV, target_BxN[..., None], axis=-1)[..., 0]
-              - jax.nn.logsumexp(logits_BxNxV, axis=-1))
+  logp_BxN = target_logp(logits, orders_lib.permute(tokens, order), temperature)
   if prompt is None:
     return logp_BxN
   return jnp.where(orders_lib.scored_ranks(prompt), logp_BxN, 0.0)
 
 
 def sequence_logp(model: AOGPT, tokens: jax.Array, order: jax.Array, steps: jax.Array,
-                  prompt: jax.Array | None = None, *, temperature: float = 1.0) -> jax.Array:
+                  prompt: jax.Array | None = None, *, temperature: float = 1.0,
+                  width: int | None = None) -> jax.Array:
   """float32 [B, n] in rank layout: ``logp[b, r] = log p(x_{order[b, r]} | tokens of the ranks
   written at steps < steps[b, r])``, 0 at the prompt's ranks (module docstring). ``tokens``
   int [B, n] in ORIGINAL order; ``order``, ``steps`` int [B, n]; ``prompt`` bool [B, n] in
   original order (None: no prompt). ``temperature``: the logits are divided by it first (the
-  model's own distribution at 1). Traceable and differentiable in the model's parameters."""
-  logits_BxNxV = rollout_logits(model, tokens, order, steps, prompt)
-  return token_logp(logits_BxNxV, tokens, order, prompt, temperature)
+  model's own distribution at 1). ``width``: a blank model's (`rollout_logits`); its
+  log-probabilities are taken inside each checkpointed pass (`blank_scan`'s ``reduce``).
+  Traceable and differentiable in the model's parameters."""
+  if not model.cfg.blank_block:
+    return token_logp(rollout_logits(model, tokens, order, steps, prompt), tokens, order, prompt,
+                      temperature)
+  target_BxN = orders_lib.permute(tokens, order)
+  logp_BxN = blank_scan(model, tokens, order, steps, prompt, width=width,
+                        reduce=lambda lg: target_logp(lg, target_BxN, temperature))
+  return logp_BxN if prompt is None else jnp.where(orders_lib.scored_ranks(prompt), logp_BxN, 0.0)
 
 
 # ------------------------------------------------------------------- the order's log-probability
@@ -207,6 +220,93 @@ def _blank_cache(model: AOGPT, tokens, order, block, w: int):
     return model.head(hidden_BxWxD, tgt_BxW)
 
   return logits_of
+
+
+def fold_steps(sq: StepQueries, n: int, width: int):
+  """The passes of `blank_scan`: (pass [B, T], column offset [B, T]) of each step's queries.
+  Step t of a row of T_r steps has c_t = n - start[t] blank queries (every unwritten answer
+  position), so the T_r steps hold a triangle of queries; a row FOLDS it when every pair (t,
+  T_r - 1 - t) fits ``width`` columns: step t and its partner share pass min(t, T_r - 1 - t),
+  the lower step in columns 0..c_t - 1, the upper one after it (one token a step: c_t +
+  c_{T_r-1-t} = answer + 1, so width W + 1 folds every row into ceil(T_r / 2) passes instead of
+  T_r). A row that does not fit keeps one step a pass (pass t, offset 0)."""
+  b, t = sq.start.shape
+  t_1xT = jnp.arange(t, dtype=jnp.int32)[None, :]
+  count_BxT = jnp.maximum(n - sq.start, 0)                   # 0 past the row's last step
+  last_Bx1 = jnp.sum(sq.start < n, axis=1, dtype=jnp.int32)[:, None] - 1
+  partner_BxT = last_Bx1 - t_1xT
+  pc_BxT = jnp.where((partner_BxT >= 0) & (partner_BxT < t),
+                     jnp.take_along_axis(count_BxT, jnp.clip(partner_BxT, 0, t - 1), axis=1), 0)
+  upper_BxT = t_1xT > partner_BxT                            # after its partner in the pass
+  fits_B = jnp.all(upper_BxT | (t_1xT == partner_BxT) | (count_BxT + pc_BxT <= width), axis=1)
+  pass_BxT = jnp.where(fits_B[:, None], jnp.minimum(t_1xT, jnp.maximum(partner_BxT, 0)), t_1xT)
+  off_BxT = jnp.where(fits_B[:, None] & upper_BxT & (partner_BxT >= 0), pc_BxT, 0)
+  return pass_BxT, off_BxT
+
+
+def blank_scan(model: AOGPT, tokens: jax.Array, order: jax.Array, steps: jax.Array,
+               prompt: jax.Array | None = None, *, width: int | None = None,
+               reduce=None) -> jax.Array:
+  """float32 [B, n, V]: `rollout_logits` of a ``model.blank_block`` model (each rank's token's
+  conditional: its step's blank query, which sees the written ranks of earlier steps and the
+  step's other blanks). The written slots' keys and values once (`_blank_cache`), then a
+  `jax.lax.scan` over passes of W + 1 query columns (W = ``width``, at least every row's answer
+  length; None: n), each holding two steps' blanks folded together (`fold_steps`: half the
+  passes of one step a pass, and no padding query at one token a step), each under
+  `jax.checkpoint`; passes past every row's last one are skipped. The values and gradients are
+  those of one pass per step (tests/test_blank_block.py). ``reduce(logits [B, n, V]) -> [B, n,
+  ...]``: applied to each pass's rank logits inside the checkpointed pass, its sum over the
+  passes returned instead (`sequence_logp`: the token log-probabilities, so that a gradient
+  whose cotangent does not depend on them never runs the passes forward outside the
+  recompute)."""
+  b, n = tokens.shape
+  check_length(model.cfg, n)
+  w = int(width or n)
+  fw = w + 1 if FOLD_STEPS else w
+  prompt = jnp.zeros((b, n), bool) if prompt is None else prompt
+  sq = step_queries(steps, orders_lib.scored_ranks(prompt), w, w)   # a step writes >= 1 rank
+  t = w
+  if FOLD_STEPS:
+    pass_BxT, off_BxT = fold_steps(sq, n, fw)
+  else:
+    pass_BxT = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+    off_BxT = jnp.zeros((b, t), jnp.int32)
+  j_1x1xW = jnp.arange(w, dtype=jnp.int32)[None, None, :]
+  valid_BxTxW = sq.valid & (sq.start < n)[:, :, None]
+  col_BxTxW = pass_BxT[:, :, None] * fw + off_BxT[:, :, None] + j_1x1xW
+  at_BxTW = jnp.where(valid_BxTxW, col_BxTxW, t * fw).reshape(b, t * w)   # invalid: dropped
+  rank_BxTW = jnp.minimum(sq.start[:, :, None] + j_1x1xW, n - 1).reshape(b, t * w)
+  m_BxPF = layers.row_set(jnp.zeros((b, t * fw), jnp.int32), at_BxTW,
+                          jnp.broadcast_to(sq.start[:, :, None], (b, t, w)).reshape(b, t * w))
+  tgt_BxPF = layers.row_set(jnp.full((b, t * fw), NO_TARGET, jnp.int32), at_BxTW,
+                            orders_lib.slot_target(order, rank_BxTW))
+  chunks = lambda x: jnp.moveaxis(x.reshape(b, t, fw), 1, 0)  # noqa: E731
+  logits_of = _blank_cache(model, tokens, order,
+                           prompt_block(model.cfg, jnp.sum(prompt, -1, dtype=jnp.int32)), fw)
+  # each rank's own query: its step's pass, the step's offset plus its slot
+  step_BxN = jnp.maximum(sq.step, 0)
+  own_pass_BxN = jnp.where(sq.step >= 0, jnp.take_along_axis(pass_BxT, step_BxN, axis=1), -1)
+  own_col_BxN = (jnp.take_along_axis(off_BxT, step_BxN, axis=1)
+                 + jnp.clip(sq.slot, 0, w - 1))
+
+  reduce = reduce or (lambda x: x)
+
+  @jax.checkpoint
+  def one(args):
+    k, m_BxF, tgt_BxF = args
+    logits_BxFxV = logits_of(m_BxF, tgt_BxF)
+    own_BxNxV = jnp.take_along_axis(logits_BxFxV, own_col_BxN[..., None], axis=1)
+    out = reduce(own_BxNxV)
+    mine = (own_pass_BxN == k).reshape((b, n) + (1,) * (out.ndim - 2))
+    return jnp.where(mine, out, 0.0)
+
+  def body(acc, args):
+    return acc + jax.lax.cond(jnp.any(args[2] != NO_TARGET), one,
+                              lambda _: jnp.zeros_like(acc), args), None
+
+  shape = jax.eval_shape(reduce, jax.ShapeDtypeStruct((b, n, model.cfg.vocab_size), jnp.float32))
+  return jax.lax.scan(body, jnp.zeros(shape.shape, shape.dtype),
+                      (jnp.arange(t, dtype=jnp.int32), chunks(m_BxPF), chunks(tgt_BxPF)))[0]
 
 
 def order_pass(model: AOGPT, tokens: jax.Array, order: jax.Array, steps: jax.Array,
