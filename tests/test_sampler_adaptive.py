@@ -85,6 +85,37 @@ def test_cached_equals_the_uncached_reference(model, kw, infill):
   check_step_of_rank(out, np.array([2, 1, 0]) if infill else np.zeros(3, int), counts)
 
 
+@pytest.mark.parametrize("kw", [dict(policy="threshold", threshold=0.3),
+                                dict(policy="max_prob", steps=12, policy_temperature=0.5,
+                                     return_logp=True)])
+def test_query_phases_change_nothing_but_the_cost(model, monkeypatch, kw):
+  """With the late steps run on ceil(Q / 2) query slots (`AdaptiveShape.phases`, here from Q =
+  4 on), the cached sampler draws what one phase of Q slots draws (tokens, order, steps, the
+  recorded log-probabilities) and what its uncached reference draws with the same phases (query
+  logits included), prompts at any positions."""
+  kw = dict(kw)
+  logp = kw.pop("return_logp", False)
+  s = sampler.SampleSettings(length=12, method="adaptive", **kw)
+  prompt = prompts.pairs_prompt([{0: 3, 11: 4}, {5: 1}, {}], 12, 13)
+  monkeypatch.setattr(adaptive, "PHASE_MIN_QUERIES", 0)
+  one = _gen(model, s, 1, prompt=prompt, return_logp=logp)
+  monkeypatch.setattr(adaptive, "PHASE_MIN_QUERIES", 4)
+  p = sampler.prepare(model.cfg, jax.random.key(1), s, prompt=prompt)
+  assert sampler.adaptive_shape(p, s).phases == (12, 6)
+  two = _gen(model, s, 1, prompt=prompt, debug=True, return_logp=logp)
+  ref = _gen(model, s, 1, prompt=prompt, debug=True, reference=True)
+  for a in (two, ref):
+    for f in ("tokens", "order", "passes", "step_of_rank"):
+      np.testing.assert_array_equal(getattr(a, f), getattr(one, f))
+  if logp:
+    np.testing.assert_allclose(two.model_logp, one.model_logp, atol=1e-6)
+    np.testing.assert_allclose(two.order_logp, one.order_logp, atol=1e-6)
+  fin = np.isfinite(ref.logits)
+  np.testing.assert_array_equal(np.isfinite(two.logits), fin)
+  np.testing.assert_allclose(two.logits[fin], ref.logits[fin], atol=2e-5)
+  assert not fin[-1, :, 6:].any()      # the last step ran on 6 query slots
+
+
 def check_step_of_rank(out, plen, counts=None):
   """``out.step_of_rank``: -1 at the prompt's ranks, then steps 0 .. passes-1 in rank order,
   every step committing at least one position (as many as ``counts`` [B, T] says, if given)."""

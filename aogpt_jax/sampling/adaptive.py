@@ -52,6 +52,7 @@ S = Q + C, K cache length n + Q, V vocabulary, T steps.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import numbers
 from typing import Callable
@@ -211,6 +212,16 @@ class AdaptiveShape:
   threshold: float      # ``threshold`` policy only
   cached: bool = True   # False: the uncached reference (full forward per step)
   policy_temperature: float = 0.0   # tau > 0: positions drawn from softmax(scores / tau)
+  phase_min: int = 0    # > 0: Q from which the steps run in phases (`phases`); 0: one phase
+
+  @property
+  def phases(self) -> tuple[int, ...]:
+    """The query slots of each phase of `adaptive_loop`: (Q,), or (Q, ceil(Q / 2)) when every
+    masked position is a candidate and Q >= ``phase_min`` > 0: once every row has at most
+    ceil(Q / 2) positions left, the steps run with that many query slots. The samples are the
+    same (candidates, keys and draws are by position); a late step costs about half."""
+    q = self.queries
+    return (q,) if self.candidates or not 0 < self.phase_min <= q else (q, -(-q // 2))
 
 
 def _candidates(masked_BxN, ckeys_B, q: int, subset: bool):
@@ -312,11 +323,20 @@ def check_scores(scores, name: str, batch: int, q: int) -> None:
                      f"and candidate)")
 
 
+# The AO-GPT samplers' `AdaptiveShape.phase_min`: from this Q on, the late steps run with half
+# the query slots (below it, one phase: a second loop body is compile time for little)
+PHASE_MIN_QUERIES = 16
+
+
 def adaptive_loop(order0, tokens0, prompt_len, tok_keys, counts, adapt_keys, *,
-                  shape: AdaptiveShape, draw: Draw, vocab: int, forward, on_commit, extra0):
+                  shape: AdaptiveShape, draw: Draw, vocab: int, forward, on_commit, extra0,
+                  phases: tuple[int, ...] | None = None):
   """The step loop both adaptive samplers share; only the forward differs. Each step: the
   candidates (`_candidates`), their logits ``forward(extra, order, tokens, masked, m, cand,
-  valid) -> (logits [B, Q, V], extra)``, the token draw (key by position), the policy's scores,
+  valid) -> (logits [B, q, V], extra)`` (q: the phase's query slots, ``cand.shape[1]``; one
+  `jax.lax.while_loop` per phase of ``phases``, decreasing, each next one entered once every
+  row has at most that many positions masked; None: Q throughout), the token draw (key by
+  position), the policy's scores,
   the commit (`_choose`, or `gumbel_choice` for a stochastic policy: counts, or ``threshold``),
   then ``on_commit(extra, idx, k, m) -> extra``. Returns (tokens [B, n], order [B, n], steps
   per row [B], step_of_rank int32 [B, n]: the step at which rank r was written, -1 for prompt
@@ -325,7 +345,7 @@ def adaptive_loop(order0, tokens0, prompt_len, tok_keys, counts, adapt_keys, *,
   `tokens.drawn_logp` (drawn, model) and the log-probability of the choice of its position
   (0 for a deterministic policy and at the prompt), else None)."""
   batch, n = order0.shape
-  q = shape.queries
+  phases = tuple(phases or (shape.queries,))
   policy = get(shape.policy)
   tau = shape.policy_temperature
   rows_B = jnp.arange(batch)
@@ -335,15 +355,16 @@ def adaptive_loop(order0, tokens0, prompt_len, tok_keys, counts, adapt_keys, *,
   m0_B = prompt_len.astype(jnp.int32)
   in_prompt_BxN = jnp.zeros((batch, n), bool).at[rows_B[:, None], order0].set(
       jnp.arange(n)[None, :] < m0_B[:, None])
-  dbg = jnp.zeros((shape.max_steps, batch, q, vocab), jnp.float32) if draw.debug else None
+  dbg = (jnp.full((shape.max_steps, batch, shape.queries, vocab), -jnp.inf, jnp.float32)
+         if draw.debug else None)
   rec = jnp.zeros((batch, n, 3), jnp.float32) if draw.logp else None
   fold = lambda keys, i: jax.vmap(lambda k: jax.random.fold_in(k, i))(keys)  # noqa: E731
 
-  def cond(state):
+  def cond(state, until):
     i, _, _, _, masked_BxN = state[:5]
-    return (i < shape.max_steps) & jnp.any(masked_BxN)
+    return (i < shape.max_steps) & (jnp.max(jnp.sum(masked_BxN, axis=1)) > until)
 
-  def body(state):
+  def body(state, q):
     i, extra, tokens_BxN, order_BxN, masked_BxN, m_B, steps_B, sor_BxN, dbg, rec = state
     cand_BxQ, valid_BxQ = _candidates(masked_BxN, fold(ckeys_B, i), q, shape.candidates > 0)
     logits_BxQxV, extra = forward(extra, order_BxN, tokens_BxN, masked_BxN, m_B, cand_BxQ,
@@ -378,7 +399,7 @@ def adaptive_loop(order0, tokens0, prompt_len, tok_keys, counts, adapt_keys, *,
     masked_BxN = masked_BxN.at[rows_B[:, None], at_BxQ].set(False, mode="drop")
     extra = on_commit(extra, idx_BxQ, k_B, m_B)
     if dbg is not None:
-      dbg = dbg.at[i].set(logits_BxQxV)
+      dbg = dbg.at[i, :, :q].set(logits_BxQxV)
     if rec is not None:
       lp_BxQx2 = jnp.take_along_axis(tokens_lib.drawn_logp(
           logits_BxQxV, new_BxQ, temperature=draw.temperature, top_p=draw.top_p,
@@ -389,8 +410,11 @@ def adaptive_loop(order0, tokens0, prompt_len, tok_keys, counts, adapt_keys, *,
 
   state = (jnp.int32(0), extra0, tokens0, order0, ~in_prompt_BxN, m0_B, jnp.zeros_like(m0_B),
            jnp.full((batch, n), -1, jnp.int32), dbg, rec)
-  _, _, tokens_BxN, order_BxN, _, _, steps_B, sor_BxN, dbg, rec = jax.lax.while_loop(
-      cond, body, state)
+  for k, q in enumerate(phases):
+    until = phases[k + 1] if k + 1 < len(phases) else 0
+    state = jax.lax.while_loop(functools.partial(cond, until=until),
+                               functools.partial(body, q=q), state)
+  _, _, tokens_BxN, order_BxN, _, _, steps_B, sor_BxN, dbg, rec = state
   return tokens_BxN, order_BxN, steps_B, sor_BxN, dbg, rec
 
 
@@ -404,8 +428,8 @@ def sample_adaptive(model: AOGPT, order0, tokens0, prompt_len, tok_keys, counts,
     return sample_blank(model, order0, tokens0, prompt_len, tok_keys, counts, adapt_keys,
                         shape=shape, draw=draw)
   batch, n = order0.shape
-  q, c = shape.queries, shape.catchup
-  cache_len = n + q
+  c = shape.catchup
+  cache_len = n + shape.queries
   m0_B = prompt_len.astype(jnp.int32)
   block_B = prompt_block(model.cfg, m0_B)     # a bidirectional prompt (None: causal)
   cache = None
@@ -421,6 +445,7 @@ def sample_adaptive(model: AOGPT, order0, tokens0, prompt_len, tok_keys, counts,
 
   def forward(extra, order, tokens, masked_BxN, m_B, cand_BxQ, valid_BxQ):
     cache, prevk_B = extra
+    q = cand_BxQ.shape[1]                     # this phase's query slots
     m_BxQ = jnp.broadcast_to(m_B[:, None], (batch, q))
     if not shape.cached:      # the reference: every rank-slot and the queries, explicit mask
       rank_BxN = orders_lib.all_ranks(order)
@@ -453,7 +478,8 @@ def sample_adaptive(model: AOGPT, order0, tokens0, prompt_len, tok_keys, counts,
 
   return adaptive_loop(order0, tokens0, prompt_len, tok_keys, counts, adapt_keys, shape=shape,
                        draw=draw, vocab=model.cfg.vocab_size, forward=forward,
-                       on_commit=on_commit, extra0=(cache, jnp.zeros_like(m0_B)))
+                       on_commit=on_commit, extra0=(cache, jnp.zeros_like(m0_B)),
+                       phases=shape.phases)
 
 
 def sample_blank(model: AOGPT, order0, tokens0, prompt_len, tok_keys, counts, adapt_keys, *,
@@ -466,12 +492,11 @@ def sample_blank(model: AOGPT, order0, tokens0, prompt_len, tok_keys, counts, ad
   step committed. The reference (``cached=False``): `blanks.query_layout`, a full forward of the
   n written slots and the queries at every step."""
   batch, n = order0.shape
-  q, c = shape.queries, shape.catchup
-  cache_len = n + q
+  c = shape.catchup
+  cache_len = n + shape.queries
   m0_B = prompt_len.astype(jnp.int32)
   block_B = prompt_block(model.cfg, m0_B)
   kk_1x1xK = jnp.arange(cache_len, dtype=jnp.int32)[None, None, :]
-  scratch_BxQ = jnp.broadcast_to(n + jnp.arange(q, dtype=jnp.int32), (batch, q))
 
   def written(order, tokens, rank_BxS, ok_BxS, lim_BxS):
     tok, pos, tgt = blanks.written_slots(order, tokens, rank_BxS)
@@ -491,6 +516,7 @@ def sample_blank(model: AOGPT, order0, tokens0, prompt_len, tok_keys, counts, ad
 
   def forward(extra, order, tokens, masked_BxN, m_B, cand_BxQ, valid_BxQ):
     cache, prevk_B = extra
+    q = cand_BxQ.shape[1]                     # this phase's query slots
     targets_BxQ = jnp.where(valid_BxQ, cand_BxQ, NO_TARGET)
     if not shape.cached:
       tok, pos, tgt, mask = blanks.query_layout(
@@ -502,7 +528,8 @@ def sample_blank(model: AOGPT, order0, tokens0, prompt_len, tok_keys, counts, ad
     ctok, cpos, ctgt, cwrite, cmask = written(order, tokens, crank_BxC,
                                               j_1xC < prevk_B[:, None], crank_BxC)
     qtok, qpos, qtgt = blanks.blank_queries(targets_BxQ)
-    seen_BxK = jnp.concatenate([jnp.zeros((batch, n), bool), valid_BxQ], axis=1)
+    scratch_BxQ = jnp.broadcast_to(n + jnp.arange(q, dtype=jnp.int32), (batch, q))
+    seen_BxK = jnp.pad(valid_BxQ, ((0, 0), (n, cache_len - n - q)))
     qmask = ((kk_1x1xK < m_B[:, None, None]) | seen_BxK[:, None, :]) & valid_BxQ[..., None]
     qmask = qmask | (kk_1x1xK == scratch_BxQ[..., None])
     hidden, cache = model.hidden_slots(
@@ -516,4 +543,5 @@ def sample_blank(model: AOGPT, order0, tokens0, prompt_len, tok_keys, counts, ad
 
   return adaptive_loop(order0, tokens0, prompt_len, tok_keys, counts, adapt_keys, shape=shape,
                        draw=draw, vocab=model.cfg.vocab_size, forward=forward,
-                       on_commit=on_commit, extra0=(cache, jnp.zeros_like(m0_B)))
+                       on_commit=on_commit, extra0=(cache, jnp.zeros_like(m0_B)),
+                       phases=shape.phases)

@@ -353,7 +353,8 @@ def adaptive_shape(p: Prepared, s: SampleSettings, *, block: int | None = None,
       queries=q, catchup=catchup, prefill=0 if encoder else int(p.prompt_len.max(initial=0)),
       max_steps=max(1, min(max_steps, n)), candidates=int(s.candidates or 0),
       policy=str(s.policy), threshold=float(s.threshold), cached=cached,
-      policy_temperature=float(s.policy_temperature))
+      policy_temperature=float(s.policy_temperature),
+      phase_min=0 if encoder else adaptive_lib.PHASE_MIN_QUERIES)
 
 
 def _with_record(toks, logits, rec_BxNxK, order):
