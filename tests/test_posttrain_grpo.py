@@ -4,6 +4,7 @@ loss's gradient (exact likelihoods, exact KL to a reference) a finite difference
 are one-line errors before anything compiles."""
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -13,7 +14,7 @@ from flax import nnx
 
 from aogpt_jax import tasks
 from aogpt_jax.model import aogpt as model_lib
-from aogpt_jax.posttrain import grpo
+from aogpt_jax.posttrain import grpo, objective
 from helpers.posttrain import Compiles
 from helpers.sampler import tiny_model
 
@@ -47,7 +48,7 @@ def test_grpo_raises_a_simple_reward_within_a_few_dozen_updates(task):
       m = trainer.step(jax.random.key(i), trainer.task_prompts(seed=0, index=i, count=4))
     rewards.append(m["reward"])
     compiles.append(c.count)
-    assert np.isfinite(m["loss"]) and abs(m["ratio"] - 1) < 1e-4   # one update per batch
+    assert np.isfinite(m["loss"]) and "ratio" not in m   # on-policy: the gradient at ratio 1
     assert m["rollouts_per_sec"] > 0 and 0 < m["update_share"] < 1
   print("rewards:", np.round(rewards, 3).tolist(), "compiles:", compiles)
   # before any update about 1/4 (4 digits, a near-uniform model); then it must climb
@@ -119,6 +120,47 @@ def test_step_transform_edits_the_update_batch(task):
   moved = nnx.to_pure_dict(nnx.state(model, nnx.Param))
   assert any(np.abs(np.asarray(m) - b).max() > 0
              for m, b in zip(jax.tree.leaves(moved), jax.tree.leaves(before)))
+
+
+def test_on_policy_gradient_is_the_clipped_objectives_at_ratio_one(task):
+  """A batch's first update (`objective.on_policy_loss`: the gradient of ``-sum c logp`` with
+  the likelihood's passes only in the backward) has the clipped objective's gradient computed in
+  full from the sampler's recorded log-probabilities (`grpo_loss`, ratios 1 to rounding: a step
+  without the shortcut measures them), per rollout and per token advantages, on a blank model
+  (the chain model's likelihood is one pass either way); its loss value is the objective's at
+  ratio 1 under every normalisation."""
+  model = _model(task, std=0.3, prompt_attention="bidirectional", blank_block=True)
+  trainer = grpo.GRPO(model, grpo.GRPOSettings(
+      reward=zeros_reward, group_size=4, steps=task.length, method="adaptive", policy="random",
+      on_policy_gradient=False), task=task)
+  batch, _, _ = trainer.rollout_batch(jax.random.key(3), trainer.task_prompts(0, 0, 2))
+  width = trainer.answer_width(task.length)
+  adv_tok = np.random.default_rng(0).normal(size=batch["tokens"].shape).astype(np.float32)
+
+  @functools.partial(nnx.jit, static_argnames="norm")
+  def both(m, b, norm):
+    full = nnx.value_and_grad(lambda m: grpo.grpo_loss(m, b, clip_eps=0.2, loss_norm=norm,
+                                                       width=width)[0])(m)
+    return full, nnx.grad(lambda m: grpo.on_policy_loss(m, b, loss_norm=norm, width=width),
+                          has_aux=True)(m)
+
+  for norm, adv in (("sequence", batch["adv"]), ("token", adv_tok)):
+    (loss_full, g_full), (g_fast, aux) = both(model, dict(batch, adv=adv), norm)
+    np.testing.assert_allclose(float(aux["loss"]), float(loss_full), rtol=1e-4, atol=1e-6)
+    scale = max(float(jnp.max(jnp.abs(x))) for x in jax.tree.leaves(g_full))
+    assert scale > 0
+    for x, y in zip(jax.tree.leaves(g_fast), jax.tree.leaves(g_full)):
+      np.testing.assert_allclose(np.asarray(x), np.asarray(y), atol=2e-4 * scale, rtol=0)
+  scored = jnp.asarray(~batch["prompt"])
+  for norm in grpo.LOSS_NORMS:       # the loss at ratio 1: -sum(adv x the normaliser's weights)
+    for adv in (batch["adv"], adv_tok):
+      a = jnp.asarray(adv)
+      want = grpo.token_objective(jnp.zeros(scored.shape), jnp.zeros(scored.shape), a, scored,
+                                  0.2, norm=norm)[0]
+      got = -jnp.sum((a[:, None] if a.ndim == 1 else a) * objective.norm_weights(scored, norm))
+      np.testing.assert_allclose(float(got), float(want), rtol=1e-5, atol=1e-7)
+  out = trainer.step(jax.random.key(3), trainer.task_prompts(0, 0, count=2))
+  assert abs(out["ratio_min"] - 1) < 1e-4 and abs(out["ratio_max"] - 1) < 1e-4
 
 
 def test_rloo_advantages_and_loss_normalisations_equal_a_hand_computation():

@@ -11,7 +11,9 @@ model and calls it::
     nll = model_jit.call(_nll, m, tokens, order_name="uniform")
 
 The jitted function keeps jax.jit's methods (``lower``, ``_cache_size``), so benchmarks and
-tests can lower or count compiles with an explicit ``(graphdef, state)``.
+tests can lower or count compiles with an explicit ``(graphdef, state)``; `Compiles` counts
+the programs lowered while it is open (tests and benchmarks: "no compile after the first
+update").
 """
 
 from __future__ import annotations
@@ -58,3 +60,27 @@ def compile_ahead(jitted, model: nnx.Module, *args, **kw) -> Callable[[], Any]:
   compiled = jitted.lower(graphdef, state, *args, **kw).compile()
   return lambda: compiled(state, *args)
 
+
+class Compiles:
+  """Counts compilations while open: ``with Compiles() as c:`` then ``c.count``. It counts
+  jax's lowering events (jaxpr to an MLIR module), which every compilation starts with, whether
+  XLA then compiles or the persistent compilation cache the tests share answers: a program
+  compiled again for new argument placements (committed or not) is a cache hit there, so
+  counting XLA's own compile events would miss it."""
+
+  EVENT = "/jax/core/compile/jaxpr_to_mlir_module_duration"
+
+  def __init__(self):
+    self.count = 0
+    self._listener = self._listen
+
+  def _listen(self, event, duration, **kw):
+    del duration, kw
+    self.count += event == self.EVENT
+
+  def __enter__(self):
+    jax.monitoring.register_event_duration_secs_listener(self._listener)
+    return self
+
+  def __exit__(self, *exc):
+    jax.monitoring.unregister_event_duration_listener(self._listener)

@@ -79,9 +79,11 @@ import numpy as np
 import optax
 from flax import nnx
 
-from aogpt_jax.model import orders as orders_lib
 from aogpt_jax.model.aogpt import AOGPT
-from aogpt_jax.posttrain import estimators, likelihood
+from aogpt_jax.posttrain import estimators
+from aogpt_jax.posttrain.objective import (  # noqa: F401 - re-exported: grpo.grpo_loss, ...
+    ADVANTAGES, CREDITS, LOSS_NORMS, exact_kl, group_advantages, grpo_loss, on_policy_loss,
+    token_objective)
 from aogpt_jax.posttrain.rewards import (  # noqa: F401 - re-exported: grpo.register_reward, ...
     REWARDS, RewardFn, cell_correct, check_finite, get_reward, register_reward, reward_name,
     reward_values)
@@ -114,6 +116,15 @@ class GRPOSettings:
   policy_temperature: float = 0.0  # adaptive: > 0 a stochastic policy, its order trained too
   credit: str = "sequence"         # sequence: one reward per rollout | token: one per position
   order_only: bool = False         # with a stochastic policy: the ratio is the order's alone
+  on_policy_gradient: bool = True  # a batch's first update: the gradient at ratio 1, no forward
+
+  @property
+  def on_policy_shortcut(self) -> bool:
+    """Whether a batch's first inner update takes `objective.on_policy_loss`'s gradient (exact
+    likelihood, no KL, no order term; ``on_policy_gradient``): the same gradient, without the
+    likelihood's forward; its ratio metrics are then not measured."""
+    return (self.on_policy_gradient and self.likelihood == "exact" and not self.kl_coef > 0
+            and not self.trains_order)
 
   @property
   def trains_order(self) -> bool:
@@ -190,107 +201,6 @@ class GRPOSettings:
                          "the policy's (expected the same architecture, e.g. the SFT model)")
 
 
-ADVANTAGES = ("group", "rloo")
-CREDITS = ("sequence", "token")
-LOSS_NORMS = ("token", "sequence", "constant")
-
-
-def group_advantages(rewards: np.ndarray, group_size: int, scale: bool = True,
-                     eps: float = 1e-6, kind: str = "group") -> np.ndarray:
-  """float32 [R]: ``rewards`` [R] (rows grouped: prompt p's rollouts are rows p G .. p G + G - 1)
-  minus their group's mean (``kind`` group) or the mean of the group's OTHER rollouts (rloo:
-  RLOO's leave-one-out baseline, G / (G - 1) times the former), divided by the group's std
-  (population) + ``eps`` when ``scale``. Per-token rewards [R, n]: the same at each position,
-  over the group's rollouts (float32 [R, n])."""
-  r = np.asarray(rewards, np.float64)
-  r_PxGxK = r.reshape(-1, group_size, *r.shape[1:2] or (1,))
-  a_PxGxK = r_PxGxK - r_PxGxK.mean(1, keepdims=True)
-  if kind == "rloo":
-    a_PxGxK = a_PxGxK * group_size / (group_size - 1)
-  if scale:
-    a_PxGxK = a_PxGxK / (r_PxGxK.std(1, keepdims=True) + eps)
-  return a_PxGxK.reshape(r.shape).astype(np.float32)
-
-
-def token_objective(logp_new, logp_old, adv, scored, clip_eps: float, kl=None,
-                    kl_coef: float = 0.0, norm: str = "token"):
-  """(loss, metrics): the clipped surrogate per token (module docstring), minus, over the
-  ``scored`` (answer) tokens of the batch; all [R, n] in ORDER space (rank k: the k-th position
-  written) but ``adv`` [R] (or [R, n]: per-token advantages, also in order space). ``norm``:
-  token (their sum over the batch's answer-token count, DAPO's), sequence (each rollout's mean,
-  then the mean over rollouts: GRPO's), constant (their sum over R n, no length normalisation:
-  Dr. GRPO's). The metrics are token means."""
-  ratio_RxN = jnp.exp(logp_new - logp_old)
-  adv_Rx1 = adv[:, None] if adv.ndim == 1 else adv
-  surr_RxN = jnp.minimum(ratio_RxN * adv_Rx1,
-                         jnp.clip(ratio_RxN, 1 - clip_eps, 1 + clip_eps) * adv_Rx1)
-  loss_RxN = -surr_RxN
-  if kl is not None:
-    loss_RxN = loss_RxN + kl_coef * kl
-  count = jnp.maximum(jnp.sum(scored), 1)
-  mean = lambda x: jnp.sum(jnp.where(scored, x, 0.0)) / count  # noqa: E731
-  if norm == "sequence":
-    per_row = jnp.maximum(jnp.sum(scored, axis=1), 1)
-    loss = jnp.mean(jnp.sum(jnp.where(scored, loss_RxN, 0.0), axis=1) / per_row)
-  elif norm == "constant":
-    loss = jnp.sum(jnp.where(scored, loss_RxN, 0.0)) / scored.size
-  else:
-    loss = mean(loss_RxN)
-  metrics = {"ratio": mean(ratio_RxN),
-             "ratio_min": jnp.min(jnp.where(scored, ratio_RxN, jnp.inf)),
-             "ratio_max": jnp.max(jnp.where(scored, ratio_RxN, -jnp.inf)),
-             "clipped": mean((jnp.abs(ratio_RxN - 1) > clip_eps).astype(jnp.float32))}
-  if kl is not None:
-    metrics["kl"] = mean(kl)
-  return loss, metrics
-
-
-def exact_kl(logits_new, logits_ref):
-  """[..]: KL(softmax(new) || softmax(ref)) summed over the vocabulary (padding ids, -inf in
-  both, contribute 0)."""
-  lp_new = jax.nn.log_softmax(logits_new, axis=-1)
-  lp_ref = jax.nn.log_softmax(logits_ref, axis=-1)
-  live = jnp.isfinite(lp_new) & jnp.isfinite(lp_ref)     # no inf - inf, in value or gradient
-  lp_new, lp_ref = jnp.where(live, lp_new, 0.0), jnp.where(live, lp_ref, 0.0)
-  return jnp.sum(jnp.where(live, jnp.exp(lp_new) * (lp_new - lp_ref), 0.0), axis=-1)
-
-
-def grpo_loss(model: AOGPT, batch: dict, *, clip_eps: float, temperature: float = 1.0,
-              reference: AOGPT | None = None, kl_coef: float = 0.0, order: dict | None = None,
-              estimator: str = "exact", loss_norm: str = "token", width: int | None = None,
-              order_only: bool = False):
-  """(loss, metrics) of one batch of rollouts: ``batch`` holds tokens, order, steps, prompt,
-  old_logp [R, n], adv [R] and optionally keep [R, n] (mean_field's kept prompt positions) or
-  mask_order [R, M, n] and hidden [R, M] (elbo's masks, `estimators.elbo_masks`). ``order``: the
-  stochastic policy's `likelihood.order_logp` keywords (policy, policy_temperature, max_steps,
-  width): ``logp_new`` then adds the order's log-probability (`likelihood.token_and_order_logp`,
-  in bounded memory), and ``old_logp`` must hold the recorded sum (``order_only``: the order's
-  log-probability alone, and the recorded order values in ``old_logp``). ``estimator``: exact,
-  mean_field or elbo (`estimators.conditionals`; without ``order``); the KL is the estimator's
-  conditionals', weighted as its log-likelihood. ``loss_norm``: `token_objective`'s ``norm``.
-  ``width``: a blank model's queries per step (`estimators.conditionals`). Differentiable in
-  ``model``."""
-  args = (batch["tokens"], batch["order"], batch["steps"], batch["prompt"])
-  est = dict(estimator=estimator, keep=batch.get("keep"), mask_order=batch.get("mask_order"),
-             hidden=batch.get("hidden"), width=width)
-  if order is None:
-    logits_RxKxNxV, w_RxKxN = estimators.conditionals(model, *args, **est)
-    logp_RxN = estimators.weighted_logp(logits_RxKxNxV, w_RxKxN, batch["tokens"],
-                                        batch["order"], batch["prompt"], temperature)
-  else:
-    logp_RxN, olp_RxN, logits_RxNxV = likelihood.token_and_order_logp(
-        model, *args, temperature=temperature, **order)
-    logp_RxN = olp_RxN if order_only else logp_RxN + olp_RxN
-    logits_RxKxNxV, w_RxKxN = logits_RxNxV[:, None], jnp.ones_like(logp_RxN)[:, None]
-  kl_RxN = None
-  if reference is not None and kl_coef > 0:
-    ref_RxKxNxV = jax.lax.stop_gradient(estimators.conditionals(reference, *args, **est)[0])
-    kl_RxN = jnp.sum(w_RxKxN * exact_kl(logits_RxKxNxV, ref_RxKxNxV), axis=1)
-  scored_RxN = orders_lib.scored_ranks(batch["prompt"])
-  return token_objective(logp_RxN, batch["old_logp"], batch["adv"], scored_RxN, clip_eps,
-                         kl_RxN, kl_coef, loss_norm)
-
-
 PROBE = 256   # training prompts a task's trainer sizes its compiled programs on (`GRPO.reserve`)
 
 
@@ -329,7 +239,8 @@ class GRPO:
                                   self.tx.init(nnx.to_pure_dict(params)))
     self.ref_graphdef, self.ref_state = (None, None) if self.reference is None else nnx.split(
         self.reference)
-    self._update = jax.jit(self._update_fn, static_argnames=("order_sizes", "width"))
+    self._update = jax.jit(self._update_fn, static_argnames=("order_sizes", "width",
+                                                             "on_policy"))
     self._estimate = jax.jit(self._estimate_fn)
     self._plan_sizes = None
     self._answer_max = 0          # the most answer positions of a row seen (the order pass's W)
@@ -337,7 +248,8 @@ class GRPO:
       probe = np.asarray(task.train_batch(0, 0, PROBE)["prompt"], bool).sum(1)
       self.reserve(int(probe.min()), int(probe.max()), task.length)
 
-  def _update_fn(self, params, rest, opt_state, ref_state, batch, order_sizes=None, width=None):
+  def _update_fn(self, params, rest, opt_state, ref_state, batch, order_sizes=None, width=None,
+                 on_policy=False):
     s = self.settings
     ref = None if ref_state is None else nnx.merge(self.ref_graphdef, ref_state)
     order = None if order_sizes is None else dict(
@@ -350,9 +262,15 @@ class GRPO:
                        kl_coef=s.kl_coef, order=order, estimator=s.likelihood,
                        loss_norm=s.loss_norm, width=width, order_only=s.order_only)
 
-    (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
+    if on_policy:     # the surrogate's value would need the forward: grad only, loss in metrics
+      grads, metrics = jax.grad(lambda p: on_policy_loss(
+          nnx.merge(self.graphdef, p, rest), batch, temperature=s.temperature,
+          loss_norm=s.loss_norm, width=width), has_aux=True)(params)
+    else:
+      (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
+      metrics = dict(metrics, loss=loss)
     updates, opt_state = self.tx.update(grads, opt_state, params)
-    metrics = dict(metrics, loss=loss, grad_norm=optax.tree.norm(grads))
+    metrics = dict(metrics, grad_norm=optax.tree.norm(grads))
     return optax.apply_updates(params, updates), opt_state, metrics
 
   def _estimate_fn(self, params, rest, batch):
@@ -494,9 +412,12 @@ class GRPO:
       steps.append({"old_logp": old, **masks})
     return {f"{f}_steps": np.stack([np.asarray(x[f]) for x in steps], axis=1) for f in steps[0]}
 
-  def update(self, params, opt_state, batch: dict):
+  def update(self, params, opt_state, batch: dict, on_policy: bool = False):
     """``inner_steps`` jitted updates of ``params`` (an ``nnx.to_pure_dict`` tree) on one batch
-    of rollouts: (params, opt_state, the last update's device metrics)."""
+    of rollouts: (params, opt_state, the last update's device metrics). ``on_policy``: the
+    batch's ``old_logp`` are ``params``' own (its rollouts were sampled with them): the first
+    update takes `objective.on_policy_loss`'s gradient when the settings allow
+    (`GRPOSettings.on_policy_shortcut`)."""
     metrics = {}
     n = batch["tokens"].shape[1]
     sizes = self.order_sizes(n)
@@ -505,8 +426,9 @@ class GRPO:
     for i in range(int(self.settings.inner_steps)):
       b = {k: v for k, v in batch.items() if not k.endswith("_steps")}
       b.update({k[:-len("_steps")]: v[:, i] for k, v in batch.items() if k.endswith("_steps")})
-      params, opt_state, metrics = self._update(params, self.rest, opt_state, self.ref_state, b,
-                                                order_sizes=sizes, width=width)
+      params, opt_state, metrics = self._update(
+          params, self.rest, opt_state, self.ref_state, b, order_sizes=sizes, width=width,
+          on_policy=bool(on_policy and i == 0 and self.settings.on_policy_shortcut))
     return params, opt_state, metrics
 
   def step(self, key: jax.Array, prompts: dict, transform=None) -> dict[str, float]:
@@ -521,7 +443,9 @@ class GRPO:
     t_rollout, t = time.perf_counter() - t, time.perf_counter()
     batch = jax.tree.map(jnp.asarray, batch)
     params = nnx.to_pure_dict(nnx.state(self.model, nnx.Param))
-    params, self.opt_state, metrics = self.update(params, self.opt_state, batch)
+    # a transform may change old_logp: then the clipped objective in full
+    params, self.opt_state, metrics = self.update(params, self.opt_state, batch,
+                                                  on_policy=transform is None)
     metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
     nnx.update(self.model, params)
     return dict(metrics, reward=float(rewards.mean()), reward_std=float(rewards.std()),

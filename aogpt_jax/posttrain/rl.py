@@ -10,8 +10,10 @@ eval solves ``task.heldout_count`` held-out puzzles greedily with the rollouts' 
 
     reward, reward_std (the rollouts' rewards), solved (the rollouts' solved rate), loss,
     grad_norm, kl (kl_coef > 0), clipped (the fraction of clipped ratios), ratio, ratio_min,
-    ratio_max (over the answer tokens of the last inner step), rollout_sec, update_sec,
-    rollouts_per_sec (rollouts over rollout_sec), update_share (update_sec over the two)
+    ratio_max (over the answer tokens of the last inner step; not measured when that step
+    took the on-policy gradient: inner_steps 1, exact likelihood, no KL, no order term,
+    `grpo.GRPOSettings.on_policy_shortcut`), rollout_sec, update_sec, rollouts_per_sec
+    (rollouts over rollout_sec), update_share (update_sec over the two)
 
 and under ``eval/``: solved, solved_low, solved_high (95% Wilson interval), cell_accuracy.
 """
@@ -172,7 +174,7 @@ class GRPOAlgorithm:
         self._ref_placed = True
       batch = {k: jax.device_put(v, sharding_lib.batch_sharding(self.mesh, v.ndim))
                for k, v in batch.items()}
-    params, opt_state, m = self.trainer.update(params, opt_state, batch)
+    params, opt_state, m = self.trainer.update(params, opt_state, batch, on_policy=True)
     m = {k: float(v) for k, v in jax.device_get(m).items()}
     t_update = time.perf_counter() - t
     m.update(reward=float(rewards.mean()), reward_std=float(rewards.std()),
@@ -199,9 +201,10 @@ class GRPOAlgorithm:
              f"solved {100 * means['solved']:.1f}%", f"loss {means['loss']:.4f}"]
     if "kl" in means:
       parts.append(f"kl {means['kl']:.4f}")
-    parts += [f"clipped {100 * means['clipped']:.1f}%",
-              f"ratio [{means['ratio_min']:.3f}, {means['ratio_max']:.3f}]",
-              f"gnorm {means['grad_norm']:.3f}",
+    if "ratio_min" in means:     # measured unless the last inner step was on-policy
+      parts += [f"clipped {100 * means['clipped']:.1f}%",
+                f"ratio [{means['ratio_min']:.3f}, {means['ratio_max']:.3f}]"]
+    parts += [f"gnorm {means['grad_norm']:.3f}",
               f"rollout {means['rollout_sec']:.2f}s ({means['rollouts_per_sec']:.0f}/s) "
               f"update {means['update_sec']:.2f}s"]
     return " | ".join(parts)

@@ -1,12 +1,11 @@
 """What the post-training run tests (test_posttrain_run.py, test_dpo_run.py) share: a config file's
 ``:tiny`` at the size of the other trainer tests, the tiny Sudoku run they start from, and a
-compilation counter."""
+compilation counter (`model.jit.Compiles`, re-exported)."""
 
 import pathlib
 
-import jax
-
 from aogpt_jax import recipes
+from aogpt_jax.model.jit import Compiles  # noqa: F401 - the tests' counter
 from aogpt_jax.train import loop as train_loop
 from helpers import shared
 
@@ -37,28 +36,3 @@ def other_shape(tmp_path_factory) -> pathlib.Path:
   return shared.session_dir(tmp_path_factory, "sudoku_n_embd_16", lambda wd: train_loop.train(
       config("sudoku.py", total_steps=1, log_every=1, eval_every=0, checkpoint_every=0,
              **{"model.n_embd": 16}), str(wd)))
-
-
-class Compiles:
-  """Counts compilations while open: ``with Compiles() as c:`` then ``c.count``. It counts
-  jax's lowering events (jaxpr to an MLIR module), which every compilation starts with, whether
-  XLA then compiles or the persistent compilation cache the tests share answers: a program
-  compiled again for new argument placements (committed or not) is a cache hit there, so
-  counting XLA's own compile events would miss it."""
-
-  EVENT = "/jax/core/compile/jaxpr_to_mlir_module_duration"
-
-  def __init__(self):
-    self.count = 0
-    self._listener = self._listen
-
-  def _listen(self, event, duration, **kw):
-    del duration, kw
-    self.count += event == self.EVENT
-
-  def __enter__(self):
-    jax.monitoring.register_event_duration_secs_listener(self._listener)
-    return self
-
-  def __exit__(self, *exc):
-    jax.monitoring.unregister_event_duration_listener(self._listener)
