@@ -219,6 +219,21 @@ def _token_credit_seeds(j: Result) -> str:
           f"{j.r('load_avg_1m_start'):.0f}-{j.r('load_avg_1m_end'):.0f})")
 
 
+def _grpo_speed(j: Result) -> str:
+  """The GRPO loop's seconds per compiled update, rollouts and gradient update apart, against
+  the same loop with its levers off, measured in the same run."""
+  v = j.r("variants")
+  d = v["default"]
+  out = (f"{d['sec_per_update']:.2f} s ({d['rollout_sec']:.2f} s of rollouts, "
+         f"{d['update_sec']:.2f} s of gradient update), {d['compiles_after_first']} compiles "
+         f"after the first update")
+  if "before" in v:
+    b = v["before"]
+    out += (f"; {b['sec_per_update']:.2f} s without folding, the on-policy gradient and the "
+            f"sampler's phases ({_x(b['sec_per_update'] / d['sec_per_update'])} slower)")
+  return out + f" (load average {j.r('load_avg_1m_start'):.0f}-{j.r('load_avg_1m_end'):.0f})"
+
+
 ROWS: list[Row] = [
     ("CPU quickstart: the whole command (start-up, data, compile, training, evals, checkpoints)",
      f"quickstart/{CPU}",
@@ -346,6 +361,9 @@ ROWS: list[Row] = [
      f"post_training_cpu_token_credit_seeds12/{XEON}", _token_credit_seeds,
      "python benchmarks/post_training.py --runs=token_credit --seeds=1,2 --lr=1e-4 "
      "--updates=300 --name=token_credit_seeds12"),
+    ("CPU: one compiled GRPO update of 64 rollouts (8 puzzles x 8, 6x6 Sudoku, the 4 x 128 "
+     "blank-block model, exact likelihood)", f"grpo_speed_cpu/{XEON}", _grpo_speed,
+     "python benchmarks/grpo_speed.py"),
 ]
 
 

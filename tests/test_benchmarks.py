@@ -256,6 +256,36 @@ def test_post_training_calibrated_start_trains_in_chunks_and_is_reused(tmp_path,
   assert again["reused"] and again["calibration"] == more["calibration"] and len(trained) == 4
 
 
+def test_grpo_speed_times_its_variants_in_turns_without_recompiling(tmp_path, tmp_path_factory,
+                                                                    monkeypatch):
+  """benchmarks/grpo_speed.py on the tests' tiny Sudoku start (post_training's start stubbed to
+  it; 2 puzzles x 2 rollouts): the default and the "before" variant (folding, on-policy gradient
+  and sampler phases off), 2 updates each in turns; neither compiles after its first update, the
+  code's switches are restored, and the JSON (schema) and the Markdown table are written."""
+  import grpo_speed
+  import post_training
+  from aogpt_jax.posttrain import likelihood
+  from aogpt_jax.sampling import adaptive
+  from helpers import posttrain as pt
+  start = pt.train_start(tmp_path_factory)
+  monkeypatch.setattr(post_training, "start_run", lambda cfg, args: (start, {}))
+  monkeypatch.setitem(post_training.SIZES, "cpu",
+                      {**post_training.SIZES["cpu"], "prompts": 2, "group": 2})
+  out = tmp_path / "speed.json"
+  grpo_speed.main(["--variants=default,before", "--updates=2", f"--out={out}"])
+  rec = json.loads(out.read_text())
+  common.check_schema(rec)
+  variants = rec["results"]["variants"]
+  assert list(variants) == ["default", "before"] and rec["results"]["rollouts"] == 4
+  assert variants["before"]["settings"] == {"on_policy_gradient": False}
+  for v in variants.values():
+    assert v["compiles_after_first"] == 0 and len(v["curve"]) == 2 and v["sec_per_update"] > 0
+  assert likelihood.FOLD_STEPS and adaptive.PHASE_MIN_QUERIES == 16
+  assert out.with_suffix(".md").read_text().count("| before |") == 1
+  with pytest.raises(SystemExit, match="--variants"):
+    grpo_speed.main(["--variants=default,fast"])
+
+
 def test_post_training_benchmark_runs_end_to_end(tmp_path):
   """benchmarks/post_training.py --size=test: a 2-step one-layer Sudoku model, 2 GRPO updates with
   each likelihood (exact, mean-field, ELBO) and with a stochastic order policy, the estimator's
