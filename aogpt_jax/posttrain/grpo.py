@@ -18,7 +18,10 @@ equal to ~1e-6 at the same weights: tests/test_posttrain_likelihood.py). ``KL_t`
 a frozen reference model of the same shape) is the exact KL(new || ref) of the two models'
 conditionals at token t, summed over the vocabulary (no k3 estimator: both conditionals are
 exact; ``reference`` None: a frozen copy of the starting weights). ``inner_steps`` > 1 reuses a
-batch of rollouts for several updates (PPO-style; the clip then matters).
+batch of rollouts for several updates (PPO-style; the clip then matters). A batch's first update
+is on-policy (ratio 1, no clip): with the exact likelihood and no KL or order term it takes the
+same gradient without running the likelihood forward first (`objective.on_policy_loss`;
+``on_policy_gradient=False``: the objective in full, its ratios measured).
 
 ``likelihood="mean_field"`` replaces both log-likelihoods by d1's one-step mean-field estimate
 (`estimators.mean_field_logp`: every answer token given the prompt only), as diffu-GRPO does:

@@ -10,7 +10,8 @@ every ratio is 1 and unclipped, and the gradient of the clipped objective is tha
 function ``-sum_t c_t logp_new(t)`` (c: the advantages over `token_objective`'s normaliser). Its
 coefficients do not depend on logp_new, so the gradient needs the likelihood's passes only in
 the backward (their recompute under `jax.checkpoint`), never a forward first: a blank model's
-update costs about a fifth less (docs/post_training.md, "Compilation and speed").
+gradient update costs about 15% less (benchmarks/grpo_speed.py; docs/post_training.md,
+"Compilation and speed").
 
 Shape suffixes: R rollouts, N sequence length n, K estimates per rank, V vocab.
 """
