@@ -256,31 +256,53 @@ def test_post_training_calibrated_start_trains_in_chunks_and_is_reused(tmp_path,
   assert again["reused"] and again["calibration"] == more["calibration"] and len(trained) == 4
 
 
-def test_grpo_speed_times_its_variants_in_turns_without_recompiling(tmp_path, tmp_path_factory,
-                                                                    monkeypatch):
-  """benchmarks/grpo_speed.py on the tests' tiny Sudoku start (post_training's start stubbed to
-  it; 2 puzzles x 2 rollouts): the default and the "before" variant (folding, on-policy gradient
-  and sampler phases off), 2 updates each in turns; neither compiles after its first update, the
-  code's switches are restored, and the JSON (schema) and the Markdown table are written."""
+def test_grpo_speed_runs_variants_in_turns_with_their_levers(tmp_path, monkeypatch):
+  """benchmarks/grpo_speed.py's harness with the model and trainer stubbed (the GRPO code under
+  it has its own tests): the variants' updates in turns, each under its own settings and the
+  code's switches (folding, the sampler's phases), restored afterwards; medians over the
+  updates after the first; a compilation after the first update is counted; JSON (schema) and
+  Markdown written; an unknown variant is a one-line exit."""
+  import types
+  import aogpt_jax
   import grpo_speed
+  import jax
   import post_training
-  from aogpt_jax.posttrain import likelihood
+  from aogpt_jax.posttrain import grpo, likelihood
   from aogpt_jax.sampling import adaptive
-  from helpers import posttrain as pt
-  start = pt.train_start(tmp_path_factory)
-  monkeypatch.setattr(post_training, "start_run", lambda cfg, args: (start, {}))
-  monkeypatch.setitem(post_training.SIZES, "cpu",
-                      {**post_training.SIZES["cpu"], "prompts": 2, "group": 2})
+  calls = []
+
+  class Trainer:
+    def __init__(self, model, settings, task):
+      self.settings, self.n = settings, 0
+
+    def task_prompts(self, seed, index, count):
+      return {"index": index, "count": count}
+
+    def step(self, key, prompts):
+      self.n += 1
+      calls.append((self.settings.on_policy_gradient, likelihood.FOLD_STEPS,
+                    adaptive.PHASE_MIN_QUERIES, prompts["index"]))
+      if self.n == 1 or not self.settings.on_policy_gradient:     # "before" compiles again
+        jax.jit(lambda x: x * self.n + len(calls)).lower(1.0)
+      return {"rollout_sec": 0.1 * self.n, "update_sec": 1.0, "rollouts_per_sec": 64.0,
+              "reward": 0.5}
+
+  task_cfg = types.SimpleNamespace(name="sudoku", options=types.SimpleNamespace(
+      to_dict=lambda: {"size": 4}))
+  monkeypatch.setattr(post_training, "start_run", lambda cfg, args: (tmp_path, {}))
+  monkeypatch.setattr(aogpt_jax, "load", lambda wd: (None, types.SimpleNamespace(task=task_cfg)))
+  monkeypatch.setattr(grpo, "GRPO", Trainer)
   out = tmp_path / "speed.json"
-  grpo_speed.main(["--variants=default,before", "--updates=2", f"--out={out}"])
+  grpo_speed.main(["--variants=default,before", "--updates=3", f"--out={out}"])
+  assert calls == [(True, True, 16, 0), (False, False, 0, 0), (True, True, 16, 1),
+                   (False, False, 0, 1), (True, True, 16, 2), (False, False, 0, 2)]
+  assert likelihood.FOLD_STEPS and adaptive.PHASE_MIN_QUERIES == 16
   rec = json.loads(out.read_text())
   common.check_schema(rec)
-  variants = rec["results"]["variants"]
-  assert list(variants) == ["default", "before"] and rec["results"]["rollouts"] == 4
-  assert variants["before"]["settings"] == {"on_policy_gradient": False}
-  for v in variants.values():
-    assert v["compiles_after_first"] == 0 and len(v["curve"]) == 2 and v["sec_per_update"] > 0
-  assert likelihood.FOLD_STEPS and adaptive.PHASE_MIN_QUERIES == 16
+  v = rec["results"]["variants"]
+  assert list(v) == ["default", "before"] and rec["results"]["rollouts"] == 64
+  assert v["default"]["sec_per_update"] == pytest.approx(1.25)       # updates 2 and 3
+  assert v["default"]["compiles_after_first"] == 0 and v["before"]["compiles_after_first"] == 2
   assert out.with_suffix(".md").read_text().count("| before |") == 1
   with pytest.raises(SystemExit, match="--variants"):
     grpo_speed.main(["--variants=default,fast"])

@@ -4,7 +4,6 @@ loss's gradient (exact likelihoods, exact KL to a reference) a finite difference
 are one-line errors before anything compiles."""
 
 import dataclasses
-import functools
 
 import jax
 import jax.numpy as jnp
@@ -125,32 +124,37 @@ def test_step_transform_edits_the_update_batch(task):
 def test_on_policy_gradient_is_the_clipped_objectives_at_ratio_one(task):
   """A batch's first update (`objective.on_policy_loss`: the gradient of ``-sum c logp`` with
   the likelihood's passes only in the backward) has the clipped objective's gradient computed in
-  full from the sampler's recorded log-probabilities (`grpo_loss`, ratios 1 to rounding: a step
-  without the shortcut measures them), per rollout and per token advantages, on a blank model
-  (the chain model's likelihood is one pass either way); its loss value is the objective's at
-  ratio 1 under every normalisation."""
+  full from the sampler's recorded log-probabilities (`grpo_loss`, its ratios 1 to rounding), on
+  a blank model with per-token advantages under the per-rollout normalisation; the loss value is
+  the objective's at ratio 1 under every normalisation, per-rollout and per-token advantages."""
   model = _model(task, std=0.3, prompt_attention="bidirectional", blank_block=True)
   trainer = grpo.GRPO(model, grpo.GRPOSettings(
-      reward=zeros_reward, group_size=4, steps=task.length, method="adaptive", policy="random",
-      on_policy_gradient=False), task=task)
+      reward=zeros_reward, group_size=4, steps=task.length, method="adaptive", policy="random"),
+      task=task)
   batch, _, _ = trainer.rollout_batch(jax.random.key(3), trainer.task_prompts(0, 0, 2))
   width = trainer.answer_width(task.length)
   adv_tok = np.random.default_rng(0).normal(size=batch["tokens"].shape).astype(np.float32)
+  b = dict(batch, adv=adv_tok)
 
-  @functools.partial(nnx.jit, static_argnames="norm")
-  def both(m, b, norm):
-    full = nnx.value_and_grad(lambda m: grpo.grpo_loss(m, b, clip_eps=0.2, loss_norm=norm,
-                                                       width=width)[0])(m)
-    return full, nnx.grad(lambda m: grpo.on_policy_loss(m, b, loss_norm=norm, width=width),
-                          has_aux=True)(m)
+  @nnx.jit
+  def both(m):
+    full = nnx.value_and_grad(lambda m: grpo.grpo_loss(m, b, clip_eps=0.2, loss_norm="sequence",
+                                                       width=width), has_aux=True)(m)
+    return full, nnx.grad(lambda m: grpo.on_policy_loss(m, b, loss_norm="sequence",
+                                                        width=width), has_aux=True)(m)
 
-  for norm, adv in (("sequence", batch["adv"]), ("token", adv_tok)):
-    (loss_full, g_full), (g_fast, aux) = both(model, dict(batch, adv=adv), norm)
-    np.testing.assert_allclose(float(aux["loss"]), float(loss_full), rtol=1e-4, atol=1e-6)
-    scale = max(float(jnp.max(jnp.abs(x))) for x in jax.tree.leaves(g_full))
-    assert scale > 0
-    for x, y in zip(jax.tree.leaves(g_fast), jax.tree.leaves(g_full)):
-      np.testing.assert_allclose(np.asarray(x), np.asarray(y), atol=2e-4 * scale, rtol=0)
+  ((loss_full, met), g_full), (g_fast, aux) = both(model)
+  assert abs(float(met["ratio_min"]) - 1) < 1e-4 and abs(float(met["ratio_max"]) - 1) < 1e-4
+  np.testing.assert_allclose(float(aux["loss"]), float(loss_full), rtol=1e-4, atol=1e-6)
+  scale = max(float(jnp.max(jnp.abs(x))) for x in jax.tree.leaves(g_full))
+  assert scale > 0
+  for x, y in zip(jax.tree.leaves(g_fast), jax.tree.leaves(g_full)):
+    np.testing.assert_allclose(np.asarray(x), np.asarray(y), atol=2e-4 * scale, rtol=0)
+  s = trainer.settings           # the shortcut is the default where it applies, and only there
+  assert s.on_policy_shortcut and not dataclasses.replace(s, on_policy_gradient=False,
+                                                          ).on_policy_shortcut
+  assert not any(dataclasses.replace(s, **kw).on_policy_shortcut for kw in (
+      dict(kl_coef=0.1), dict(likelihood="elbo"), dict(policy="max_prob", policy_temperature=0.5)))
   scored = jnp.asarray(~batch["prompt"])
   for norm in grpo.LOSS_NORMS:       # the loss at ratio 1: -sum(adv x the normaliser's weights)
     for adv in (batch["adv"], adv_tok):
@@ -159,8 +163,6 @@ def test_on_policy_gradient_is_the_clipped_objectives_at_ratio_one(task):
                                   0.2, norm=norm)[0]
       got = -jnp.sum((a[:, None] if a.ndim == 1 else a) * objective.norm_weights(scored, norm))
       np.testing.assert_allclose(float(got), float(want), rtol=1e-5, atol=1e-7)
-  out = trainer.step(jax.random.key(3), trainer.task_prompts(0, 0, count=2))
-  assert abs(out["ratio_min"] - 1) < 1e-4 and abs(out["ratio_max"] - 1) < 1e-4
 
 
 def test_rloo_advantages_and_loss_normalisations_equal_a_hand_computation():
