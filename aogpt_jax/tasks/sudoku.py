@@ -24,8 +24,14 @@ finds one solution, down to a target count drawn in ``[min_givens, max_givens]``
 removal pass ends above ``max_givens`` is replaced by the next held-out grid. So ``min_givens``
 may be below what is reachable (the count lands between the reachable minimum and
 ``max_givens``), but ``max_givens`` must be reachable: for 9x9 a random removal pass rarely goes
-below ~22 givens. ``difficulty``: "propagation" keeps puzzles naked and hidden singles alone
-solve, "search" the others, "any" both (`difficulty`).
+below ~22 givens (a pass that removes every cell it can ends at a minimal puzzle: ask for one with
+``min_givens=17``). ``difficulty``: "propagation" keeps puzzles naked and hidden singles alone
+solve, "search" the others, "any" both (`difficulty`); a bucket of the guess count
+(`sudoku_grade`: "0", "1-4", "5-99", "100+") keeps the puzzles of that bucket.
+
+Hard training mixtures: ``hard_frac`` of each training batch are unique puzzles of training grids
+made by one removal pass to a minimal puzzle (`sudoku_grade.minimal_prompt`: 6x6 about 10
+givens, 9x9 about 20-27; ~1 ms / ~30 ms each on a CPU core), the rest random givens as above.
 
 Outside puzzles: `load_puzzles` (CSV, text, a Hugging Face ``datasets`` name or directory),
 `from_strings`, `to_string`. Solver: `solve(grid, limit=2) -> (count, solution)`.
@@ -38,13 +44,13 @@ import re
 
 import numpy as np
 
-from aogpt_jax.tasks import base
+from aogpt_jax.tasks import base, sudoku_grade
 
 BOXES = {4: (2, 2), 6: (2, 3), 9: (3, 3)}
 DEFAULT_GIVENS = {4: (5, 10), 6: (14, 24), 9: (28, 40)}
 # The fewest givens of a puzzle with one solution (4x4: 4; 6x6: 8; 9x9: 17, McGuire et al. 2012).
 MIN_UNIQUE_GIVENS = {4: 4, 6: 8, 9: 17}
-DIFFICULTIES = ("any", "propagation", "search")
+DIFFICULTIES = ("any", "propagation", "search", *sudoku_grade.BUCKETS)
 POOL = 32
 
 
@@ -258,6 +264,19 @@ def rule_cells(tokens: np.ndarray, prompt: np.ndarray, size: int) -> np.ndarray:
   return np.where(free > 0, ok.sum(1) / np.maximum(free, 1), 1.0).astype(np.float64)
 
 
+def legal_tokens(tokens, written, size: int) -> np.ndarray:
+  """bool [R, n, size]: token d may go in cell i (no written cell of i's row, column or box holds
+  d). ``tokens`` int [R, n] (0-based), ``written`` bool [R, n]."""
+  tokens, written = np.asarray(tokens), np.asarray(written, bool)
+  u = units(size)                                                # [3s, s]
+  onehot = (tokens[..., None] == np.arange(size)) & written[..., None]       # [R, n, s]
+  used = onehot[:, u].any(2)                                     # [R, 3s, s]
+  cell_units = np.zeros((size * size, 3), np.int64)
+  for j, members in enumerate(u):
+    cell_units[members, j // size] = j
+  return ~used[:, cell_units].any(2)
+
+
 def valid_rows(tokens: np.ndarray, size: int) -> np.ndarray:
   """bool [B]: every row, column and box of each token row is a permutation of 0..size-1."""
   cells = np.sort(tokens[:, units(size)], axis=-1)
@@ -277,7 +296,8 @@ class Sudoku(base.Task):
   whichever solution the grid is; 0 where a given was changed)."""
 
   def __init__(self, size: int = 9, min_givens: int | None = None, max_givens: int | None = None,
-               heldout_frac: float = 0.1, unique: bool = True, difficulty: str = "any"):
+               heldout_frac: float = 0.1, unique: bool = True, difficulty: str = "any",
+               hard_frac: float = 0.0):
     if size not in BOXES:
       raise ValueError(f"task 'sudoku': size={size!r}; expected one of 4, 6, 9")
     n = size * size
@@ -299,7 +319,15 @@ class Sudoku(base.Task):
     if difficulty not in DIFFICULTIES:
       raise ValueError(f"task 'sudoku': difficulty={difficulty!r}; expected one of "
                        f"{', '.join(DIFFICULTIES)}")
+    if difficulty != "any" and not unique:
+      raise ValueError(f"task 'sudoku': difficulty={difficulty!r} with unique=False; a grade "
+                       f"needs one solution: expected unique=True or difficulty='any'")
     self.difficulty = difficulty
+    if isinstance(hard_frac, bool) or not isinstance(hard_frac, (int, float)) or not (
+        0.0 <= hard_frac <= 1.0):
+      raise ValueError(f"task 'sudoku': hard_frac={hard_frac!r}; expected a number in [0, 1] "
+                       f"(the share of each training batch that are minimal unique puzzles)")
+    self.hard_frac = float(hard_frac)
     self.length, self.vocab_size = n, size
     if size == 4:
       held = base.heldout_mask(all_grids(4), self.heldout_frac).sum()
@@ -310,7 +338,7 @@ class Sudoku(base.Task):
   def options(self) -> dict:
     return {"size": self.size, "min_givens": self.min_givens, "max_givens": self.max_givens,
             "heldout_frac": self.heldout_frac, "unique": self.unique,
-            "difficulty": self.difficulty}
+            "difficulty": self.difficulty, "hard_frac": self.hard_frac}
 
   def _grids(self, rng: np.random.Generator, count: int, held: bool) -> np.ndarray:
     """[count, n] grids from one side of the split."""
@@ -339,12 +367,37 @@ class Sudoku(base.Task):
     return base.as_rows(self.name, "tokens", tokens, self.length, np.uint8)
 
   def train_batch(self, seed: int, index: int, batch: int) -> dict[str, np.ndarray]:
-    """``batch`` training rows: train-bucket grids, random givens (not necessarily unique)."""
+    """``batch`` training rows: train-bucket grids, random givens (not necessarily unique); the
+    first ``round(hard_frac * batch)`` rows minimal unique puzzles (module docstring)."""
     rng = base.seeds(0x7A1, seed, index)
     grids = self._grids(rng, batch, held=False)
     k = rng.integers(self.min_givens, self.max_givens + 1, batch)
     rank = rng.random((batch, self.length)).argsort(1).argsort(1)
-    return {"tokens": grids.astype(np.int32), "prompt": rank < k[:, None]}
+    prompt = rank < k[:, None]
+    hard = int(round(self.hard_frac * batch))
+    if hard:
+      hrng = base.seeds(0x4A2D, seed, index)
+      for i in range(hard):
+        prompt[i] = sudoku_grade.minimal_prompt(grids[i] + 1, hrng)
+    return {"tokens": grids.astype(np.int32), "prompt": prompt}
+
+  def legal(self, tokens, written) -> np.ndarray:
+    """bool [R, n, size]: which tokens each cell may take without breaking a row, column or
+    box rule given the ``written`` cells of ``tokens`` ([R, n]; the search decoding's checker,
+    `sampling.search`)."""
+    return legal_tokens(tokens, written, self.size)
+
+  def valid(self, tokens) -> np.ndarray:
+    """bool [R]: the rows are finished grids that keep every rule (no reference needed: the
+    search decoding's checker, `sampling.search`)."""
+    tokens = base.as_rows(self.name, "tokens", tokens, self.length)
+    return ((tokens >= 0) & (tokens < self.size)).all(1) & valid_rows(
+        np.clip(tokens, 0, self.size - 1), self.size)
+
+  def grade(self, puzzles: dict) -> np.ndarray:
+    """int64 [R]: each puzzle's guess count (`sudoku_grade.guesses`; bucket with
+    `sudoku_grade.bucket`): what ``--mode=solve`` and the benchmarks report solved rates by."""
+    return sudoku_grade.grade_rows(puzzles)
 
   def heldout(self, seed: int, count: int) -> dict[str, np.ndarray]:
     """``count`` distinct held-out puzzles (unique solutions when ``unique``), deterministic;
@@ -370,8 +423,7 @@ class Sudoku(base.Task):
         key = grid.tobytes() + prompt.tobytes()
         if key in seen:
           continue
-        if self.difficulty != "any" and difficulty(np.where(prompt, grid + 1, 0)) != (
-            self.difficulty):
+        if not self._wanted(np.where(prompt, grid + 1, 0)):
           continue
         seen.add(key)
         tokens.append(grid.astype(np.int32))
@@ -379,6 +431,16 @@ class Sudoku(base.Task):
     n = self.length
     return {"tokens": np.array(tokens, np.int32).reshape(-1, n),
             "prompt": np.array(prompts, bool).reshape(-1, n)}
+
+  def _wanted(self, digits: np.ndarray) -> bool:
+    """Whether a held-out puzzle (digits, 0 = blank) has the ``difficulty`` asked for."""
+    if self.difficulty == "any":
+      return True
+    if self.difficulty in ("propagation", "search"):
+      return difficulty(digits) == self.difficulty
+    lo, hi = sudoku_grade.bounds(self.difficulty)
+    g = sudoku_grade.guesses(digits, None if hi is None else hi + 1)
+    return g >= lo and (hi is None or g <= hi)
 
   def _puzzle(self, grid: np.ndarray, rng: np.random.Generator) -> np.ndarray | None:
     """The given-cells mask of one held-out puzzle of ``grid``, or None when the removal pass
@@ -408,8 +470,7 @@ class Sudoku(base.Task):
   def verify(self, tokens, puzzle: dict) -> dict[str, np.ndarray]:
     tokens = base.as_rows(self.name, "tokens", tokens, self.length)
     acc, kept = self._cell_accuracy(tokens, puzzle)
-    in_range = ((tokens >= 0) & (tokens < self.size)).all(1)
-    valid = in_range & valid_rows(np.clip(tokens, 0, self.size - 1), self.size)
+    valid = self.valid(tokens)
     prompt = np.asarray(puzzle["prompt"], bool)
     rules = np.where(kept, rule_cells(tokens, prompt, self.size), 0.0)
     return {"solved": valid & kept, "valid": valid, "givens_kept": kept, "cell_accuracy": acc,

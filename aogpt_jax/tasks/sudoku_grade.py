@@ -1,0 +1,219 @@
+"""Sudoku difficulty, measured: the guess count of a propagate-then-backtrack solver, the field's
+buckets, and minimal puzzles.
+
+The grade (`guesses`): propagate naked and hidden singles to a fixpoint (a cell with no
+candidate, or a digit with no place in a row, column or box, is a contradiction); if cells are
+left, branch on the empty cell with the fewest candidates (ties: the lowest cell index), trying
+its digits in ascending order, each recursively propagated. Every digit tried at a branching
+cell counts as one guess, until the first solution: a puzzle that singles solve has 0 guesses,
+one whose first branch guesses right has 1. This is the count the public reproductions of
+"diffusion vs autoregression on hard Sudoku" grade Sudoku-Extreme by (a backtracking solver's
+guesses), with their buckets `BUCKETS`: 0, 1-4, 5-99, 100+. The grade is deterministic (a
+function of the puzzle only); it is the solver's cost, not a human technique rating.
+
+Minimal puzzles (`minimal_prompt`): remove the given cells of a solution grid one at a time in a
+random order, keeping a cell given when another digit would fit there (the puzzle would have two
+solutions); one pass leaves a *minimal* puzzle: every given is necessary (removing any one
+leaves several solutions), since removing cells only adds solutions. 9x9 passes end at about
+20-27 givens; `Sudoku(..., min_givens=17)` asks for minimal held-out puzzles.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+BUCKETS = ("0", "1-4", "5-99", "100+")
+_BOUNDS = {"0": (0, 0), "1-4": (1, 4), "5-99": (5, 99), "100+": (100, None)}
+
+
+def bucket(guess_count: int) -> str:
+  """The field's bucket of a guess count: "0", "1-4", "5-99" or "100+"."""
+  g = int(guess_count)
+  if g < 0:
+    raise ValueError(f"guess count {g}; expected >= 0")
+  return next(b for b, (lo, hi) in _BOUNDS.items() if g >= lo and (hi is None or g <= hi))
+
+
+def bounds(name: str) -> tuple[int, int | None]:
+  """(fewest, most or None) guesses of bucket ``name``."""
+  if name not in _BOUNDS:
+    raise ValueError(f"difficulty bucket {name!r}; expected one of {', '.join(BUCKETS)}")
+  return _BOUNDS[name]
+
+
+def _geometry(size: int):
+  from aogpt_jax.tasks import sudoku
+  unit_cells = sudoku.units(size).tolist()
+  cu = sudoku._cell_units(size)
+  return unit_cells, cu
+
+
+def _propagate(cells: list[int], size: int, unit_cells, cu) -> list[int] | None:
+  """Naked and hidden singles to a fixpoint; ``cells`` is modified in place and returned, or
+  None on a contradiction."""
+  full = (1 << size) - 1
+  used = [0] * (3 * size)
+  for i, v in enumerate(cells):
+    if v:
+      bit = 1 << (v - 1)
+      r, c, b = cu[i]
+      if (used[r] | used[c] | used[b]) & bit:
+        return None
+      used[r] |= bit
+      used[c] |= bit
+      used[b] |= bit
+
+  def place(i, d):
+    bit = 1 << (d - 1)
+    r, c, b = cu[i]
+    if (used[r] | used[c] | used[b]) & bit:
+      return False
+    cells[i] = d
+    used[r] |= bit
+    used[c] |= bit
+    used[b] |= bit
+    return True
+
+  while True:
+    placed = False
+    cand = [0] * len(cells)
+    for i, v in enumerate(cells):
+      if not v:
+        r, c, b = cu[i]
+        m = full & ~(used[r] | used[c] | used[b])
+        if not m:
+          return None
+        cand[i] = m
+        if not m & (m - 1):
+          if not place(i, m.bit_length()):
+            return None
+          placed = True
+    if placed:
+      continue
+    for u, members in enumerate(unit_cells):
+      missing = full & ~used[u]
+      while missing:
+        bit = missing & -missing
+        missing ^= bit
+        where = [i for i in members if not cells[i] and cand[i] & bit]
+        if not where:
+          return None
+        if len(where) == 1 and not used[u] & bit:
+          if not place(where[0], bit.bit_length()):
+            return None
+          placed = True
+    if not placed:
+      return cells
+
+
+def _digits(puzzle) -> tuple[list[int], int]:
+  from aogpt_jax.tasks import sudoku
+  if isinstance(puzzle, dict):
+    tok, prm = np.asarray(puzzle["tokens"]).ravel(), np.asarray(puzzle["prompt"]).ravel()
+    puzzle = np.where(prm, tok + 1, 0)
+  cells, size, _ = sudoku._digits(puzzle, "puzzle")
+  return cells, size
+
+
+def guesses(puzzle, limit: int | None = None) -> int:
+  """The guess count of ``puzzle`` (module docstring): a digit grid (0 = blank, as
+  `sudoku.solve` takes) or one row ``{"tokens", "prompt"}`` (0-based tokens, the given mask).
+  ``limit``: stop counting there (returns ``limit``). Raises ValueError when the puzzle has no
+  solution (contradictory givens included)."""
+  cells, size = _digits(puzzle)
+  unit_cells, cu = _geometry(size)
+  count = 0
+
+  class _Stop(Exception):
+    pass
+
+  def rec(cells):
+    nonlocal count
+    if _propagate(cells, size, unit_cells, cu) is None:
+      return False
+    best, best_m, best_n = -1, 0, size + 1
+    full = (1 << size) - 1
+    used = [0] * (3 * size)
+    for i, v in enumerate(cells):
+      if v:
+        r, c, b = cu[i]
+        bit = 1 << (v - 1)
+        used[r] |= bit
+        used[c] |= bit
+        used[b] |= bit
+    for i, v in enumerate(cells):
+      if not v:
+        r, c, b = cu[i]
+        m = full & ~(used[r] | used[c] | used[b])
+        n = m.bit_count()
+        if n < best_n:
+          best, best_m, best_n = i, m, n
+    if best < 0:
+      return True
+    for d in range(1, size + 1):
+      if best_m >> (d - 1) & 1:
+        count += 1
+        if limit is not None and count >= limit:
+          raise _Stop
+        child = list(cells)
+        child[best] = d
+        if rec(child):
+          return True
+    return False
+
+  try:
+    if not rec(list(cells)):
+      raise ValueError("sudoku puzzle has no solution (its givens contradict each other or "
+                       "leave no way to fill the grid); expected a solvable puzzle")
+  except _Stop:
+    return int(limit)
+  return count
+
+
+def grade_rows(puzzles: dict, limit: int | None = 10_000) -> np.ndarray:
+  """int64 [R]: the guess count of each row of ``{"tokens", "prompt"}`` ([R, n], 0-based)."""
+  tok, prm = np.asarray(puzzles["tokens"]), np.asarray(puzzles["prompt"], bool)
+  return np.array([guesses(np.where(p, t + 1, 0), limit) for t, p in zip(tok, prm)], np.int64)
+
+
+def buckets(guess_counts) -> list[str]:
+  return [bucket(g) for g in np.asarray(guess_counts).ravel()]
+
+
+def minimal_prompt(grid_digits: np.ndarray, rng: np.random.Generator,
+                   target: int = 0) -> np.ndarray:
+  """bool [n]: the givens of a puzzle of ``grid_digits`` (a solved grid, digits 1..size, [n])
+  with one solution, made by one random removal pass (module docstring); stops at ``target``
+  givens if it gets there first (0: minimal)."""
+  from aogpt_jax.tasks import sudoku
+  cells = [int(v) for v in np.asarray(grid_digits).ravel()]
+  n = len(cells)
+  size = int(round(n ** 0.5))
+  givens = n
+  for c in rng.permutation(n):
+    if givens <= target:
+      break
+    d = cells[c]
+    cells[c] = 0
+    if sudoku._search(cells, size, 1, forbid=(int(c), d)):
+      cells[c] = d      # another digit fits there: the cell stays given
+    else:
+      givens -= 1
+  return np.array(cells) > 0
+
+
+def is_minimal(puzzle) -> bool:
+  """True when ``puzzle`` (digits, 0 = blank) has one solution and removing any given leaves
+  several (brute force over the givens: the test's independent check of `minimal_prompt`)."""
+  from aogpt_jax.tasks import sudoku
+  cells, size = _digits(puzzle)
+  if sudoku.solve(cells, 2)[0] != 1:
+    return False
+  for i, v in enumerate(cells):
+    if v:
+      cells[i] = 0
+      several = sudoku.solve(cells, 2)[0] > 1
+      cells[i] = v
+      if not several:
+        return False
+  return True
