@@ -168,6 +168,14 @@ def solve_group() -> config_dict.ConfigDict:
       batch_size=64,        # puzzles per sampler batch (the results do not depend on it)
       seed=0,               # sampling key: puzzle i uses fold_in(key(seed), i)
       name="solve",         # output stem under WORKDIR/solve/ (never overwritten: NAME-2, ...)
+      # search decoding (aogpt_jax/sampling/search.py) instead of the sampler: 0 = the sampler;
+      # W >= 1 keeps W beams, branching on search_branch tokens at max_prob's cell; the
+      # finished beams ranked by pseudo-likelihood ("pll") or cumulative logp ("logp");
+      # search_checker=True prunes tokens that break the task's rules (labelled "checker")
+      search_width=0,
+      search_branch=2,
+      search_rescore="pll",
+      search_checker=False,
   ))
 
 

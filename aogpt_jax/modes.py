@@ -467,11 +467,16 @@ def solve_mode(cfg, workdir: str, checkpoint: str = "") -> dict:
   try:
     settings = sample_config.settings_from_config(cfg.sample, m.cfg, task.length)
     solve_lib.check_puzzles(task, puzzles, settings)
-    settings.validate(m.cfg)
+    search = search_settings(cfg, m, task)
+    if search is None:
+      settings.validate(m.cfg)
   except ValueError as err:
     raise ConfigError(str(err)) from None
-  result = solve_lib.solve(m, task, puzzles, settings, key=jax.random.key(int(cfg.solve.seed)),
-                           batch_size=bs)
+  if search is not None:
+    result = solve_lib.solve_search(m, task, puzzles, settings, search, batch_size=bs)
+  else:
+    result = solve_lib.solve(m, task, puzzles, settings, key=jax.random.key(int(cfg.solve.seed)),
+                             batch_size=bs)
   provenance = {"model": prov, **source, "seed": int(cfg.solve.seed),
                 "task": {"name": task.name, "options": task.options()},
                 "jax": jax.__version__, "backend": jax.default_backend()}
@@ -483,6 +488,28 @@ def solve_mode(cfg, workdir: str, checkpoint: str = "") -> dict:
     print(solve_lib.summary_line(result.summary))
     print(f"solutions written to {path} (summary: {path[:-1]} and {path[:-5]}md)")
   return result.summary
+
+
+def search_settings(cfg, model, task):
+  """The ``solve.search_*`` settings (`sampling.search`), None for the sampler
+  (``solve.search_width=0``); one-line errors before anything compiles."""
+  from aogpt_jax.sampling import search as search_lib  # pylint: disable=g-import-not-at-top
+  width = cfg.solve.search_width
+  if isinstance(width, bool) or not isinstance(width, int) or width < 0:
+    raise ValueError(f"solve.search_width: must be an integer >= 0 (0 = the sampler), got "
+                     f"{width!r}")
+  if not width:
+    return None
+  s = search_lib.SearchSettings(width=width, branch=cfg.solve.search_branch,
+                                checker=cfg.solve.search_checker,
+                                rescore=cfg.solve.search_rescore)
+  s.validate()
+  search_lib.check_model(model)
+  if s.checker and not (callable(getattr(task, "legal", None))
+                        and callable(getattr(task, "valid", None))):
+    raise ValueError(f"solve.search_checker: task {task.name!r} has no rule checker "
+                     f"(Task.legal and Task.valid); expected solve.search_checker=False")
+  return s
 
 
 def _check_task(cfg, workdir: str) -> None:

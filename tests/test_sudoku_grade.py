@@ -114,14 +114,27 @@ def test_grade_agrees_with_difficulty_on_heldout_rows():
   assert ((g > 0) == (d == "search")).all() and (g > 0).any() and (g == 0).any()
 
 
+def _minimal(puzzle) -> bool:
+  """Minimal by the package's other solver (`sudoku.solve`): one solution, and several once any
+  given is removed."""
+  if sudoku.solve(puzzle)[0] != 1:
+    return False
+  for i in np.flatnonzero(puzzle):
+    p = puzzle.copy()
+    p[i] = 0
+    if sudoku.solve(p)[0] == 1:
+      return False
+  return True
+
+
 def test_minimal_prompts_are_minimal_and_unique():
   rng = np.random.default_rng(0)
   for size in (6, 9):
     grid = sudoku.random_grids(size, rng, 1)[0] + 1
     prompt = sudoku_grade.minimal_prompt(grid, rng)
+    assert _minimal(np.where(prompt, grid, 0))
     assert sudoku_grade.is_minimal(np.where(prompt, grid, 0))
-    assert sudoku.solve(np.where(prompt, grid, 0))[0] == 1
-  assert not sudoku_grade.is_minimal(grid)          # the full grid is not minimal
+  assert not sudoku_grade.is_minimal(grid) and not _minimal(grid)   # a full grid is not
 
 
 def test_heldout_by_bucket_and_hard_training_rows():
@@ -137,7 +150,7 @@ def test_heldout_by_bucket_and_hard_training_rows():
   again = h.train_batch(0, 3, 8)
   assert (b["prompt"] == again["prompt"]).all()          # a pure function of its arguments
   for i in range(4):                                     # the hard half: minimal, unique
-    assert sudoku_grade.is_minimal(np.where(b["prompt"][i], b["tokens"][i] + 1, 0))
+    assert _minimal(np.where(b["prompt"][i], b["tokens"][i] + 1, 0))
   plain = sudoku.Sudoku(size=6).train_batch(0, 3, 8)
   assert (plain["tokens"] == b["tokens"]).all()          # the same grids, other givens
 

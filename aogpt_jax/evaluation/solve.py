@@ -35,6 +35,7 @@ import jax
 import numpy as np
 
 from aogpt_jax.sampling import sampler as sampler_lib
+from aogpt_jax.sampling import search as search_lib
 from aogpt_jax.tasks import base as tasks_base
 from aogpt_jax.train import workdir as workdir_lib
 
@@ -121,6 +122,46 @@ def solve(model, task, puzzles: dict, settings: sampler_lib.SampleSettings, *,
   return score(task, puzzles, out_RxN, order_RxN, steps_R, float(sum(times)), settings)
 
 
+def solve_search(model, task, puzzles: dict, settings: sampler_lib.SampleSettings,
+                 search: search_lib.SearchSettings, *, batch_size: int = 64,
+                 warm: bool = True) -> SolveResult:
+  """Solves every puzzle with the search decoding (`sampling.search`; ``settings`` only names
+  the run's sampler and length); ``summary["search"]`` holds its settings, its label (model-only
+  or checker) and the rows evaluated per puzzle."""
+  check_puzzles(task, puzzles, settings)
+  search.validate()
+  ref_RxN = np.asarray(puzzles["tokens"], np.int32)
+  given_RxN = np.asarray(puzzles["prompt"], bool)
+  legal, accept = getattr(task, "legal", None), getattr(task, "valid", None)
+  rows_total = len(ref_RxN)
+  bs = max(1, min(int(batch_size), rows_total))
+  outs, orders, forwards, times = [], [], [], []
+  for start in range(0, rows_total, bs):
+    idx = np.arange(start, start + bs) % rows_total       # the last batch wraps (one shape)
+
+    def run(idx=idx):
+      return search_lib.search(model, np.where(given_RxN[idx], ref_RxN[idx], 0), given_RxN[idx],
+                               search, vocab=task.vocab_size, legal=legal, accept=accept)
+    if warm and start == 0:
+      run()
+    t0 = time.perf_counter()
+    out = run()
+    times.append(time.perf_counter() - t0)
+    keep = min(bs, rows_total - start)
+    outs.append(out.tokens[:keep])
+    orders.append(out.order[:keep])
+    forwards.append(out.forwards[:keep])
+  out_RxN, order_RxN = np.concatenate(outs), np.concatenate(orders)
+  steps_R = (~given_RxN).sum(1)
+  result = score(task, puzzles, out_RxN, order_RxN, steps_R, float(sum(times)), settings)
+  fw = np.concatenate(forwards)
+  result.summary["search"] = {**dataclasses.asdict(search), "label": search.label,
+                              "rows_per_puzzle": float(fw.mean())}
+  for row, f in zip(result.rows, fw):
+    row["search_rows"] = int(f)
+  return result
+
+
 def score(task, puzzles: dict, out_RxN, order_RxN, steps_R, wall: float,
           settings: sampler_lib.SampleSettings) -> SolveResult:
   """`solve`'s result for outputs decoded elsewhere (``out_RxN`` and the ``order_RxN`` they were
@@ -193,7 +234,27 @@ def _result(task, ref_RxN, given_RxN, out_RxN, order_RxN, steps_R, verdict, wall
   extra = {k: float(np.mean(np.asarray(v, np.float64))) for k, v in verdict.items()
            if k not in ("solved", "cell_accuracy")}
   summary["verifier_means"] = extra
+  if callable(getattr(task, "grade", None)):
+    summary["buckets"] = by_bucket(task, ref_RxN, given_RxN, solved_R, rows)
   return SolveResult(rows, summary)
+
+
+def by_bucket(task, ref_RxN, given_RxN, solved_R, rows=None) -> dict:
+  """Solved rates by difficulty bucket (a task with ``grade``: Sudoku's guess count,
+  `tasks.sudoku_grade`), buckets in the grader's order; each row gets its ``guesses``."""
+  from aogpt_jax.tasks import sudoku_grade
+  g_R = np.asarray(task.grade({"tokens": ref_RxN, "prompt": given_RxN}))
+  names = np.array(sudoku_grade.buckets(g_R))
+  for i, row in enumerate(rows or []):
+    row["guesses"] = int(g_R[i])
+  out = {}
+  for b in sudoku_grade.BUCKETS:
+    sel = names == b
+    if sel.any():
+      k, n = int(solved_R[sel].sum()), int(sel.sum())
+      low, high = wilson(k, n)
+      out[b] = {"count": k, "rows": n, "rate": k / n, "low": low, "high": high}
+  return out
 
 
 def summary_line(summary: dict) -> str:
@@ -202,7 +263,17 @@ def summary_line(summary: dict) -> str:
           f"{100 * s['low']:.1f}-{100 * s['high']:.1f}%), cell accuracy "
           f"{100 * summary['cell_accuracy']:.1f}%, first answer cell right "
           f"{100 * summary['first_cell_accuracy']:.1f}%, {summary['steps_mean']:.1f} steps and "
-          f"{summary['ms_per_puzzle']:.1f} ms per puzzle")
+          f"{summary['ms_per_puzzle']:.1f} ms per puzzle" + bucket_text(summary)
+          + (f"; {summary['search']['label']}, {summary['search']['rows_per_puzzle']:.0f} "
+             f"rows per puzzle" if summary.get("search") else ""))
+
+
+def bucket_text(summary: dict) -> str:
+  """"; by guesses: 0 98/100, 1-4 3/5" (empty without buckets)."""
+  b = summary.get("buckets")
+  if not b:
+    return ""
+  return "; solved by guesses: " + ", ".join(f"{k} {v['count']}/{v['rows']}" for k, v in b.items())
 
 
 def markdown(summary: dict, provenance: dict) -> str:
@@ -215,8 +286,17 @@ def markdown(summary: dict, provenance: dict) -> str:
            f"{100 * s['low']:.1f}-{100 * s['high']:.1f}% | {100 * summary['cell_accuracy']:.1f}% "
            f"| {100 * summary['first_cell_accuracy']:.1f}% | "
            f"{summary['first_error_rank_median']} | {summary['steps_mean']:.1f} | "
-           f"{summary['ms_per_puzzle']:.1f} |", "",
-           f"Sampler: `{json.dumps(summary['settings'], sort_keys=True)}`", "",
+           f"{summary['ms_per_puzzle']:.1f} |", ""]
+  if summary.get("buckets"):
+    lines += ["| guesses (`tasks.sudoku_grade`) | solved | 95% interval |", "|---|---|---|"]
+    lines += [f"| {k} | {v['count']}/{v['rows']} ({100 * v['rate']:.1f}%) | "
+              f"{100 * v['low']:.1f}-{100 * v['high']:.1f}% |" for k, v in
+              summary["buckets"].items()] + [""]
+  lines += [
+           (f"Search decoding: **{summary['search']['label']}** (`sampling.search`), "
+            f"{summary['search']['rows_per_puzzle']:.0f} rows evaluated per puzzle"
+            if summary.get("search") else
+            f"Sampler: `{json.dumps(summary['settings'], sort_keys=True)}`"), "",
            f"Task: `{summary['task']}` `{json.dumps(summary['task_options'], sort_keys=True)}`", "",
            f"Model: `{json.dumps(provenance, sort_keys=True, default=str)}`", ""]
   return "\n".join(lines)

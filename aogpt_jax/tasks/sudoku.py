@@ -45,8 +45,10 @@ import re
 import numpy as np
 
 from aogpt_jax.tasks import base, sudoku_grade
+from aogpt_jax.tasks.sudoku_grade import BOXES, units
+from aogpt_jax.tasks.sudoku_grade import cell_units as _cell_units
+from aogpt_jax.tasks.sudoku_grade import parse_digits as _digits
 
-BOXES = {4: (2, 2), 6: (2, 3), 9: (3, 3)}
 DEFAULT_GIVENS = {4: (5, 10), 6: (14, 24), 9: (28, 40)}
 # The fewest givens of a puzzle with one solution (4x4: 4; 6x6: 8; 9x9: 17, McGuire et al. 2012).
 MIN_UNIQUE_GIVENS = {4: 4, 6: 8, 9: 17}
@@ -56,22 +58,6 @@ POOL = 32
 
 # ---------------------------------------------------------------------------------------------
 # geometry and the bitmask solver (digits 1..size, 0 = blank, flat lists)
-
-@functools.lru_cache(maxsize=None)
-def units(size: int) -> np.ndarray:
-  """int [3 * size, size]: the cell indices of each row, column and box."""
-  br, bc = BOXES[size]
-  idx = np.arange(size * size).reshape(size, size)
-  boxes = [idx[r:r + br, c:c + bc].ravel() for r in range(0, size, br) for c in range(0, size, bc)]
-  return np.concatenate([idx, idx.T, np.stack(boxes)])
-
-
-@functools.lru_cache(maxsize=None)
-def _cell_units(size: int) -> tuple[tuple[int, int, int], ...]:
-  br, bc = BOXES[size]
-  return tuple((r, size + c, 2 * size + (r // br) * (size // bc) + c // bc)
-               for r in range(size) for c in range(size))
-
 
 def _search(cells: list[int], size: int, limit: int | None, found: list | None = None,
             forbid: tuple[int, int] = (-1, 0), rng: np.random.Generator | None = None) -> int:
@@ -139,17 +125,6 @@ def _search(cells: list[int], size: int, limit: int | None, found: list | None =
 
   rec(0)
   return count
-
-
-def _digits(grid, what: str = "grid") -> tuple[list[int], int, tuple]:
-  a = np.asarray(grid)
-  n = a.size
-  size = int(round(n ** 0.5))
-  if size not in BOXES or size * size != n:
-    raise ValueError(f"sudoku {what} has {n} cells; expected 16, 36 or 81")
-  if a.min() < 0 or a.max() > size:
-    raise ValueError(f"sudoku {what} holds values outside 0..{size} (0 = blank)")
-  return [int(v) for v in a.ravel()], size, a.shape
 
 
 def solve(grid, limit: int | None = 2) -> tuple[int, np.ndarray | None]:

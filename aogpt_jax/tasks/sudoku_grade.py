@@ -20,7 +20,11 @@ leaves several solutions), since removing cells only adds solutions. 9x9 passes 
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
+
+BOXES = {4: (2, 2), 6: (2, 3), 9: (3, 3)}
 
 BUCKETS = ("0", "1-4", "5-99", "100+")
 _BOUNDS = {"0": (0, 0), "1-4": (1, 4), "5-99": (5, 99), "100+": (100, None)}
@@ -41,11 +45,38 @@ def bounds(name: str) -> tuple[int, int | None]:
   return _BOUNDS[name]
 
 
+@functools.lru_cache(maxsize=None)
+def units(size: int) -> np.ndarray:
+  """int [3 * size, size]: the cell indices of each row, column and box."""
+  br, bc = BOXES[size]
+  idx = np.arange(size * size).reshape(size, size)
+  boxes = [idx[r:r + br, c:c + bc].ravel() for r in range(0, size, br) for c in range(0, size, bc)]
+  return np.concatenate([idx, idx.T, np.stack(boxes)])
+
+
+@functools.lru_cache(maxsize=None)
+def cell_units(size: int) -> tuple[tuple[int, int, int], ...]:
+  """Per cell, the indices of its row, column and box among `units`."""
+  br, bc = BOXES[size]
+  return tuple((r, size + c, 2 * size + (r // br) * (size // bc) + c // bc)
+               for r in range(size) for c in range(size))
+
+
+def parse_digits(grid, what: str = "grid") -> tuple[list[int], int, tuple]:
+  """(cells as a flat list of digits, size, the grid's shape) of a digit grid (0 = blank)."""
+  a = np.asarray(grid)
+  n = a.size
+  size = int(round(n ** 0.5))
+  if size not in BOXES or size * size != n:
+    raise ValueError(f"sudoku {what} has {n} cells; expected 16, 36 or 81")
+  if a.min() < 0 or a.max() > size:
+    raise ValueError(f"sudoku {what} holds values outside 0..{size} (0 = blank)")
+  return [int(v) for v in a.ravel()], size, a.shape
+
+
+@functools.lru_cache(maxsize=None)
 def _geometry(size: int):
-  from aogpt_jax.tasks import sudoku
-  unit_cells = sudoku.units(size).tolist()
-  cu = sudoku._cell_units(size)
-  return unit_cells, cu
+  return units(size).tolist(), cell_units(size)
 
 
 def _propagate(cells: list[int], size: int, unit_cells, cu) -> list[int] | None:
@@ -107,11 +138,10 @@ def _propagate(cells: list[int], size: int, unit_cells, cu) -> list[int] | None:
 
 
 def _digits(puzzle) -> tuple[list[int], int]:
-  from aogpt_jax.tasks import sudoku
   if isinstance(puzzle, dict):
     tok, prm = np.asarray(puzzle["tokens"]).ravel(), np.asarray(puzzle["prompt"]).ravel()
     puzzle = np.where(prm, tok + 1, 0)
-  cells, size, _ = sudoku._digits(puzzle, "puzzle")
+  cells, size, _ = parse_digits(puzzle, "puzzle")
   return cells, size
 
 
@@ -170,6 +200,52 @@ def guesses(puzzle, limit: int | None = None) -> int:
   return count
 
 
+def count_solutions(cells: list[int], size: int, limit: int = 2,
+                    forbid: tuple[int, int] = (-1, 0)) -> int:
+  """Solutions of ``cells`` (digits, 0 = blank) counted up to ``limit``, singles propagated at
+  every node; ``forbid=(cell, digit)`` bars that digit there."""
+  unit_cells, cu = _geometry(size)
+  full = (1 << size) - 1
+  found = 0
+
+  def rec(cells):
+    nonlocal found
+    if _propagate(cells, size, unit_cells, cu) is None:
+      return
+    used = [0] * (3 * size)
+    for i, v in enumerate(cells):
+      if v:
+        r, c, b = cu[i]
+        bit = 1 << (v - 1)
+        used[r] |= bit
+        used[c] |= bit
+        used[b] |= bit
+    if forbid[0] >= 0 and cells[forbid[0]] == forbid[1]:
+      return
+    best, best_m, best_n = -1, 0, size + 1
+    for i, v in enumerate(cells):
+      if not v:
+        r, c, b = cu[i]
+        m = full & ~(used[r] | used[c] | used[b])
+        if i == forbid[0]:
+          m &= ~(1 << (forbid[1] - 1))
+        if m.bit_count() < best_n:
+          best, best_m, best_n = i, m, m.bit_count()
+    if best < 0:
+      found += 1
+      return
+    for d in range(1, size + 1):
+      if best_m >> (d - 1) & 1:
+        child = list(cells)
+        child[best] = d
+        rec(child)
+        if found >= limit:
+          return
+
+  rec(list(cells))
+  return found
+
+
 def grade_rows(puzzles: dict, limit: int | None = 10_000) -> np.ndarray:
   """int64 [R]: the guess count of each row of ``{"tokens", "prompt"}`` ([R, n], 0-based)."""
   tok, prm = np.asarray(puzzles["tokens"]), np.asarray(puzzles["prompt"], bool)
@@ -185,7 +261,6 @@ def minimal_prompt(grid_digits: np.ndarray, rng: np.random.Generator,
   """bool [n]: the givens of a puzzle of ``grid_digits`` (a solved grid, digits 1..size, [n])
   with one solution, made by one random removal pass (module docstring); stops at ``target``
   givens if it gets there first (0: minimal)."""
-  from aogpt_jax.tasks import sudoku
   cells = [int(v) for v in np.asarray(grid_digits).ravel()]
   n = len(cells)
   size = int(round(n ** 0.5))
@@ -195,7 +270,7 @@ def minimal_prompt(grid_digits: np.ndarray, rng: np.random.Generator,
       break
     d = cells[c]
     cells[c] = 0
-    if sudoku._search(cells, size, 1, forbid=(int(c), d)):
+    if count_solutions(cells, size, 1, forbid=(int(c), d)):
       cells[c] = d      # another digit fits there: the cell stays given
     else:
       givens -= 1
@@ -205,14 +280,13 @@ def minimal_prompt(grid_digits: np.ndarray, rng: np.random.Generator,
 def is_minimal(puzzle) -> bool:
   """True when ``puzzle`` (digits, 0 = blank) has one solution and removing any given leaves
   several (brute force over the givens: the test's independent check of `minimal_prompt`)."""
-  from aogpt_jax.tasks import sudoku
   cells, size = _digits(puzzle)
-  if sudoku.solve(cells, 2)[0] != 1:
+  if count_solutions(cells, size) != 1:
     return False
   for i, v in enumerate(cells):
     if v:
       cells[i] = 0
-      several = sudoku.solve(cells, 2)[0] > 1
+      several = count_solutions(cells, size) > 1
       cells[i] = v
       if not several:
         return False
