@@ -186,12 +186,42 @@ def write_json(path: str | os.PathLike, obj: Any) -> pathlib.Path:
   return path
 
 
+OVERWRITE_ENV = "AOGPT_OVERWRITE_RESULTS"
+
+
+def _same_args(a: Any, b: Any) -> bool:
+  return json.loads(json.dumps(a, default=str)) == json.loads(json.dumps(b, default=str))
+
+
+def default_target(benchmark: str, args: Any, slug: str) -> pathlib.Path:
+  """Where a run without ``--out`` writes: ``benchmarks/results/<benchmark>/<slug>.json``, unless
+  a result is there already that other arguments made (a committed protocol run replaced by a
+  smoke run is lost work): then ``<slug>.<UTC time>.json`` beside it, said in one line. Set
+  ``AOGPT_OVERWRITE_RESULTS=1`` to replace it anyway."""
+  path = result_path(benchmark, slug)
+  if not path.exists() or os.environ.get(OVERWRITE_ENV) == "1":
+    return path
+  if hasattr(args, "__dict__") and not isinstance(args, Mapping):
+    args = vars(args)
+  try:
+    old = json.loads(path.read_text()).get("args")
+  except (OSError, ValueError, AttributeError):
+    old = None
+  if old is not None and _same_args(old, dict(args or {})):
+    return path
+  beside = path.with_name(f"{path.stem}.{utc_now().replace(':', '')}.json")
+  print(f"{path} holds a run with other arguments: this run goes to {beside} (to replace it: "
+        f"{OVERWRITE_ENV}=1, or --out=PATH)", flush=True)
+  return beside
+
+
 def write_result(benchmark: str, args: Any, results: Any, *, out: str | os.PathLike | None = None,
                  **kw) -> pathlib.Path:
-  """Writes one run in the schema to ``out`` or ``benchmarks/results/<benchmark>/<slug>.json``
-  (replacing the previous run there); prints and returns the path. ``kw``: see `record`."""
+  """Writes one run in the schema to ``out`` or `default_target` (the committed result of the
+  same arguments replaced, never one that other arguments made); prints and returns the path
+  (a script's .md and .png go beside it). ``kw``: see `record`."""
   rec = record(benchmark, args, results, **kw)
-  path = write_json(out or result_path(benchmark, rec["machine"]["slug"]), rec)
+  path = write_json(out or default_target(benchmark, args, rec["machine"]["slug"]), rec)
   print(f"wrote {path}", flush=True)
   return path
 

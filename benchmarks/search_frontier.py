@@ -177,8 +177,6 @@ def main(argv=None):
     p.error(f"--pool={args.pool} / --all={args.all}: expected --pool >= 1 and --all >= 0")
   if os.path.isfile(args.workdir):
     p.error(f"--workdir={args.workdir!r} is a file; expected a folder")
-  out = pathlib.Path(args.out) if args.out else common.result_path(
-      "search_frontier_cpu", common.machine()["slug"])
   aogpt_dir = args.aogpt or os.path.join(args.workdir, "aogpt")
   mdm_dir = args.mdm or os.path.join(args.workdir, "mdm")
   if not args.aogpt:
@@ -209,7 +207,7 @@ def main(argv=None):
     for name, m in models.items():
       print(f" {name}", flush=True)
       res["sets"][set_name][name] = frontier(m, task, rows, widths, ks, cws, mdm=name == "mdm")
-  path = common.write_result("search_frontier_cpu", args, res, out=out)
+  path = common.write_result("search_frontier_cpu", args, res, out=args.out or None)
   md = markdown(res)
   path.with_suffix(".md").write_text(md)
   print(md)

@@ -341,3 +341,24 @@ def test_post_training_benchmark_runs_end_to_end(tmp_path):
   assert all(g["batches"] == 3 and -1 <= g["mean_cos"] <= 1 and g["share_se"] >= 0
              for g in grad.values())
   assert out.with_suffix(".md").exists() and out.with_suffix(".png").stat().st_size > 0
+
+
+def test_a_run_with_other_arguments_never_replaces_a_result(tmp_path, monkeypatch, capsys):
+  """DATA-LOSS: a smoke run of a benchmark (other arguments) wrote over the committed result of
+  the same machine; it now goes beside it, the same arguments replace it, and
+  AOGPT_OVERWRITE_RESULTS=1 replaces it on request."""
+  import common
+  monkeypatch.setattr(common, "RESULTS", tmp_path)
+  monkeypatch.delenv(common.OVERWRITE_ENV, raising=False)
+  kw = dict(device_info=None, machine_info={"slug": "box"}, commit_sha=False)
+  first = common.write_result("bench", {"updates": 300, "seeds": "0,1,2"}, {"r": 1}, **kw)
+  assert first == tmp_path / "bench" / "box.json"
+  smoke = common.write_result("bench", {"updates": 2, "seeds": "0"}, {"r": 2}, **kw)
+  assert smoke != first and smoke.parent == first.parent and smoke.suffix == ".json"
+  assert json.loads(first.read_text())["results"] == {"r": 1}       # the protocol run kept
+  assert "holds a run with other arguments" in capsys.readouterr().out
+  again = common.write_result("bench", {"updates": 300, "seeds": "0,1,2"}, {"r": 3}, **kw)
+  assert again == first and json.loads(first.read_text())["results"] == {"r": 3}
+  monkeypatch.setenv(common.OVERWRITE_ENV, "1")
+  common.write_result("bench", {"updates": 2}, {"r": 4}, **kw)
+  assert json.loads(first.read_text())["results"] == {"r": 4}

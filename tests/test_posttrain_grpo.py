@@ -338,3 +338,13 @@ def test_rollouts_share_one_plan_size_and_draw_what_generate_draws(task, method)
     np.testing.assert_allclose(out.logp, ref.logp, atol=1e-6)
   key = "prefill" if method == "adaptive" else "min_prefill"
   assert trainer._plan_sizes[key] == task.length - 2     # kept from the first batch
+
+
+@pytest.mark.parametrize("key", ["max_grad_norm", "weight_decay"])
+def test_negative_clip_or_decay_is_one_line(key):
+  """SILENT-WRONG: ``optax.clip_by_global_norm(-1)`` flips every gradient's sign (GRPO lowers
+  its reward, DPO prefers the rejected answer); a negative weight decay grows the weights."""
+  from aogpt_jax.posttrain import dpo
+  for cls, group in ((grpo.GRPOSettings, "rl"), (dpo.DPOSettings, "dpo")):
+    with pytest.raises(ValueError, match=rf"^{group}\.{key}: must be a finite number >= 0"):
+      cls(**{key: -1.0}).validate(None)

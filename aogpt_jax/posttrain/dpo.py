@@ -53,7 +53,7 @@ from ml_collections import config_dict
 from aogpt_jax import config_groups
 from aogpt_jax.model import orders as orders_lib
 from aogpt_jax.model.aogpt import AOGPT
-from aogpt_jax.posttrain import likelihood
+from aogpt_jax.posttrain import likelihood, objective
 from aogpt_jax.tasks import base as tasks_base
 
 ORDERS = ("l2r", "random")
@@ -83,6 +83,7 @@ class DPOSettings:
         raise ValueError(f"dpo.{key}: must be an integer >= 1, got {v!r}")
     if isinstance(self.lr, bool) or not isinstance(self.lr, (int, float)) or not self.lr > 0:
       raise ValueError(f"dpo.lr: must be a number > 0, got {self.lr!r}")
+    objective.check_optimizer("dpo", self.weight_decay, self.max_grad_norm)
     if reference is not None:
       shape = lambda m: jax.tree.map(lambda x: (x.shape, x.dtype), nnx.state(m, nnx.Param))  # noqa: E731
       if reference.cfg.vocab_size != model.cfg.vocab_size or shape(reference) != shape(model):

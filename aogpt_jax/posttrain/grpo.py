@@ -85,6 +85,7 @@ from flax import nnx
 from aogpt_jax.model.aogpt import AOGPT
 from aogpt_jax.posttrain import estimators
 from aogpt_jax.posttrain.objective import (  # noqa: F401 - re-exported: grpo.grpo_loss, ...
+    check_optimizer,
     ADVANTAGES, CREDITS, LOSS_NORMS, exact_kl, group_advantages, grpo_loss, on_policy_loss,
     token_objective)
 from aogpt_jax.posttrain.rewards import (  # noqa: F401 - re-exported: grpo.register_reward, ...
@@ -188,6 +189,7 @@ class GRPOSettings:
       raise ValueError(f"rl.inner_steps: must be >= 1, got {self.inner_steps!r}")
     if not self.lr > 0:
       raise ValueError(f"rl.lr: must be > 0, got {self.lr!r}")
+    check_optimizer("rl", self.weight_decay, self.max_grad_norm)
     if self.method not in sampler_lib.LOGP_METHODS:
       raise ValueError(f"rl.method: must be one of {sampler_lib.LOGP_METHODS} (the samplers "
                        f"that record log-probabilities), got {self.method!r}")

@@ -18,6 +18,8 @@ Shape suffixes: R rollouts, N sequence length n, K estimates per rank, V vocab.
 
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -154,3 +156,13 @@ def on_policy_loss(model: AOGPT, batch: dict, *, temperature: float = 1.0,
   logp_RxN = likelihood.sequence_logp(model, batch["tokens"], batch["order"], batch["steps"],
                                       batch["prompt"], temperature=temperature, width=width)
   return -jnp.sum(c_RxN * logp_RxN), {"loss": -jnp.sum(c_RxN)}
+
+
+def check_optimizer(group: str, weight_decay, max_grad_norm) -> None:
+  """One-line errors for a post-training run's AdamW settings: ``max_grad_norm < 0`` would flip
+  every gradient's sign (``optax.clip_by_global_norm`` of a negative norm), a negative weight
+  decay grows the weights."""
+  for key, v in (("weight_decay", weight_decay), ("max_grad_norm", max_grad_norm)):
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+      raise ValueError(f"{group}.{key}: must be a finite number >= 0"
+                       f"{' (0: no clipping)' if key == 'max_grad_norm' else ''}, got {v!r}")
