@@ -35,8 +35,9 @@ class Toy(tasks.Task):
   """Rows of 4 tokens: 2 given, then the same 2 again; every knob a test can break."""
 
   def __init__(self, bad_id: int = -1, verify_raises: bool = False, heldout_rows: int = -1,
-               all_given: bool = False, wrong_reference: bool = False):
+               all_given: bool = False, wrong_reference: bool = False, verdict: str = ""):
     self.bad_id, self.verify_raises, self.heldout_rows = bad_id, verify_raises, heldout_rows
+    self.verdict = verdict
     self.all_given, self.wrong_reference = all_given, wrong_reference
     self.length, self.vocab_size = 4, 5
 
@@ -64,6 +65,12 @@ class Toy(tasks.Task):
     solved = (np.asarray(tokens)[:, 2:] == np.asarray(puzzle["tokens"])[:, :2]).all(1)
     if self.wrong_reference:
       solved[0] = False
+    if self.verdict == "float":
+      return {{"solved": np.full(len(solved), 0.3), "cell_accuracy": solved.astype(float)}}
+    if self.verdict == "nan":
+      return {{"solved": solved, "cell_accuracy": np.full(len(solved), np.nan)}}
+    if self.verdict == "no_accuracy":
+      return {{"solved": solved}}
     return {{"solved": solved, "cell_accuracy": solved.astype(float)}}
 
   def render(self, tokens_row, prompt_row=None):
@@ -217,6 +224,11 @@ def test_reward_from_module_colon_function():
     ({"wrong_reference": True}, "its verifier says 1 of 8 reference answers of "
                                 "train_batch(seed=0, index=0, batch=8) are not solved"),
     ({"all_given": True}, "no scored cells"),
+    # SILENT-WRONG: a float verdict (0.3 everywhere) passed as "solved 8/8"; a NaN accuracy
+    # was written as "nan%"; a verifier without cell_accuracy died in --mode=solve
+    ({"verdict": "float"}, "its verifier's 'solved' is float64 for the reference answers"),
+    ({"verdict": "nan"}, "its verifier's 'cell_accuracy' holds [nan, nan, nan]"),
+    ({"verdict": "no_accuracy"}, "its verifier returned ['solved'] for the reference answers"),
     ({"heldout_rows": 0}, "task.heldout_count: task {name!r} has an empty held-out split"),
 ])
 def test_a_task_is_checked_before_the_first_step(toy, options, want):

@@ -295,10 +295,34 @@ def verify(task: "Task", tokens, puzzle: dict, what: str) -> dict:
   """``task.verify(tokens, puzzle)``; a verifier that raises is one ValueError line naming the
   task, the exception and ``what`` was verified (its cause: the traceback)."""
   try:
-    return task.verify(tokens, puzzle)
+    out = task.verify(tokens, puzzle)
   except Exception as e:  # noqa: BLE001 - a task's verifier may raise anything
     raise ValueError(f"task {task.name!r}: its verifier raised {type(e).__name__}: "
                      f"{_first_line(e)} on {what}") from e
+  check_verdict(task, out, len(np.asarray(tokens)), what)
+  return out
+
+
+def check_verdict(task: "Task", out, n: int, what: str) -> None:
+  """A verifier's answer must be a dict with 'solved' (bool [n]: a float 0.3 is not a verdict)
+  and 'cell_accuracy' (finite numbers in [0, 1], [n]): else one line naming the task."""
+  expected = (f"expected a dict with 'solved' (bool) and 'cell_accuracy' (numbers in [0, 1]) "
+              f"of shape [{n}]")
+  if not isinstance(out, dict) or "solved" not in out or "cell_accuracy" not in out:
+    got = sorted(out) if isinstance(out, dict) else type(out).__name__
+    raise ValueError(f"task {task.name!r}: its verifier returned {got} for {what}; {expected}")
+  solved, acc = np.asarray(out["solved"]), np.asarray(out["cell_accuracy"])
+  if solved.shape != (n,) or acc.shape != (n,):
+    raise ValueError(f"task {task.name!r}: its verifier returned 'solved' of shape "
+                     f"{solved.shape} and 'cell_accuracy' of shape {acc.shape} for {what}; "
+                     f"{expected}")
+  if solved.dtype != np.bool_:
+    raise ValueError(f"task {task.name!r}: its verifier's 'solved' is {solved.dtype} for {what} "
+                     f"(e.g. {solved.ravel()[:3].tolist()}); {expected}")
+  if not np.issubdtype(acc.dtype, np.number) or not (
+      np.isfinite(acc) & (acc >= 0) & (acc <= 1)).all():
+    raise ValueError(f"task {task.name!r}: its verifier's 'cell_accuracy' holds "
+                     f"{acc.ravel()[:3].tolist()}... for {what}; {expected}")
 
 
 def check_verifier(task: "Task", rows: dict, what: str) -> None:
@@ -307,14 +331,7 @@ def check_verifier(task: "Task", rows: dict, what: str) -> None:
   traceback)."""
   n = len(np.asarray(rows["tokens"]))
   out = verify(task, np.asarray(rows["tokens"]), rows, f"the reference answers of {what}")
-  expected = f"expected a dict with 'solved' (and 'cell_accuracy') of shape [{n}]"
-  if not isinstance(out, dict) or "solved" not in out:
-    got = sorted(out) if isinstance(out, dict) else type(out).__name__
-    raise ValueError(f"task {task.name!r}: its verifier returned {got} for {what}; {expected}")
   solved = np.asarray(out["solved"])
-  if solved.shape != (n,):
-    raise ValueError(f"task {task.name!r}: its verifier returned 'solved' of shape "
-                     f"{solved.shape} for {what}; {expected}")
   if not solved.astype(bool).all():
     first = int(np.flatnonzero(~solved.astype(bool))[0])
     raise ValueError(f"task {task.name!r}: its verifier says {int((~solved.astype(bool)).sum())}"
