@@ -348,3 +348,15 @@ def test_negative_clip_or_decay_is_one_line(key):
   for cls, group in ((grpo.GRPOSettings, "rl"), (dpo.DPOSettings, "dpo")):
     with pytest.raises(ValueError, match=rf"^{group}\.{key}: must be a finite number >= 0"):
       cls(**{key: -1.0}).validate(None)
+
+
+def test_the_eval_line_names_what_decodes():
+  """SILENT-WRONG (label): with rl.policy=max_prob the eval line said "order random" (rl.order,
+  which the adaptive sampler ignores)."""
+  from aogpt_jax.posttrain import rl
+  from aogpt_jax.sampling import sampler
+  s = sampler.SampleSettings(length=36, steps=36, method="adaptive", policy="max_prob",
+                             order="random", greedy=True)
+  assert rl.decoding_label(s) == "greedy adaptive, policy max_prob, 36 steps"
+  s = sampler.SampleSettings(length=36, steps=36, method="diffusion", order="random")
+  assert rl.decoding_label(s) == "greedy diffusion, order random, 36 steps"

@@ -193,7 +193,7 @@ class GRPOAlgorithm:
            "cell_accuracy": float(res.summary["cell_accuracy"])}
     line = (f"held-out solved {100 * out['solved']:.1f}% [{100 * out['solved_low']:.1f}, "
             f"{100 * out['solved_high']:.1f}] of {res.summary['rows']} puzzles, cell accuracy "
-            f"{out['cell_accuracy']:.3f} (greedy {s.method}, order {s.order}, {s.steps} steps)")
+            f"{out['cell_accuracy']:.3f} ({decoding_label(s)})")
     return out, line
 
   def progress(self, means: dict[str, float]) -> str:
@@ -222,3 +222,10 @@ def rl_mode(cfg, workdir: str) -> dict[str, float]:
   config_lib.check_task(cfg)   # a task's rows and verifier, before anything loads or compiles
   algorithm = build(cfg, mc)
   return run_lib.run(cfg, workdir, algorithm, mc=mc, mode="rl")
+
+
+def decoding_label(s) -> str:
+  """How the held-out eval decodes: an adaptive sampler names its policy (it ignores the
+  order), the others their order."""
+  how = f"policy {s.policy}" if s.method == "adaptive" else f"order {s.order}"
+  return f"greedy {s.method}, {how}, {s.steps} steps"
