@@ -153,6 +153,10 @@ def test_stopped_and_resumed_run_equals_the_uninterrupted_one_bitwise(sft, full,
     ({"rl.reference": "/no/such/run"}, r"^rl.reference: /no/such/run: no such folder or "),
     ({"train.init_from": "/no/such/run"}, r"^train.init_from: /no/such/run: no such folder or "),
     ({"rl.temperature": 0.0}, r"^rl.temperature: must be a finite number >= "),
+    # SILENT-WRONG: the run trained the loaded blank-block model but recorded blank_block=False
+    ({"model.blank_block": False}, r"^train.init_from: .* was trained with "
+                                   r"model.blank_block=True \(the config has False\)"),
+    ({"rl.max_grad_norm": -1.0}, r"^rl.max_grad_norm: must be a finite number >= 0"),
 ])
 def test_bad_settings_are_one_line_errors_before_anything_runs(sft, tmp_path, overrides, match):
   wd = tmp_path / "w"

@@ -100,7 +100,20 @@ def starting_model(cfg, mc, mode: str):
     raise config_lib.ConfigError(
         f"train.init_from: --mode={mode} starts from a trained model; set it to the run's "
         f"WORKDIR or a model SPEC (e.g. /tmp/sudoku, trained by configs/sudoku.py:tiny)")
-  return train_loop.load_init(cfg, mc)
+  m = train_loop.load_init(cfg, mc)
+  diff = [f"model.{f}={getattr(m.cfg, f)!r} (the config has {getattr(mc, f)!r})"
+          for f in LAYOUT_FIELDS if getattr(m.cfg, f) != getattr(mc, f)]
+  if diff:
+    raise config_lib.ConfigError(
+        f"train.init_from: {cfg.train.init_from} was trained with {'; '.join(diff)}; "
+        f"--mode={mode} trains the starting model as it is, so set the config to match (e.g. "
+        f"--config.{diff[0].split(' ')[0]}), or change the layout by training first")
+  return m
+
+
+# The attention layout a post-training run keeps from its starting model: the run trains the
+# loaded model, so its config (and what config.json and the checkpoints record) must say the same.
+LAYOUT_FIELDS = ("blank_block", "prompt_attention")
 
 
 def load_reference(spec: str, start_model, key: str):
