@@ -478,7 +478,7 @@ def solve_mode(cfg, workdir: str, checkpoint: str = "") -> dict:
     result = solve_lib.solve(m, task, puzzles, settings, key=jax.random.key(int(cfg.solve.seed)),
                              batch_size=bs)
   provenance = {"model": prov, **source, "seed": int(cfg.solve.seed),
-                "task": {"name": task.name, "options": task.options()},
+                "task": {"name": task.name, "options": tasks.base.options(task)},
                 "jax": jax.__version__, "backend": jax.default_backend()}
   path = solve_lib.write(result, workdir, str(cfg.solve.name), provenance)
   if jax.process_index() == 0:

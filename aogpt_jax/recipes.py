@@ -207,7 +207,8 @@ def task(name: str, options: dict[str, Any], *, tiny_options: dict[str, Any],
   t = tasks.make(name, **dict(options, **(tiny_options if small else {})))
   c = task_run(small, variant, length=t.length, model=tiny_model if small else model,
                steps=tiny_steps if small else steps)
-  return apply(c, {"task.module": module, "task.name": name, "task.options": t.options()})
+  return apply(c, {"task.module": module, "task.name": name,
+                   "task.options": tasks.base.options(t)})
 
 
 def task_arg(arg: str | None, extra: tuple[str, ...] = ()) -> tuple[bool, str | None]:

@@ -168,3 +168,25 @@ def test_solve_mode_on_a_short_task_run(tmp_path):
   p = trainer_helpers.start(solve + ["--config.task.options.max_givens=20"], bad)
   assert p.wait(timeout=300) == 1
   assert "task.options: the run in" in bad.read_text().strip().splitlines()[-1]
+
+
+def test_numpy_options_are_written_whole(tmp_path):
+  """A task whose options() hold numpy scalars: --mode=solve died in json.dumps after writing
+  solve.jsonl and solve.json (half a result); every body is now made first, numbers plain."""
+  import json as json_lib
+  import numpy as np_
+  from aogpt_jax.evaluation import solve as solve_lib
+  from aogpt_jax.tasks import base
+  summary = {"task": "toy", "task_options": {"k": np_.int64(3), "f": np_.float32(0.5)},
+             "rows": 1, "solved": {"count": 1, "rate": 1.0, "low": 0.2, "high": 1.0},
+             "cell_accuracy": 1.0, "first_cell_accuracy": 1.0, "first_error_rank_median": None,
+             "steps_mean": 1.0, "ms_per_puzzle": 1.0, "settings": {}}
+  res = solve_lib.SolveResult([{"index": 0, "solved": np_.bool_(True), "x": np_.int32(2)}],
+                              summary)
+  path = solve_lib.write(res, str(tmp_path), "solve", {"seed": np_.int64(0)})
+  assert json_lib.loads(open(path).read())["x"] == 2
+  got = json_lib.loads(open(path[:-1]).read())
+  assert got["summary"]["task_options"] == {"k": 3, "f": 0.5}
+  assert sorted(p.name for p in (tmp_path / "solve").iterdir()) == [
+      "solve.json", "solve.jsonl", "solve.md"]
+  assert base.plain({"a": (np_.int8(1), [np_.float64(2.0)])}) == {"a": (1, [2.0])}

@@ -218,7 +218,7 @@ def _result(task, ref_RxN, given_RxN, out_RxN, order_RxN, steps_R, verdict, wall
     early[f"first_{k}_right"] = float(ok.mean())
   errs = first_R[first_R >= 0]
   summary = {
-      "task": task.name, "task_options": task.options(), "rows": rows_total,
+      "task": task.name, "task_options": tasks_base.options(task), "rows": rows_total,
       "solved": {"count": solved, "rate": solved / rows_total, "low": low, "high": high,
                  "interval": "95% Wilson"},
       "cell_accuracy": float(cell_R.mean()),
@@ -297,7 +297,8 @@ def markdown(summary: dict, provenance: dict) -> str:
             f"{summary['search']['rows_per_puzzle']:.0f} rows evaluated per puzzle"
             if summary.get("search") else
             f"Sampler: `{json.dumps(summary['settings'], sort_keys=True)}`"), "",
-           f"Task: `{summary['task']}` `{json.dumps(summary['task_options'], sort_keys=True)}`", "",
+           f"Task: `{summary['task']}` `{json.dumps(summary['task_options'], sort_keys=True, default=str)}`",
+           "",
            f"Model: `{json.dumps(provenance, sort_keys=True, default=str)}`", ""]
   return "\n".join(lines)
 
@@ -307,10 +308,13 @@ def write(result: SolveResult, workdir: str, name: str, provenance: dict) -> str
   folder = os.path.join(workdir, "solve")
   os.makedirs(folder, exist_ok=True)
   stem = os.path.join(folder, workdir_lib.fresh_stem(folder, name, (".jsonl", ".json", ".md")))
-  body = "".join(json.dumps(r) + "\n" for r in result.rows)
-  workdir_lib.write_json_atomic(stem + ".jsonl", body)
-  workdir_lib.write_json_atomic(stem + ".json", json.dumps(
-      {"summary": result.summary, "provenance": provenance, "rows_file": stem + ".jsonl"},
-      indent=1, default=str))
-  workdir_lib.write_json_atomic(stem + ".md", markdown(result.summary, provenance))
+  # every body made first: a value JSON cannot hold fails before any file is written
+  bodies = {".jsonl": "".join(json.dumps(tasks_base.plain(r)) + "\n" for r in result.rows),
+            ".json": json.dumps(tasks_base.plain({"summary": result.summary,
+                                                  "provenance": provenance,
+                                                  "rows_file": stem + ".jsonl"}),
+                                indent=1, default=str),
+            ".md": markdown(result.summary, provenance)}
+  for suffix, body in bodies.items():
+    workdir_lib.write_json_atomic(stem + suffix, body)
   return stem + ".jsonl"

@@ -152,6 +152,26 @@ def defaults(name: str) -> dict:
           if k != "self" and p.default is not inspect.Parameter.empty}
 
 
+def plain(value):
+  """``value`` with numpy scalars and arrays as Python numbers and lists (recursively through
+  dicts, lists and tuples): a task's ``options()`` as JSON can hold them."""
+  if isinstance(value, np.generic):
+    return value.item()
+  if isinstance(value, np.ndarray):
+    return value.tolist()
+  if isinstance(value, dict):
+    return {k: plain(v) for k, v in value.items()}
+  if isinstance(value, (list, tuple)):
+    return type(value)(plain(v) for v in value)
+  return value
+
+
+def options(task: "Task") -> dict:
+  """``task.options()`` made JSON-safe (`plain`): what configs, summaries and provenance
+  record."""
+  return plain(task.options())
+
+
 def heldout_mask(keys: np.ndarray, frac: float) -> np.ndarray:
   """bool [B]: which rows of ``keys`` ([B, ...], each row the canonical bytes of one instance)
   fall in the held-out bucket."""
