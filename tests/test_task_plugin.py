@@ -346,6 +346,50 @@ def test_training_saves_before_its_final_eval(tmp_path, monkeypatch):
   assert events == [("save", 2), "eval"]
 
 
+@pytest.mark.parametrize("how, want", [
+    ("rows", "train_batch(seed=0, index=2, batch=8) returned 7 rows; expected 8"),
+    ("raise", "train_batch(seed=0, index=2, batch=8) raised RuntimeError: disk gone"),
+    ("float", "train_batch(seed=0, index=2, batch=8): tokens of dtype float64; expected "
+              "integers"),
+    ("id", "train_batch(seed=0, index=2, batch=8): row 0 holds token id 81 at position 3")])
+def test_every_training_batch_is_checked_and_the_steps_so_far_saved(tmp_path, monkeypatch, how,
+                                                                    want):
+  """A task's train_batch was checked at index 0 only: fewer rows later were a 38-line
+  TypeError, a raise a grain traceback with nothing saved, float tokens truncated silently, an
+  id out of range a NonFiniteLoss naming neither. Now: one line naming the task and the index,
+  the two steps trained saved."""
+  from ml_collections import config_dict  # pylint: disable=g-import-not-at-top
+  from aogpt_jax.model import aogpt as model_lib  # pylint: disable=g-import-not-at-top
+  from aogpt_jax.tasks import pipeline  # pylint: disable=g-import-not-at-top
+  from aogpt_jax.train import loop as train_loop  # pylint: disable=g-import-not-at-top
+  task = tasks.make("sudoku", size=9)
+  good = task.train_batch
+
+  def train_batch(seed, index, batch):
+    b = dict(good(seed, index, batch))
+    if index == 2:
+      if how == "raise":
+        raise RuntimeError("disk gone")
+      b = {"rows": {k: v[1:] for k, v in b.items()}, "float": {**b, "tokens": b["tokens"] + 0.5},
+           "id": {**b, "tokens": np.where(np.arange(81) == 3, 81, b["tokens"])}}[how]
+    return b
+  monkeypatch.setattr(task, "train_batch", train_batch)
+  events = []
+  m = {"nll_sum": 1.0, "token_count": 1.0, "grad_norm": 1.0, "param_norm": 1.0, "lr": 1e-3}
+  monkeypatch.setattr(train_loop.sharding_lib, "global_batch", lambda local, mesh: local)
+  monkeypatch.setattr(train_loop, "_compile_step", lambda *a: lambda state, batch: (state, m))
+  trainer = type("Trainer", (), {"model_cfg": model_lib.preset("tiny"), "mesh": None})()
+  cfg = config_dict.ConfigDict(dict(total_steps=5, batch_size=8, seq_len=81, microbatches=1,
+                                    log_every=1, eval_every=0, checkpoint_every=0))
+  data = pipeline.train_iterator(task, global_batch_size=8, seed=0)
+  with pytest.raises(pipeline.TaskBatchError) as e:
+    train_loop._loop(cfg, trainer, {"params": {}}, 0, data,  # noqa: SLF001
+                     _Checkpointer(events, tmp_path), _Writer(), {})
+  assert _one_line(e).startswith("task 'sudoku': ") and want in str(e.value)
+  assert str(e.value).endswith(f"the 2 steps trained are saved (step 2 in {tmp_path})")
+  assert events == [("save", 2)]
+
+
 def test_a_post_training_run_saves_before_its_final_eval(tmp_path):
   """The post-training loop (`posttrain.run._loop`) the same way, with a stand-in algorithm."""
   import jax  # pylint: disable=g-import-not-at-top

@@ -15,16 +15,37 @@ import grain
 import numpy as np
 
 from aogpt_jax.data.pipeline import _local_rows, _Sized
+from aogpt_jax.tasks import base
+
+
+class TaskBatchError(ValueError):
+  """A training batch the task made does not fit it (or its ``train_batch`` raised): one line
+  naming the task, the batch index and the problem."""
 
 
 class _TaskBatch:
-  """Global batch index -> this process's rows of ``task.train_batch(seed, index, G)``."""
+  """Global batch index -> this process's rows of ``task.train_batch(seed, index, G)``, every
+  batch checked (`base.check_rows`: shapes, integer ids in [0, vocab_size), a 0/1 prompt; and G
+  rows): a batch that breaks the task at index 1000 is one line naming it, not a traceback or a
+  silently truncated float."""
 
   def __init__(self, task, seed: int, global_batch_size: int, rows: slice):
     self.task, self.seed, self.size, self.rows = task, int(seed), int(global_batch_size), rows
 
   def __call__(self, index) -> dict:
-    batch = self.task.train_batch(self.seed, int(index), self.size)
+    what = f"train_batch(seed={self.seed}, index={int(index)}, batch={self.size})"
+    try:
+      batch = self.task.train_batch(self.seed, int(index), self.size)
+    except Exception as e:  # noqa: BLE001 - a task's own code may raise anything
+      raise TaskBatchError(f"task {self.task.name!r}: {what} raised {type(e).__name__}: "
+                           f"{base._first_line(e)}") from e
+    try:
+      got = base.check_rows(self.task, batch, what)
+    except ValueError as e:
+      raise TaskBatchError(str(e)) from None
+    if got != self.size:
+      raise TaskBatchError(f"task {self.task.name!r}: {what} returned {got} rows; expected "
+                           f"{self.size}")
     return {"tokens": np.asarray(batch["tokens"], np.int32)[self.rows],
             "prompt": np.asarray(batch["prompt"], bool)[self.rows]}
 

@@ -387,7 +387,13 @@ def _loop(cfg, trainer, state, start: int, data_iter, ckpt, writer, meta) -> dic
 
   try:
     while step < total:
-      batch = sharding_lib.global_batch(next(data_iter), trainer.mesh)
+      try:
+        raw = next(data_iter)
+      except task_pipeline.TaskBatchError as e:
+        drain()
+        saved = _save_before_failing(ckpt, step, start, state, data_iter, meta)
+        raise task_pipeline.TaskBatchError(f"{e}; {saved}") from None
+      batch = sharding_lib.global_batch(raw, trainer.mesh)
       first = step == start
       if first:   # compilation is not training time
         t = time.perf_counter()
@@ -449,6 +455,20 @@ def _loop(cfg, trainer, state, start: int, data_iter, ckpt, writer, meta) -> dic
   finally:
     stop.restore()
   return last
+
+
+def _save_before_failing(ckpt, step: int, start: int, state, data_iter, meta) -> str:
+  """Saves the steps trained before a batch failed (none new: says where the last one is)."""
+  if step > start and ckpt.last_saved != step:
+    try:
+      ckpt.save(step, state, data_iter, meta)
+      ckpt.wait()
+    except Exception as e:  # noqa: BLE001 - the batch's error is the one to report
+      return f"saving step {step} failed too ({type(e).__name__}: {e})"
+    return f"the {step - start} steps trained are saved (step {step} in {ckpt.directory})"
+  if ckpt.last_saved is not None:
+    return f"the newest checkpoint is step {ckpt.last_saved} in {ckpt.directory}"
+  return "no step was trained"
 
 
 def _progress_line(step: int, total: int, s: dict[str, float], eta: float) -> str:
