@@ -95,3 +95,44 @@ def exit_on_ctrl_c(prog: str) -> None:
       os._exit(130)
 
   signal.signal(signal.SIGINT, handler)
+
+
+def _in_gc_callback(frame) -> bool:
+  """Whether ``frame`` (or a caller) runs one of ``gc.callbacks`` (JAX registers one): an
+  exception raised there is printed as "Exception ignored" and lost."""
+  import gc  # pylint: disable=g-import-not-at-top
+  codes = {getattr(cb, "__code__", None) for cb in gc.callbacks} - {None}
+  while frame is not None and codes:
+    if frame.f_code in codes:
+      return True
+    frame = frame.f_back
+  return False
+
+
+def ctrl_c_handler(signum, frame):
+  """SIGINT once a command has started: KeyboardInterrupt, as Python's default, except inside a
+  gc callback, where it would be swallowed and the run go on: there the interrupt is delivered
+  again 50 ms later, outside the callback."""
+  del signum
+  if _in_gc_callback(frame):
+    import _thread  # pylint: disable=g-import-not-at-top
+    import threading  # pylint: disable=g-import-not-at-top
+    threading.Timer(0.05, _thread.interrupt_main).start()
+    return
+  raise KeyboardInterrupt
+
+
+def exit_interrupted(prog: str, detail: str = "") -> None:
+  """The one line of a Ctrl-C and status 130, without the interpreter's teardown: XLA's
+  compiler threads (a first step still compiling) or grain's readers still running at teardown
+  crashed it ("Fatal Python error: Segmentation fault", status 139). Every ``finally`` of the
+  command has run by now (checkpoints saved or closed, locks released); logs are flushed."""
+  import logging  # pylint: disable=g-import-not-at-top
+  import os  # pylint: disable=g-import-not-at-top
+  try:
+    sys.stdout.flush()
+    print(f"{prog}: interrupted{': ' + detail if detail else ' (Ctrl-C)'}", file=sys.stderr,
+          flush=True)
+    logging.shutdown()
+  finally:
+    os._exit(130)

@@ -30,10 +30,10 @@ if __name__ == "__main__":
   errors.exit_on_ctrl_c("aogpt_jax")   # the imports below take seconds
 
 
-def _interrupted() -> None:
-  """Ctrl-C before the command has started: one line, status 130."""
-  print("aogpt_jax: interrupted (Ctrl-C)", file=sys.stderr)
-  raise SystemExit(130)
+def _interrupted(detail: str = "") -> None:
+  """Ctrl-C: one line, status 130 (`errors.exit_interrupted`: no interpreter teardown)."""
+  from aogpt_jax import errors  # pylint: disable=g-import-not-at-top
+  errors.exit_interrupted("aogpt_jax", detail)
 
 from absl import app, flags, logging
 from ml_collections import config_flags
@@ -257,12 +257,13 @@ def main(argv) -> None:
   except KeyboardInterrupt as e:   # Ctrl-C (training saved its checkpoint first): status 130
     if _VERBOSE.value:
       raise
-    print(f"aogpt_jax: interrupted{': ' + str(e) if str(e) else ''}", file=sys.stderr)
-    raise SystemExit(130) from None
+    _interrupted(str(e))
 
 
 if __name__ == "__main__":
-  signal.signal(signal.SIGINT, signal.default_int_handler)   # KeyboardInterrupt from here on
+  # KeyboardInterrupt from here on (re-delivered when it lands in a gc callback)
+  from aogpt_jax.errors import ctrl_c_handler  # pylint: disable=g-import-not-at-top
+  signal.signal(signal.SIGINT, ctrl_c_handler)
   try:
     app.run(main, flags_parser=parse_flags)
   except KeyboardInterrupt:

@@ -295,3 +295,41 @@ def test_ctrl_c_while_starting_is_one_line_and_130(tmp_path, mod, how):
   assert (p.returncode, p.stderr.splitlines()) == (130, [f"{prog}: interrupted (Ctrl-C)"]), \
       p.stderr[-3000:]
   assert not (tmp_path / "w").exists()
+
+
+_GC_CTRL_C = r"""
+import gc, os, signal, sys, time
+from aogpt_jax.errors import ctrl_c_handler
+if sys.argv[1] == "fixed":
+  signal.signal(signal.SIGINT, ctrl_c_handler)
+fired = []
+def cb(phase, info):            # Ctrl-C while a gc callback runs (JAX registers one)
+  if phase == "start" and not fired:
+    fired.append(1)
+    os.kill(os.getpid(), signal.SIGINT)
+    sum(range(100000))
+gc.callbacks.append(cb)
+try:
+  gc.collect()
+  t = time.time()
+  while time.time() - t < 3:
+    time.sleep(0.01)
+  print("the run went on")
+except KeyboardInterrupt:
+  print("interrupted")
+"""
+
+
+@pytest.mark.subprocess
+def test_ctrl_c_in_a_gc_callback_is_not_lost(tmp_path):
+  """A Ctrl-C landing in JAX's gc callback was printed as "Exception ignored ...
+  KeyboardInterrupt" and lost (the run went on to its end): `errors.ctrl_c_handler` delivers it
+  again outside the callback. The default handler shows the finding."""
+  script = tmp_path / "gc_ctrl_c.py"
+  script.write_text(_GC_CTRL_C)
+  run = lambda how: subprocess.run([sys.executable, str(script), how], cwd=REPO,  # noqa: E731
+                                   env=cpu_env(), capture_output=True, text=True, timeout=60)
+  default, fixed = run("default"), run("fixed")
+  assert default.stdout.strip() == "the run went on" and "Exception ignored" in default.stderr
+  assert fixed.stdout.strip() == "interrupted" and "Exception ignored" not in fixed.stderr, \
+      fixed.stderr
