@@ -38,6 +38,7 @@ from aogpt_jax.config import ConfigError
 from aogpt_jax.model import objectives
 from aogpt_jax.sampling import config as sample_config
 from aogpt_jax.sampling import write as sample_write
+from aogpt_jax.train import loop as train_loop
 from aogpt_jax.train import workdir as workdir_lib
 
 EVAL_SETTINGS = tuple(f.name for f in dataclasses.fields(evaluation.EvalSettings))
@@ -186,7 +187,18 @@ def _from_spec(cfg, spec: str, which: str | None):
   return m, prov
 
 
+def refuse_task_run(cfg, mode: str) -> None:
+  """eval and sample read text corpora and print text: on a puzzle task's run (``task.name`` set,
+  no ``tokenizer`` option: not the text ``pairs`` task) they prepared the byte corpus and failed,
+  or printed grids as byte reprs; one line instead."""
+  if train_loop.puzzle_task(cfg):
+    raise ConfigError(f"task.name: --mode={mode} is for text models; this run is task "
+                      f"{cfg.task.name!r}: use --mode=solve (its held-out puzzles, or "
+                      f"solve.puzzles=FILE)")
+
+
 def eval_mode(cfg, workdir: str, checkpoint: str = "") -> dict:
+  refuse_task_run(cfg, "eval")
   e = cfg.eval
   try:
     settings = evaluation.EvalSettings.from_dict(
@@ -255,6 +267,7 @@ def scored_line(results: dict, cfg) -> str:
 
 
 def sample_mode(cfg, workdir: str, checkpoint: str = "") -> str:
+  refuse_task_run(cfg, "sample")
   if cfg.sample.name:
     workdir_lib.check_name(cfg.sample.name, "sample.name")
   if not checkpoint and not os.path.isdir(os.path.join(workdir, "checkpoints")):

@@ -413,3 +413,21 @@ def test_a_post_training_run_saves_before_its_final_eval(tmp_path):
     run_lib._loop(cfg, Algorithm(), state, 0, _Checkpointer(events, tmp_path), _Writer(),  # noqa: SLF001
                   {})
   assert events == [("save", 2), "eval"]
+
+
+def test_a_puzzle_run_recommends_solve_and_refuses_sample_and_eval(tmp_path):
+  """A task run's last line recommended --mode=sample and --mode=eval (eval then failed on the
+  byte corpus, sample printed byte reprs): it names --mode=solve, and sample / eval on a puzzle
+  run are one line; the text `pairs` task keeps them."""
+  from aogpt_jax.train import loop as train_loop  # pylint: disable=g-import-not-at-top
+  cfg = recipes.config_file(REPO / "configs" / "sudoku.py", "tiny")
+  assert train_loop.puzzle_task(cfg)
+  line = train_loop.summary_line({}, 10, 0, 1.0, tmp_path, tmp_path, True)
+  assert line.endswith("--mode=solve") and "--mode=sample" not in line
+  for mode, fn in (("sample", modes.sample_mode), ("eval", modes.eval_mode)):
+    with pytest.raises(config_lib.ConfigError) as e:
+      fn(cfg, str(tmp_path))
+    assert _one_line(e).startswith(f"task.name: --mode={mode} is for text models; this run is "
+                                   f"task 'sudoku': use --mode=solve")
+  sft = recipes.config_file(REPO / "configs" / "sft_text.py", "tiny")
+  assert not train_loop.puzzle_task(sft)

@@ -222,10 +222,8 @@ def _run(cfg, workdir, algorithm, mesh, meta, mode, t0) -> dict[str, float]:
 
 
 def next_commands(workdir) -> str:
-  """The training loop's commands (the same config, other modes) plus ``--mode=solve``."""
-  line = train_loop.next_commands(workdir)
-  base = line.split("; evaluate: ")[0].removeprefix("sample: ").removesuffix(" --mode=sample")
-  return f"solve: {base} --mode=solve; {line}"
+  """What to run next on a post-training run (always a task's): ``--mode=solve``."""
+  return train_loop.next_commands(workdir, task=True)
 
 
 def _check_finite(step: int, m: dict[str, float], ckpt, name: str) -> None:

@@ -194,14 +194,23 @@ def train(cfg, workdir: str) -> dict[str, float]:
       lock.close()
 
 
-def next_commands(workdir) -> str:
+def puzzle_task(cfg) -> bool:
+  """A run on a puzzle task (``task.name`` set, no ``tokenizer`` option: not the text ``pairs``
+  task): solved, not sampled or evaluated as text."""
+  return bool(cfg.task.name) and "tokenizer" not in cfg.task.options
+
+
+def next_commands(workdir, task: bool = False) -> str:
   """The commands that sample from and evaluate this run: this process's own command line
-  (config file and overrides) with ``--mode=sample`` / ``--mode=eval``."""
+  (config file and overrides) with ``--mode=sample`` / ``--mode=eval``; a task run's
+  (``task``): ``--mode=solve`` (sample and eval are for text corpora)."""
   argv = sys.argv[1:] if sys.argv and sys.argv[0].endswith(("main.py", "aogpt_jax.main")) else []
   keep = [a for a in argv if not a.startswith(("--mode", "--verbose", "--noverbose"))]
   if not any(a.startswith("--config") for a in keep):
     keep = ["--config=CONFIG", f"--workdir={workdir}"]
   base = " ".join(["python -m aogpt_jax.main", *map(shlex.quote, keep)])
+  if task:
+    return f"solve: {base} --mode=solve"
   return f"sample: {base} --mode=sample; evaluate: {base} --mode=eval"
 
 
@@ -233,7 +242,7 @@ def _train(cfg, workdir, model_cfg, mesh, meta, proc, t0) -> dict[str, float]:
         ckpt.close()
         logging.warning("the run in %s already reached total_steps=%d: nothing to train "
                         "(raise total_steps to continue it); checkpoints in %s; %s", workdir,
-                        start, ckpt.directory, next_commands(workdir))
+                        start, ckpt.directory, next_commands(workdir, puzzle_task(cfg)))
         return {}
       logging.info("resumed from %s", ckpt.directory / str(start))
     if proc == 0:   # only once every resume check passed: a refused resume changes nothing
@@ -259,12 +268,12 @@ def _train(cfg, workdir, model_cfg, mesh, meta, proc, t0) -> dict[str, float]:
                               f"{ckpt.last_saved} in {ckpt.directory}")
     if proc == 0 and not stopped:
       logging.info("%s", summary_line(last, cfg.total_steps, start, time.perf_counter() - t0,
-                                      ckpt.directory, workdir))
+                                      ckpt.directory, workdir, puzzle_task(cfg)))
     return last
 
 
 def summary_line(last: dict[str, float], total: int, start: int, seconds: float, ckpt_dir,
-                 workdir) -> str:
+                 workdir, task: bool = False) -> str:
   """The end of a finished run in one line: steps, time, final losses, the checkpoint folder,
   the commands to sample and evaluate."""
   losses = [f"{name} {last[k]:.4f}" for k, name in (
@@ -274,7 +283,7 @@ def summary_line(last: dict[str, float], total: int, start: int, seconds: float,
   trained = f"steps {start}-{total}" if start else f"{total} steps"
   return (f"training finished: {trained} in {metrics_lib.format_duration(seconds)}; "
           f"{', '.join(losses)} (nats/token); checkpoints in {ckpt_dir}; "
-          f"{next_commands(workdir)}")
+          f"{next_commands(workdir, task)}")
 
 
 def load_init(cfg, model_cfg):
