@@ -424,6 +424,18 @@ def task_of(cfg):
   if not name:
     return None
   import_task_module(cfg)
+  from aogpt_jax import tasks  # pylint: disable=g-import-not-at-top
+  module = str(group.get("module", "") or "")
+  if module and name not in tasks.names():
+    mods = [tasks.base.import_module(m) for m in module.split(",") if m.strip()]
+    files = {os.path.realpath(getattr(m, "__file__", "") or "") for m in mods}
+    own = sorted(n for n, cls in tasks.REGISTRY.items()
+                 if tasks.base._origin(cls)[1] in files  # noqa: SLF001
+                 or cls.__module__ in {m.__name__ for m in mods})
+    _fail("task.name", f"{name!r}: task.module={module} registered "
+          f"{'no task' if not own else 'only ' + ', '.join(map(repr, own))}; registered tasks: "
+          f"{', '.join(tasks.names())} (expected @tasks.register({name!r}) on a Task class in "
+          f"that module)")
   return _make_task(name, json.dumps(task_options(cfg), sort_keys=True))
 
 

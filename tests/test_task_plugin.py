@@ -431,3 +431,17 @@ def test_a_puzzle_run_recommends_solve_and_refuses_sample_and_eval(tmp_path):
                                    f"task 'sudoku': use --mode=solve")
   sft = recipes.config_file(REPO / "configs" / "sft_text.py", "tiny")
   assert not train_loop.puzzle_task(sft)
+
+
+def test_a_module_that_registers_no_task_says_so(toy, tmp_path):
+  """The error said "set task.module to the module that registers it", which the user had done;
+  it names what the module registered (nothing, or other names) and every registered task."""
+  (tmp_path / "empty_tasks.py").write_text("import numpy\n")
+  with pytest.raises(config_lib.ConfigError) as e:
+    config_lib.task_of(_cfg("mine", "empty_tasks"))
+  assert _one_line(e).startswith("task.name: 'mine': task.module=empty_tasks registered no "
+                                 "task; registered tasks: ")
+  assert "sudoku" in str(e.value)
+  with pytest.raises(config_lib.ConfigError) as e:
+    config_lib.task_of(_cfg("mine", "my_tasks"))
+  assert f"task.module=my_tasks registered only {toy!r}" in _one_line(e)
