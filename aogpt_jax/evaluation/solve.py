@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import math
 import os
 import time
@@ -73,6 +74,14 @@ def check_puzzles(task, puzzles: dict, settings: sampler_lib.SampleSettings) -> 
   if tokens.min() < 0 or tokens.max() >= task.vocab_size:
     raise ValueError(f"solve.puzzles: tokens outside the task's vocabulary [0, "
                      f"{task.vocab_size})")
+  full = np.asarray(prompt, bool).all(axis=1)
+  if full.all():
+    raise ValueError(f"solve.puzzles: every cell of the {len(full)} puzzles is given (no blank "
+                     f"anywhere); expected puzzles with cells to fill")
+  if full.any():
+    logging.warning("solve.puzzles: %d of the %d puzzles have no blank (row %d first); they "
+                    "count as solved as given", int(full.sum()), len(full),
+                    int(np.argmax(full)))
 
 
 def _steps(out: sampler_lib.Samples) -> np.ndarray:
