@@ -157,6 +157,21 @@ def _paths(node, prefix: str = "") -> list[str]:
   return out
 
 
+POSTTRAIN_GROUPS = ("rl", "dpo")   # --mode=rl / dpo: their rollouts read these, not sample.*
+
+
+def ignored_overrides(argv, mode: str) -> str | None:
+  """One line for a ``--config.sample.*`` override under --mode=rl / dpo, which ignore the
+  sample group (it was accepted and silently unused), else None."""
+  if mode not in POSTTRAIN_GROUPS:
+    return None
+  bad = next((a for a in argv[1:] if a.startswith("--config.sample.")), None)
+  if bad is None:
+    return None
+  return (f"{bad.split('=')[0]}: --mode={mode} ignores the sample group (its rollouts and "
+          f"held-out eval follow the {mode}.* keys: --config.{mode}.KEY); drop it")
+
+
 def _flag_error(argv, e: BaseException) -> str | None:
   """One line for a bad ``--config.KEY=VALUE`` (a misspelt key, with the closest key; a value
   of the wrong type, with the expected type), or for a bad ``--config=FILE:ARG``; None when
@@ -189,6 +204,9 @@ def _flag_error(argv, e: BaseException) -> str | None:
       where = ".".join(parts[:i])
       close = [f"{where + '.' if where else ''}{c}" for c in
                difflib.get_close_matches(part, list(node.keys()), n=1, cutoff=0.6)]
+      if not close and parts[0] in POSTTRAIN_GROUPS:   # rl / dpo ignore the other groups' keys
+        return (f"--config.{path}: no config key {'.'.join(parts[:i + 1])!r}; the keys of "
+                f"{where} are: {', '.join(sorted(node.keys()))}")
       if not close:   # a key of another group? (--config.stpes -> sample.steps)
         leaves = {}
         for p in _paths(cfg):
@@ -213,6 +231,9 @@ def main(argv) -> None:
     console.setFormatter(_ConsoleFormat())
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  ignored = ignored_overrides(sys.argv, _MODE.value)
+  if ignored:
+    raise SystemExit(f"aogpt_jax: config error: {ignored}")
   if _MODE.value not in MODES:   # one line, without absl's usage text
     import difflib  # pylint: disable=g-import-not-at-top
     close = difflib.get_close_matches(_MODE.value, list(MODES), n=1)

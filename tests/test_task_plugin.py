@@ -445,3 +445,19 @@ def test_a_module_that_registers_no_task_says_so(toy, tmp_path):
   with pytest.raises(config_lib.ConfigError) as e:
     config_lib.task_of(_cfg("mine", "my_tasks"))
   assert f"task.module=my_tasks registered only {toy!r}" in _one_line(e)
+
+
+def test_rl_does_not_point_to_the_sample_keys_it_ignores():
+  """--config.rl.top_p was refused with "did you mean --config.sample.top_p?", a key --mode=rl
+  then ignored silently: the hint lists rl's own keys, and a sample.* override under --mode=rl
+  is one line."""
+  from aogpt_jax import main  # pylint: disable=g-import-not-at-top
+  f = str(REPO / "configs" / "rl_sudoku.py")
+  line = main._flag_error(["prog", f"--config={f}", "--config.rl.top_p=0.9"],  # noqa: SLF001
+                          AttributeError("top_p"))
+  assert line.startswith("--config.rl.top_p: no config key 'rl.top_p'; the keys of rl are: ")
+  assert "--config.sample" not in line and "temperature" in line
+  assert main.ignored_overrides(["prog", "--config.sample.top_p=0.9"], "rl") == (
+      "--config.sample.top_p: --mode=rl ignores the sample group (its rollouts and held-out "
+      "eval follow the rl.* keys: --config.rl.KEY); drop it")
+  assert main.ignored_overrides(["prog", "--config.sample.top_p=0.9"], "train") is None
