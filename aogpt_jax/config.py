@@ -85,7 +85,9 @@ def default_config() -> config_dict.ConfigDict:
   # train.init_from: a --checkpoint SPEC (gpt2:DIR, l2r:WORKDIR, a converted folder, a WORKDIR,
   # ...) whose weights a NEW run starts from (optimizer, EMA and step start fresh; a run that
   # resumes from its own checkpoint ignores it). Its model must match model.* field for field.
-  c.train = config_dict.ConfigDict(dict(init_from=""))
+  # train.for_mode: "" or the mode a post-training config is for ("rl", "dpo"; set by
+  # recipes.post_training): --mode=train on it is one line, not a run from scratch.
+  c.train = config_dict.ConfigDict(dict(init_from="", for_mode=""))
 
   c.order = config_dict.ConfigDict({"name": "mixture",
                                     "kwargs": config_dict.ConfigDict({"p_l2r": 0.1})})

@@ -172,6 +172,17 @@ def ignored_overrides(argv, mode: str) -> str | None:
           f"held-out eval follow the {mode}.* keys: --config.{mode}.KEY); drop it")
 
 
+def wrong_mode(cfg, mode: str) -> str | None:
+  """One line when a post-training config (``train.for_mode``: rl, dpo) runs in another mode
+  (``configs/task.py:tiny,rl`` without --mode=rl trained a new model from scratch)."""
+  want = str(cfg.get("train", {}).get("for_mode", "") or "")
+  if not want or mode == want or mode not in ("train", "rl", "dpo"):
+    return None
+  return (f"train.for_mode: this config is for --mode={want} (post-training from "
+          f"train.init_from), not --mode={mode}; add --mode={want}, or use the config without "
+          f"':{want}' to {'train a model' if mode == 'train' else 'run --mode=' + mode}")
+
+
 def _flag_error(argv, e: BaseException) -> str | None:
   """One line for a bad ``--config.KEY=VALUE`` (a misspelt key, with the closest key; a value
   of the wrong type, with the expected type), or for a bad ``--config=FILE:ARG``; None when
@@ -234,6 +245,9 @@ def main(argv) -> None:
   ignored = ignored_overrides(sys.argv, _MODE.value)
   if ignored:
     raise SystemExit(f"aogpt_jax: config error: {ignored}")
+  wrong = wrong_mode(_CONFIG.value, _MODE.value)
+  if wrong:
+    raise SystemExit(f"aogpt_jax: config error: {wrong}")
   if _MODE.value not in MODES:   # one line, without absl's usage text
     import difflib  # pylint: disable=g-import-not-at-top
     close = difflib.get_close_matches(_MODE.value, list(MODES), n=1)

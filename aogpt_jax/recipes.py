@@ -265,12 +265,13 @@ def config_file(path, arg: str | None = None) -> config_dict.ConfigDict:
   return module.get_config(arg) if arg else module.get_config()
 
 
-def post_training(cfg: config_dict.ConfigDict, small: bool, *, steps: int, tiny_steps: int,
-                  tiny_init_from: str = "/tmp/sudoku") -> config_dict.ConfigDict:
-  """The loop settings of a post-training run (``--mode=rl`` / ``dpo``) on a task run's config:
-  ``total_steps`` updates, logs, evals, checkpoints and ``train.init_from`` (``small``: the
-  WORKDIR the docs train first; else the user sets it)."""
+def post_training(cfg: config_dict.ConfigDict, small: bool, *, mode: str, steps: int,
+                  tiny_steps: int, tiny_init_from: str = "/tmp/sudoku") -> config_dict.ConfigDict:
+  """The loop settings of a post-training run (``--mode=rl`` / ``dpo``, ``mode``) on a task run's
+  config: ``total_steps`` updates, logs, evals, checkpoints, ``train.init_from`` (``small``: the
+  WORKDIR the docs train first; else the user sets it) and ``train.for_mode``."""
   return apply(cfg, {
+      "train.for_mode": mode,
       "train.init_from": tiny_init_from if small else "",
       "total_steps": tiny_steps if small else steps,
       "log_every": 10, "eval_every": 50 if small else 200,

@@ -22,5 +22,5 @@ from aogpt_jax import recipes
 def get_config(arg=None):
   c = recipes.config_file(pathlib.Path(__file__).with_name("sudoku.py"), arg)
   small = "tiny" in [t.strip() for t in (arg or "").split(",")]
-  recipes.post_training(c, small, steps=1000, tiny_steps=100)
+  recipes.post_training(c, small, mode="dpo", steps=1000, tiny_steps=100)
   return recipes.apply(c, recipes.dpo_group(small))

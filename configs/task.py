@@ -37,5 +37,5 @@ def get_config(arg=None):
   recipes.apply(c, {**recipes.rl_group(small), **recipes.dpo_group(small)})
   if post:
     steps, tiny_steps = POST_TRAINING[post[0]]
-    recipes.post_training(c, small, steps=steps, tiny_steps=tiny_steps, tiny_init_from="")
+    recipes.post_training(c, small, mode=post[0], steps=steps, tiny_steps=tiny_steps, tiny_init_from="")
   return c

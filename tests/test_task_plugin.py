@@ -461,3 +461,16 @@ def test_rl_does_not_point_to_the_sample_keys_it_ignores():
       "--config.sample.top_p: --mode=rl ignores the sample group (its rollouts and held-out "
       "eval follow the rl.* keys: --config.rl.KEY); drop it")
   assert main.ignored_overrides(["prog", "--config.sample.top_p=0.9"], "train") is None
+
+
+def test_a_post_training_config_in_another_mode_is_one_line():
+  """configs/task.py:tiny,rl without --mode=rl trained a new model from scratch, silently."""
+  from aogpt_jax import main  # pylint: disable=g-import-not-at-top
+  cfg = recipes.config_file(REPO / "configs" / "task.py", "tiny,rl")
+  assert cfg.train.for_mode == "rl"
+  assert main.wrong_mode(cfg, "train").startswith(
+      "train.for_mode: this config is for --mode=rl (post-training from train.init_from), not "
+      "--mode=train; add --mode=rl")
+  assert main.wrong_mode(cfg, "rl") is None and main.wrong_mode(cfg, "solve") is None
+  assert main.wrong_mode(recipes.config_file(REPO / "configs" / "task.py", "tiny"),
+                         "train") is None
