@@ -129,6 +129,20 @@ def test_a_model_field_newer_than_the_checkpoint_is_named_with_its_default():
     checkpoint_lib.check_compatible(saved, other, "W/checkpoints/4")
 
 
+def test_a_checkpoint_of_another_mode_names_the_modes():
+  """--mode=rl on a training run's workdir (or the reverse) said the checkpoint "cannot be
+  restored ... tree structures do not match": it names the two modes."""
+  cfg = {"config": {"model": {"n_layer": 1}, "seq_len": 16}}
+  with pytest.raises(checkpoint_lib.IncompatibleCheckpoint,
+                     match=r"^W/checkpoints/4 was written by --mode=train; this is --mode=rl: "
+                           r"run --mode=train to continue that run, or use a new --workdir"):
+    checkpoint_lib.check_compatible(cfg, {**cfg, "mode": "rl"}, "W/checkpoints/4")
+  with pytest.raises(checkpoint_lib.IncompatibleCheckpoint, match=r"by --mode=dpo; this is "
+                     r"--mode=train"):
+    checkpoint_lib.check_compatible({**cfg, "mode": "dpo"}, cfg, "W/checkpoints/4")
+  checkpoint_lib.check_compatible({**cfg, "mode": "rl"}, {**cfg, "mode": "rl"}, "here")
+
+
 def test_incompatible_config_names_the_field(run, tmp_path):
   workdir = _copy_run(run, tmp_path)
   cfg = tiny_config(run["cfg"].data.cache_dir, model__n_layer=2)

@@ -59,7 +59,7 @@ _STREAM_KEYS = {"seed", "batch_size", "seq_len", "data.source", "data.tokenizer"
 # Keys added to the config since a checkpoint may have been written; absent there and at this
 # default here, they change nothing.
 _ADDED_KEYS = {"task.name": "", "task.options": {}, "task.heldout_seed": 0,
-               "task.heldout_count": 256, "task.module": ""}
+               "task.heldout_count": 256, "task.module": "", "train.for_mode": ""}
 MANIFEST = "aogpt_sha256.json"
 _ORBAX_TMP_SUFFIX = ".orbax-checkpoint-tmp"  # orbax: STEP<suffix> is renamed to STEP on commit
 FORMAT = 1
@@ -206,6 +206,11 @@ def run_meta(cfg, mc: model_lib.ModelConfig) -> dict[str, Any]:
 def check_compatible(saved: dict, current: dict, where: str) -> None:
   """Raises `IncompatibleCheckpoint` naming the first field that makes ``saved`` unusable for
   the current run; logs the fields that differ harmlessly (e.g. learning rate, total_steps)."""
+  was, now = saved.get("mode", "train"), current.get("mode", "train")
+  if was != now:      # the trees differ: name the modes, not orbax's tree mismatch
+    raise IncompatibleCheckpoint(
+        f"{where} was written by --mode={was}; this is --mode={now}: run --mode={was} to "
+        f"continue that run, or use a new --workdir for --mode={now}")
   old = config_lib.flatten(saved["config"])
   new = config_lib.flatten(current["config"])
   task = new.get("task.name")
