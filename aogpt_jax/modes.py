@@ -32,6 +32,7 @@ from absl import logging
 
 from aogpt_jax import config as config_lib
 from aogpt_jax import data
+from aogpt_jax import errors
 from aogpt_jax import evaluation
 from aogpt_jax.checkpoints import store as checkpoint_lib
 from aogpt_jax.config import ConfigError
@@ -399,7 +400,12 @@ def load_puzzles(task, cfg) -> tuple[dict, dict]:
     if count < 1:
       raise ConfigError("solve.count: the held-out split needs a count >= 1, got 0")
     seed = int(cfg.task.heldout_seed)
-    puzzles = task.heldout(seed, count)
+    try:
+      puzzles = task.heldout(seed, count)
+    except Exception as e:  # noqa: BLE001 - a task's own code may raise anything
+      raise ConfigError(f"solve.count={count} (the count asked for): task {task.name!r}: "
+                        f"heldout(seed={seed}, count={count}) raised {errors.one_line(e)}"
+                        ) from e
     have = len(puzzles["tokens"])
     if not have:
       raise ConfigError(f"solve.count: task {task.name!r} has an empty held-out split "

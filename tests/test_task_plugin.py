@@ -57,6 +57,8 @@ class Toy(tasks.Task):
     return self._rows(batch)
 
   def heldout(self, seed, count):
+    if self.verdict == "heldout_raises" and count > 3:
+      raise ValueError(f"only 3 puzzles, asked for {{count}}")
     return self._rows(count if self.heldout_rows < 0 else min(count, self.heldout_rows))
 
   def verify(self, tokens, puzzle):
@@ -229,6 +231,9 @@ def test_reward_from_module_colon_function():
     ({"verdict": "float"}, "its verifier's 'solved' is float64 for the reference answers"),
     ({"verdict": "nan"}, "its verifier's 'cell_accuracy' holds [nan, nan, nan]"),
     ({"verdict": "no_accuracy"}, "its verifier returned ['solved'] for the reference answers"),
+    # the user's heldout raising for a count the config chose: the key that chose it
+    ({"verdict": "heldout_raises"}, "task.heldout_count=4 (the count asked for): task {name!r}: "
+                                    "heldout(seed=0, count=4) raised ValueError: only 3 puzzles"),
     ({"heldout_rows": 0}, "task.heldout_count: task {name!r} has an empty held-out split"),
 ])
 def test_a_task_is_checked_before_the_first_step(toy, options, want):
@@ -238,6 +243,10 @@ def test_a_task_is_checked_before_the_first_step(toy, options, want):
     config_lib.check_task(cfg)
   assert want.format(name=toy) in _one_line(e)
   assert str(e.value).startswith(("task.heldout_count", f"task {toy!r}"))
+  if options.get("verdict") == "heldout_raises":     # --mode=solve's solve.count alike
+    cfg.solve.count = 5
+    with pytest.raises(config_lib.ConfigError, match=r"^solve.count=5 \(the count asked for\)"):
+      modes.load_puzzles(config_lib.task_of(cfg), cfg)
 
 
 def test_a_short_heldout_split_is_capped_with_a_line(toy, caplog):

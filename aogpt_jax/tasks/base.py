@@ -365,11 +365,11 @@ def check_task(task: "Task", *, seed: int, batch: int, heldout_seed: int,
   shapes, ids in range, the prompt mask, scored cells, the verifier on the reference answers.
   Returns how many held-out rows the split has up to ``heldout_count`` (fewer: the caller caps
   its count); an empty split is an error."""
-  def call(fn, what):
+  def call(fn, what, key=""):
     try:
       return fn()
     except Exception as e:  # noqa: BLE001 - a task's generator may raise anything
-      raise ValueError(f"task {task.name!r}: {what} raised {type(e).__name__}: "
+      raise ValueError(f"{key}task {task.name!r}: {what} raised {type(e).__name__}: "
                        f"{_first_line(e)}") from e
 
   what = f"train_batch(seed={seed}, index=0, batch={batch})"
@@ -380,7 +380,8 @@ def check_task(task: "Task", *, seed: int, batch: int, heldout_seed: int,
   _check_scored(task, rows, what, "training")
   check_verifier(task, rows, what)
   what = f"heldout(seed={heldout_seed}, count={heldout_count})"
-  held = call(lambda: task.heldout(heldout_seed, heldout_count), what)
+  held = call(lambda: task.heldout(heldout_seed, heldout_count), what,
+              f"task.heldout_count={heldout_count} (the count asked for): ")
   n = check_rows(task, held, what)
   if n == 0:
     raise ValueError(f"task.heldout_count: task {task.name!r} has an empty held-out split ({what}"
