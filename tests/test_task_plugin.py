@@ -51,15 +51,25 @@ class Toy(tasks.Task):
       tokens[n // 2, 3] = self.bad_id
     prompt = np.zeros((n, 4), bool)
     prompt[:, :4 if self.all_given else 2] = True
+    if self.verdict == "int_prompt":
+      prompt = prompt.astype(np.int64)
     return {{"tokens": tokens, "prompt": prompt}}
 
   def train_batch(self, seed, index, batch):
-    return self._rows(batch)
+    rows = self._rows(batch)
+    if self.verdict == "impure":
+      self.calls = getattr(self, "calls", 0) + 1
+      rows["tokens"] = (rows["tokens"] + self.calls) % 5
+    return rows
 
   def heldout(self, seed, count):
     if self.verdict == "heldout_raises" and count > 3:
       raise ValueError(f"only 3 puzzles, asked for {{count}}")
-    return self._rows(count if self.heldout_rows < 0 else min(count, self.heldout_rows))
+    rows = self._rows(count if self.heldout_rows < 0 else min(count, self.heldout_rows))
+    if self.verdict != "leak":     # held-out rows a b a b, training rows a a a a
+      t = rows["tokens"]
+      t[:, 1] = t[:, 3] = (t[:, 0] + 1) % 5
+    return rows
 
   def verify(self, tokens, puzzle):
     if self.verify_raises:
@@ -231,6 +241,14 @@ def test_reward_from_module_colon_function():
     ({"verdict": "float"}, "its verifier's 'solved' is float64 for the reference answers"),
     ({"verdict": "nan"}, "its verifier's 'cell_accuracy' holds [nan, nan, nan]"),
     ({"verdict": "no_accuracy"}, "its verifier returned ['solved'] for the reference answers"),
+    # a train_batch that is not a pure function of its arguments; a held-out split drawn from
+    # the training stream
+    ({"verdict": "impure"}, "train_batch(seed=0, index=0, batch=8) returned other rows when "
+                            "called again with the same arguments"),
+    ({"verdict": "int_prompt"}, "train_batch(seed=0, index=0, batch=8): prompt of dtype int64; "
+                                "expected a bool mask"),
+    ({"verdict": "leak"}, "4 of the 4 rows of heldout(seed=0, count=4) are rows of the first "
+                          "training batch"),
     # the user's heldout raising for a count the config chose: the key that chose it
     ({"verdict": "heldout_raises"}, "task.heldout_count=4 (the count asked for): task {name!r}: "
                                     "heldout(seed=0, count=4) raised ValueError: only 3 puzzles"),

@@ -300,9 +300,9 @@ def check_rows(task: "Task", rows, what: str) -> int:
                      f"{tokens.shape}")
   if tokens.size and not np.issubdtype(tokens.dtype, np.integer):
     raise ValueError(f"{where}: tokens of dtype {tokens.dtype}; expected integers")
-  if prompt.size and not (prompt.dtype == bool or np.isin(prompt, (0, 1)).all()):
-    raise ValueError(f"{where}: prompt of dtype {prompt.dtype} with values other than 0 / 1; "
-                     f"expected a bool mask (True on the given cells)")
+  if prompt.size and prompt.dtype != bool:   # ~prompt of an int 0/1 mask is -1 / -2, not a mask
+    raise ValueError(f"{where}: prompt of dtype {prompt.dtype}; expected a bool mask (True on "
+                     f"the given cells: np.asarray(mask, bool))")
   bad = (tokens < 0) | (tokens >= task.vocab_size)
   if bad.any():
     r, c = (int(i[0]) for i in np.nonzero(bad))
@@ -379,6 +379,14 @@ def check_task(task: "Task", *, seed: int, batch: int, heldout_seed: int,
                      f"{batch}")
   _check_scored(task, rows, what, "training")
   check_verifier(task, rows, what)
+  again = call(lambda: task.train_batch(seed, 0, batch), what)
+  if not all(np.array_equal(np.asarray(rows[k]), np.asarray(again[k])) for k in
+             ("tokens", "prompt")):
+    raise ValueError(f"task {task.name!r}: {what} returned other rows when called again with the "
+                     f"same arguments; expected a pure function of (seed, index, batch), e.g. "
+                     f"rows drawn from tasks.base.seeds(TAG, seed, index) (a resumed run reads "
+                     f"its batches again)")
+  train_rows = rows
   what = f"heldout(seed={heldout_seed}, count={heldout_count})"
   held = call(lambda: task.heldout(heldout_seed, heldout_count), what,
               f"task.heldout_count={heldout_count} (the count asked for): ")
@@ -391,6 +399,15 @@ def check_task(task: "Task", *, seed: int, batch: int, heldout_seed: int,
                      f"{heldout_count}")
   _check_scored(task, held, what, "held-out")
   check_verifier(task, held, what)
+  seen = {t.tobytes() + p.tobytes() for t, p in zip(
+      np.asarray(train_rows["tokens"], np.int64), np.asarray(train_rows["prompt"], bool))}
+  leaked = sum(t.tobytes() + p.tobytes() in seen for t, p in zip(
+      np.asarray(held["tokens"], np.int64), np.asarray(held["prompt"], bool)))
+  if n >= 4 and 2 * leaked > n:
+    raise ValueError(f"task {task.name!r}: {leaked} of the {n} rows of {what} are rows of the "
+                     f"first training batch; expected a held-out split apart from training (e.g. "
+                     f"tasks.base.heldout_mask on a key of each instance, as the built-in tasks "
+                     f"do)")
   return n
 
 

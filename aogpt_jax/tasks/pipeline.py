@@ -25,7 +25,7 @@ class TaskBatchError(ValueError):
 
 class _TaskBatch:
   """Global batch index -> this process's rows of ``task.train_batch(seed, index, G)``, every
-  batch checked (`base.check_rows`: shapes, integer ids in [0, vocab_size), a 0/1 prompt; and G
+  batch checked (`base.check_rows`: shapes, integer ids in [0, vocab_size), a bool prompt; and G
   rows): a batch that breaks the task at index 1000 is one line naming it, not a traceback or a
   silently truncated float."""
 
