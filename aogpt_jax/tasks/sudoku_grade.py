@@ -138,6 +138,8 @@ def _propagate(cells: list[int], size: int, unit_cells, cu) -> list[int] | None:
 
 
 def _digits(puzzle) -> tuple[list[int], int]:
+  if isinstance(puzzle, str):       # "8000...0400": digits, 0 or . for a blank
+    puzzle = np.array([0 if c in "0." else int(c) for c in puzzle.strip()])
   if isinstance(puzzle, dict):
     tok, prm = np.asarray(puzzle["tokens"]).ravel(), np.asarray(puzzle["prompt"]).ravel()
     puzzle = np.where(prm, tok + 1, 0)
@@ -147,7 +149,7 @@ def _digits(puzzle) -> tuple[list[int], int]:
 
 def guesses(puzzle, limit: int | None = None) -> int:
   """The guess count of ``puzzle`` (module docstring): a digit grid (0 = blank, as
-  `sudoku.solve` takes) or one row ``{"tokens", "prompt"}`` (0-based tokens, the given mask).
+  `sudoku.solve` takes), a string of digits (0 or . blank) or one row ``{"tokens", "prompt"}`` (0-based tokens, the given mask).
   ``limit``: stop counting there (returns ``limit``). Raises ValueError when the puzzle has no
   solution (contradictory givens included)."""
   cells, size = _digits(puzzle)
