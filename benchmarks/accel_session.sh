@@ -2,10 +2,15 @@
 # One accelerator's checks in one call that ends by a deadline (a lent GPU's lease is short):
 #   1. benchmarks/gpu_suite.sh --quick, alone on the device: AO-GPT Small's train step (MFU, memory,
 #      a profile: where the step's time goes) and the sampler against the encoder MDM at n = 1024;
-#   2. the reasoning gap at accelerator size (benchmarks/reasoning_gap.py --size=accel, the 8 x 256
-#      model): 9x9 Sudoku (encoder MDM against AO-GPT with the query block over the blanks) and
-#      the star graph (encoder MDM against AO-GPT blanks with 40% right-to-left rows), the two
-#      tasks in two processes sharing the device, each stopped at the deadline.
+#   2. hard 9x9 Sudoku (PARTS hard, the default): benchmarks/hard_sudoku.py run --size=accel, the
+#      8 x 256 AO-GPT and encoder MDM trained on a hard mixture (hard_frac 0.25) for RG_STEPS,
+#      each solving graded held-out puzzles (HARD_PER_BUCKET per guess-count bucket 0 / 1-4 /
+#      5-99) greedily and with the search: solved per bucket;
+#   3. the reasoning gap at accelerator size (PARTS reasoning; benchmarks/reasoning_gap.py
+#      --size=accel, the 8 x 256 model): 9x9 Sudoku (encoder MDM against AO-GPT with the query
+#      block over the blanks) and the star graph (encoder MDM against AO-GPT blanks with 40%
+#      right-to-left rows), the two tasks in two processes sharing the device, each stopped at
+#      the deadline.
 # Then packs what they wrote (benchmarks/results/gpu_suite, benchmarks/results/reasoning_gap_accel_*
 # and the logs) into OUT/results.tgz (unpack it in the checkout to commit the JSONs), and the
 # train step's jax.profiler trace into OUT/profile.tgz (for xprof / TensorBoard). A task still
@@ -19,12 +24,13 @@
 # RG_STEPS (training steps of every reasoning-gap model, default 2500; the configs' own are
 # 20,000), RG_PUZZLES (held-out puzzles per task, default 200), SUITE_ARGS (gpu_suite.sh's
 # arguments, default --quick; --dry-run proves the plumbing on a CPU), PARTS (default
-# suite,reasoning; posttrain adds benchmarks/post_training.py $PT_ARGS, default --size=accel, run
-# beside the reasoning gap after the suite).
+# suite,hard; reasoning adds the reasoning gap; posttrain adds benchmarks/post_training.py
+# $PT_ARGS, default --size=accel; each after the suite, beside each other), HARD_PER_BUCKET
+# (default 100), HARD_ARGS (more arguments of hard_sudoku.py run, e.g. --size=cpu on a CPU).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 case "${1:-}" in
-  -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
+  -h|--help) sed -n '2,29p' "$0"; exit 0 ;;
   "") ;;
   *) echo "accel_session.sh: unknown argument $1 (it takes none; see --help)" >&2; exit 2 ;;
 esac
@@ -33,7 +39,9 @@ DEADLINE=${DEADLINE:-555}
 RG_STEPS=${RG_STEPS:-2500}
 RG_PUZZLES=${RG_PUZZLES:-200}
 SUITE_ARGS=${SUITE_ARGS:---quick}
-PARTS=${PARTS:-suite,reasoning}
+PARTS=${PARTS:-suite,hard}
+HARD_PER_BUCKET=${HARD_PER_BUCKET:-100}
+HARD_ARGS=${HARD_ARGS:---size=accel}
 PT_ARGS=${PT_ARGS:---size=accel}
 OUT=${OUT:-${TMPDIR:-/tmp}/aogpt_accel}
 mkdir -p "$OUT"
@@ -63,6 +71,12 @@ if part reasoning; then
   timeout -k 20 "$budget" python benchmarks/reasoning_gap.py --tasks=star_graph \
     --variants=mdm,blanks_r2l "${common[@]}" > "$OUT/rg_star_graph.log" 2>&1 &
 fi
+if part hard; then
+  echo "[$((SECONDS - START)) s] hard 9x9 Sudoku per bucket, AO-GPT and the MDM (at most $budget s)"
+  timeout -k 20 "$budget" python benchmarks/hard_sudoku.py run $HARD_ARGS --steps="$RG_STEPS" \
+    --per_bucket="$HARD_PER_BUCKET" --workdir="${TMPDIR:-/tmp}/aogpt_accel_hard" \
+    > "$OUT/hard_sudoku.log" 2>&1 &
+fi
 if part posttrain; then
   echo "[$((SECONDS - START)) s] post_training $PT_ARGS (at most $budget s)"
   timeout -k 20 "$budget" python benchmarks/post_training.py $PT_ARGS \
@@ -72,9 +86,12 @@ wait
 echo "[$((SECONDS - START)) s] packing"
 shopt -s nullglob
 tar czf "$OUT/results.tgz" benchmarks/results/gpu_suite benchmarks/results/reasoning_gap_accel_* \
+  benchmarks/results/hard_sudoku_* \
   benchmarks/results/post_training_accel* "$OUT"/*.log "$OUT"/machine.txt "$OUT"/suite/*.json \
   "$OUT"/suite/*.log 2>/dev/null
 [[ -d "$OUT/suite/profile_small" ]] && tar czf "$OUT/profile.tgz" -C "$OUT/suite" profile_small
-tail -n 4 "$OUT"/rg_*.log "$OUT"/post_training.log
+for f in "$OUT"/rg_*.log "$OUT"/post_training.log "$OUT"/hard_sudoku.log; do
+  [[ -f "$f" ]] && tail -n 6 "$f"
+done
 [[ -f "$OUT/suite/gpu_suite.json" ]] && sed -n '/^| measurement/,$p' "$OUT/suite.log"
 echo "[$((SECONDS - START)) s] done: $OUT/results.tgz"

@@ -362,3 +362,21 @@ def test_a_run_with_other_arguments_never_replaces_a_result(tmp_path, monkeypatc
   monkeypatch.setenv(common.OVERWRITE_ENV, "1")
   common.write_result("bench", {"updates": 2}, {"r": 4}, **kw)
   assert json.loads(first.read_text())["results"] == {"r": 4}
+
+
+def test_hard_sudoku_writes_graded_puzzles_that_solve_reads(tmp_path):
+  """benchmarks/hard_sudoku.py puzzles: held-out 9x9 puzzles of each bucket, as a file
+  --mode=solve reads (the task's loader), graded back into the same buckets; bad buckets are a
+  usage error."""
+  import hard_sudoku
+  from aogpt_jax import tasks
+  from aogpt_jax.tasks import sudoku_grade
+  path = tmp_path / "hard.csv"
+  counts = hard_sudoku.write_puzzles(str(path), 2, ["0", "5-99"])
+  assert counts == {"0": 2, "5-99": 2}
+  t = tasks.make("sudoku", size=9)
+  rows = t.load(str(path))
+  assert sudoku_grade.buckets(t.grade(rows)) == ["0", "0", "5-99", "5-99"]
+  assert t.in_heldout(rows["tokens"]).all()                    # held-out grids only
+  with pytest.raises(SystemExit):
+    hard_sudoku.main(["puzzles", f"--out={path}", "--buckets=hard"])
