@@ -95,6 +95,29 @@ def _steps(out: sampler_lib.Samples) -> np.ndarray:
   return np.array([len(np.unique(m[:, b][k[:, b] > 0])) for b in range(m.shape[1])])
 
 
+def batched(puzzles: dict, batch_size: int, decode, warm: bool = True):
+  """Runs ``decode(prompt_tokens, prompt_mask, start) -> dict of [B, ...] arrays`` over the
+  puzzles in batches of one shape (the last wraps around); ``warm``: the first batch once
+  untimed first. Returns (each array concatenated to the puzzles' rows, wall seconds)."""
+  ref_RxN = np.asarray(puzzles["tokens"], np.int32)
+  given_RxN = np.asarray(puzzles["prompt"], bool)
+  rows_total = len(ref_RxN)
+  bs = max(1, min(int(batch_size), rows_total))
+  parts, wall = {}, 0.0
+  for start in range(0, rows_total, bs):
+    idx = np.arange(start, start + bs) % rows_total       # the last batch wraps (one shape)
+    args = (np.where(given_RxN[idx], ref_RxN[idx], 0), given_RxN[idx], start)
+    if warm and start == 0:
+      decode(*args)
+    t0 = time.perf_counter()
+    out = decode(*args)
+    wall += time.perf_counter() - t0
+    keep = min(bs, rows_total - start)
+    for k, v in out.items():
+      parts.setdefault(k, []).append(np.asarray(v)[:keep])
+  return {k: np.concatenate(v) for k, v in parts.items()}, wall
+
+
 def solve(model, task, puzzles: dict, settings: sampler_lib.SampleSettings, *,
           key: jax.Array | None = None, batch_size: int = 64, warm: bool = True) -> SolveResult:
   """Solves every puzzle (``{"tokens", "prompt"}``, [R, n]: the reference solution and the given
@@ -104,31 +127,13 @@ def solve(model, task, puzzles: dict, settings: sampler_lib.SampleSettings, *,
   check_puzzles(task, puzzles, settings)
   settings.validate(model.cfg)
   key = jax.random.key(0) if key is None else sampler_lib.as_key(key)
-  ref_RxN = np.asarray(puzzles["tokens"], np.int32)
-  given_RxN = np.asarray(puzzles["prompt"], bool)
-  rows_total = len(ref_RxN)
-  bs = max(1, min(int(batch_size), rows_total))
-  outs, order_parts, steps_parts, times = [], [], [], []
-  for start in range(0, rows_total, bs):
-    idx = np.arange(start, start + bs) % rows_total       # the last batch wraps (one shape)
-    prompt = (np.where(given_RxN[idx], ref_RxN[idx], 0), given_RxN[idx])
 
-    def run(prompt=prompt, start=start):
-      return jax.block_until_ready(sampler_lib.generate(model, key, settings, prompt=prompt,
-                                                        sample_offset=start))
-    if warm and start == 0:
-      run()
-    t0 = time.perf_counter()
-    out = run()
-    times.append(time.perf_counter() - t0)
-    keep = min(bs, rows_total - start)
-    outs.append(np.asarray(out.tokens)[:keep])
-    order_parts.append(np.asarray(out.order)[:keep])
-    steps_parts.append(_steps(out)[:keep])
-  out_RxN = np.concatenate(outs)
-  order_RxN = np.concatenate(order_parts)
-  steps_R = np.concatenate(steps_parts)
-  return score(task, puzzles, out_RxN, order_RxN, steps_R, float(sum(times)), settings)
+  def decode(tokens, mask, start):
+    out = jax.block_until_ready(sampler_lib.generate(model, key, settings, prompt=(tokens, mask),
+                                                     sample_offset=start))
+    return {"tokens": out.tokens, "order": out.order, "steps": _steps(out)}
+  out, wall = batched(puzzles, batch_size, decode, warm)
+  return score(task, puzzles, out["tokens"], out["order"], out["steps"], wall, settings)
 
 
 def solve_search(model, task, puzzles: dict, settings: sampler_lib.SampleSettings,
@@ -139,31 +144,15 @@ def solve_search(model, task, puzzles: dict, settings: sampler_lib.SampleSetting
   or checker) and the rows evaluated per puzzle."""
   check_puzzles(task, puzzles, settings)
   search.validate()
-  ref_RxN = np.asarray(puzzles["tokens"], np.int32)
-  given_RxN = np.asarray(puzzles["prompt"], bool)
   legal, accept = getattr(task, "legal", None), getattr(task, "valid", None)
-  rows_total = len(ref_RxN)
-  bs = max(1, min(int(batch_size), rows_total))
-  outs, orders, forwards, times = [], [], [], []
-  for start in range(0, rows_total, bs):
-    idx = np.arange(start, start + bs) % rows_total       # the last batch wraps (one shape)
 
-    def run(idx=idx):
-      return search_lib.search(model, np.where(given_RxN[idx], ref_RxN[idx], 0), given_RxN[idx],
-                               search, vocab=task.vocab_size, legal=legal, accept=accept)
-    if warm and start == 0:
-      run()
-    t0 = time.perf_counter()
-    out = run()
-    times.append(time.perf_counter() - t0)
-    keep = min(bs, rows_total - start)
-    outs.append(out.tokens[:keep])
-    orders.append(out.order[:keep])
-    forwards.append(out.forwards[:keep])
-  out_RxN, order_RxN = np.concatenate(outs), np.concatenate(orders)
-  steps_R = (~given_RxN).sum(1)
-  result = score(task, puzzles, out_RxN, order_RxN, steps_R, float(sum(times)), settings)
-  fw = np.concatenate(forwards)
+  def decode(tokens, mask, start):
+    r = search_lib.search(model, tokens, mask, search, vocab=task.vocab_size, legal=legal,
+                          accept=accept)
+    return {"tokens": r.tokens, "order": r.order, "forwards": r.forwards, "steps": r.steps}
+  out, wall = batched(puzzles, batch_size, decode, warm)
+  result = score(task, puzzles, out["tokens"], out["order"], out["steps"], wall, settings)
+  fw = out["forwards"]
   result.summary["search"] = {**dataclasses.asdict(search), "label": search.label,
                               "rows_per_puzzle": float(fw.mean())}
   for row, f in zip(result.rows, fw):

@@ -147,83 +147,28 @@ def _digits(puzzle) -> tuple[list[int], int]:
   return cells, size
 
 
-def guesses(puzzle, limit: int | None = None) -> int:
-  """The guess count of ``puzzle`` (module docstring): a digit grid (0 = blank, as
-  `sudoku.solve` takes), a string of digits (0 or . blank) or one row ``{"tokens", "prompt"}`` (0-based tokens, the given mask).
-  ``limit``: stop counting there (returns ``limit``). Raises ValueError when the puzzle has no
-  solution (contradictory givens included)."""
-  cells, size = _digits(puzzle)
+def _dfs(cells: list[int], size: int, *, solutions: int | None, guess_limit: int | None = None,
+         forbid: tuple[int, int] = (-1, 0)) -> tuple[int, int]:
+  """(solutions found, guesses made) by singles propagation plus fewest-candidates backtracking
+  (module docstring), stopping after ``solutions`` solutions (None: all) or ``guess_limit``
+  guesses; ``forbid=(cell, digit)`` bars that digit there."""
   unit_cells, cu = _geometry(size)
-  count = 0
+  full = (1 << size) - 1
+  found = count = 0
 
   class _Stop(Exception):
     pass
 
   def rec(cells):
-    nonlocal count
-    if _propagate(cells, size, unit_cells, cu) is None:
-      return False
-    best, best_m, best_n = -1, 0, size + 1
-    full = (1 << size) - 1
-    used = [0] * (3 * size)
-    for i, v in enumerate(cells):
-      if v:
-        r, c, b = cu[i]
-        bit = 1 << (v - 1)
-        used[r] |= bit
-        used[c] |= bit
-        used[b] |= bit
-    for i, v in enumerate(cells):
-      if not v:
-        r, c, b = cu[i]
-        m = full & ~(used[r] | used[c] | used[b])
-        n = m.bit_count()
-        if n < best_n:
-          best, best_m, best_n = i, m, n
-    if best < 0:
-      return True
-    for d in range(1, size + 1):
-      if best_m >> (d - 1) & 1:
-        count += 1
-        if limit is not None and count >= limit:
-          raise _Stop
-        child = list(cells)
-        child[best] = d
-        if rec(child):
-          return True
-    return False
-
-  try:
-    if not rec(list(cells)):
-      raise ValueError("sudoku puzzle has no solution (its givens contradict each other or "
-                       "leave no way to fill the grid); expected a solvable puzzle")
-  except _Stop:
-    return int(limit)
-  return count
-
-
-def count_solutions(cells: list[int], size: int, limit: int = 2,
-                    forbid: tuple[int, int] = (-1, 0)) -> int:
-  """Solutions of ``cells`` (digits, 0 = blank) counted up to ``limit``, singles propagated at
-  every node; ``forbid=(cell, digit)`` bars that digit there."""
-  unit_cells, cu = _geometry(size)
-  full = (1 << size) - 1
-  found = 0
-
-  def rec(cells):
-    nonlocal found
-    if _propagate(cells, size, unit_cells, cu) is None:
+    nonlocal found, count
+    if _propagate(cells, size, unit_cells, cu) is None or (
+        forbid[0] >= 0 and cells[forbid[0]] == forbid[1]):
       return
     used = [0] * (3 * size)
     for i, v in enumerate(cells):
       if v:
-        r, c, b = cu[i]
-        bit = 1 << (v - 1)
-        used[r] |= bit
-        used[c] |= bit
-        used[b] |= bit
-    if forbid[0] >= 0 and cells[forbid[0]] == forbid[1]:
-      return
+        for u in cu[i]:
+          used[u] |= 1 << (v - 1)
     best, best_m, best_n = -1, 0, size + 1
     for i, v in enumerate(cells):
       if not v:
@@ -235,17 +180,43 @@ def count_solutions(cells: list[int], size: int, limit: int = 2,
           best, best_m, best_n = i, m, m.bit_count()
     if best < 0:
       found += 1
+      if solutions is not None and found >= solutions:
+        raise _Stop
       return
     for d in range(1, size + 1):
       if best_m >> (d - 1) & 1:
+        count += 1
+        if guess_limit is not None and count >= guess_limit:
+          raise _Stop
         child = list(cells)
         child[best] = d
         rec(child)
-        if found >= limit:
-          return
 
-  rec(list(cells))
-  return found
+  try:
+    rec(list(cells))
+  except _Stop:
+    pass
+  return found, count
+
+
+def guesses(puzzle, limit: int | None = None) -> int:
+  """The guess count of ``puzzle`` (module docstring): a digit grid (0 = blank, as
+  `sudoku.solve` takes), a string of digits (0 or . blank) or one row ``{"tokens", "prompt"}``
+  (0-based tokens, the given mask). ``limit``: stop counting there (returns ``limit``). Raises
+  ValueError when the puzzle has no solution (contradictory givens included)."""
+  cells, size = _digits(puzzle)
+  found, count = _dfs(cells, size, solutions=1, guess_limit=limit)
+  if not found and (limit is None or count < limit):
+    raise ValueError("sudoku puzzle has no solution (its givens contradict each other or "
+                     "leave no way to fill the grid); expected a solvable puzzle")
+  return count
+
+
+def count_solutions(cells: list[int], size: int, limit: int = 2,
+                    forbid: tuple[int, int] = (-1, 0)) -> int:
+  """Solutions of ``cells`` (digits, 0 = blank) counted up to ``limit``, singles propagated at
+  every node; ``forbid=(cell, digit)`` bars that digit there."""
+  return _dfs(cells, size, solutions=limit, forbid=forbid)[0]
 
 
 def grade_rows(puzzles: dict, limit: int | None = 10_000) -> np.ndarray:
