@@ -360,3 +360,16 @@ def test_the_eval_line_names_what_decodes():
   assert rl.decoding_label(s) == "greedy adaptive, policy max_prob, 36 steps"
   s = sampler.SampleSettings(length=36, steps=36, method="diffusion", order="random")
   assert rl.decoding_label(s) == "greedy diffusion, order random, 36 steps"
+
+
+def test_the_progress_line_leaves_the_compiling_update_out():
+  """The RL progress line averaged the first update's compile time into the rollout rate: its
+  timings are left out of the line's means (a line of that update alone says so)."""
+  from aogpt_jax.posttrain import rl, run
+  assert {"rollout_sec", "update_sec", "rollouts_per_sec"} <= set(run.COMPILE_TIMED)
+  means = {"reward": 0.5, "reward_std": 0.1, "solved": 0.2, "loss": 0.3, "grad_norm": 1.0}
+  line = rl.GRPOAlgorithm.progress(None, means)
+  assert line.endswith("first update (compiling): not timed")
+  line = rl.GRPOAlgorithm.progress(None, {**means, "rollout_sec": 0.5, "rollouts_per_sec": 128.0,
+                                          "update_sec": 1.0})
+  assert line.endswith("rollout 0.50s (128/s) update 1.00s")

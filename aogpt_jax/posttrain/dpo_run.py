@@ -145,7 +145,9 @@ class DPOAlgorithm:
         f"margin {means['margin']:.3f}",
         f"reward chosen {means['chosen_reward']:.3f} rejected {means['rejected_reward']:.3f}",
         f"logp chosen {means['chosen_logp']:.2f} rejected {means['rejected_logp']:.2f}",
-        f"gnorm {means['grad_norm']:.3f}", f"update {means['update_sec']:.2f}s"])
+        f"gnorm {means['grad_norm']:.3f}",
+        f"update {means['update_sec']:.2f}s" if "update_sec" in means
+        else "first update (compiling): not timed"])
 
   def summary(self, last: dict[str, float]) -> str:
     out = f"last loss {last.get('dpo/loss', float('nan')):.4f}"

@@ -204,9 +204,12 @@ class GRPOAlgorithm:
     if "ratio_min" in means:     # measured unless the last inner step was on-policy
       parts += [f"clipped {100 * means['clipped']:.1f}%",
                 f"ratio [{means['ratio_min']:.3f}, {means['ratio_max']:.3f}]"]
-    parts += [f"gnorm {means['grad_norm']:.3f}",
-              f"rollout {means['rollout_sec']:.2f}s ({means['rollouts_per_sec']:.0f}/s) "
-              f"update {means['update_sec']:.2f}s"]
+    parts.append(f"gnorm {means['grad_norm']:.3f}")
+    if "rollout_sec" in means:    # absent on a line of the first (compiling) update alone
+      parts.append(f"rollout {means['rollout_sec']:.2f}s ({means['rollouts_per_sec']:.0f}/s) "
+                   f"update {means['update_sec']:.2f}s")
+    else:
+      parts.append("first update (compiling): not timed")
     return " | ".join(parts)
 
   def summary(self, last: dict[str, float]) -> str:

@@ -226,6 +226,11 @@ def next_commands(workdir) -> str:
   return train_loop.next_commands(workdir, task=True)
 
 
+# The speed metrics of an update, left out of the progress line's means for the first update of
+# a process (its compilation would be averaged into the rollout rate).
+COMPILE_TIMED = ("rollout_sec", "update_sec", "rollouts_per_sec", "update_share")
+
+
 def _check_finite(step: int, m: dict[str, float], ckpt, name: str) -> None:
   bad = {k: m[k] for k in ("loss", "grad_norm") if k in m and not math.isfinite(m[k])}
   if bad:
@@ -264,6 +269,8 @@ def _loop(cfg, algorithm, state, start: int, ckpt, writer, meta) -> dict[str, fl
       writer.write_scalars(step, scalars)
       last.update(scalars)
       for k, v in m.items():
+        if step == start + 1 and k in COMPILE_TIMED:   # the first update compiles: the metrics
+          continue                                      # (metrics.jsonl) keep it, the line not
         window.setdefault(k, []).append(float(v))
       stopping = stop.should_stop(step)
       is_log = step % cfg.log_every == 0 or step == total
