@@ -226,6 +226,37 @@ def write_result(benchmark: str, args: Any, results: Any, *, out: str | os.PathL
   return path
 
 
+def fail(parser, message: str) -> None:
+  """Exits with ONE line (status 2), no usage text: a benchmark's bad argument, before work."""
+  parser.exit(2, f"{parser.prog}: {message}\n")
+
+
+def check_args(parser, args, *, positive: tuple[str, ...] = (), nonnegative: tuple[str, ...] = ()
+               ) -> None:
+  """The checks every benchmark's arguments get before any work: ``--workdir`` is not a file,
+  ``--out`` (if given) can be written (found at the start, not after an hour of measuring), and
+  the named numbers are > 0 / >= 0. One line each (`fail`)."""
+  for key in positive + nonnegative:
+    v = getattr(args, key)
+    if v is None:
+      continue
+    if (key in positive and not v > 0) or (key in nonnegative and not v >= 0):
+      fail(parser, f"--{key}={v!r}: expected a number {'> 0' if key in positive else '>= 0'}")
+  wd = getattr(args, "workdir", None)
+  if wd and os.path.isfile(os.path.expanduser(wd)):
+    fail(parser, f"--workdir={wd!r} is a file; expected a folder (created if missing)")
+  out = getattr(args, "out", None)
+  if out:
+    parent = pathlib.Path(out).expanduser().resolve().parent
+    try:
+      parent.mkdir(parents=True, exist_ok=True)
+      with tempfile.TemporaryFile(dir=parent):
+        pass
+    except OSError as e:
+      fail(parser, f"--out={out!r}: cannot write in {parent} ({e.strerror or e}); expected a "
+                   f"writable path")
+
+
 def check_schema(rec: Any, where: str = "result") -> None:
   """Raises ValueError (one line, naming ``where`` and the key) unless ``rec`` has the schema."""
   if not isinstance(rec, dict):

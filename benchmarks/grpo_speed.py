@@ -94,6 +94,7 @@ def main(argv=None):
   p.add_argument("--seed", type=int, default=0)
   p.add_argument("--out", default="", help="the JSON (default: benchmarks/results/...)")
   args = p.parse_args(argv)
+  common.check_args(p, args)
   names = [v for v in args.variants.split(",") if v]
   bad = [v for v in names if v not in VARIANTS]
   if bad or not names:

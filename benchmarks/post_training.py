@@ -558,12 +558,22 @@ def main(argv=None):
                  "rule_cells; cell_accuracy scores other solutions than the stored one below 1)")
   p.add_argument("--prompts", type=int, default=0,
                  help="training puzzles per update (0: the size's; x the group's 8 rollouts)")
-  p.add_argument("--seeds", default="", help="comma-separated GRPO seeds (training prompts and "
+  p.add_argument("--seeds", default=None, help="comma-separated GRPO seeds (training prompts and "
                  "rollout keys; default: the size's); the first also seeds the evaluations")
   p.add_argument("--name", default="", help="results go to benchmarks/results/"
                  "post_training_SIZE_NAME/ (a partial protocol beside the full one)")
   p.add_argument("--out", default="", help="the JSON (default: benchmarks/results/...)")
   args = p.parse_args(argv)
+  common.check_args(p, args, nonnegative=("updates", "lr", "prompts"))
+  if args.seeds is not None and not args.seeds.strip():
+    common.fail(p, "--seeds='': names no seed; expected comma-separated integers (or leave it "
+                   "out: the size's seeds)")
+  if args.reward:
+    from aogpt_jax.posttrain import grpo
+    try:
+      grpo.get_reward(args.reward)
+    except ValueError as e:
+      common.fail(p, f"--reward={args.reward!r}: {str(e).split(': ', 1)[-1]}")
   logging.getLogger().setLevel(logging.WARNING)
   cfg = dict(SIZES[args.size])
   cfg["sampler"] = args.sampler or cfg["sampler"]
@@ -574,7 +584,9 @@ def main(argv=None):
   cfg["reward"] = args.reward or cfg["reward"]
   cfg["prompts"] = args.prompts or cfg["prompts"]
   try:
-    cfg["seeds"] = tuple(int(x) for x in args.seeds.split(",")) if args.seeds else cfg["seeds"]
+    cfg["seeds"] = (tuple(int(x) for x in args.seeds.split(",")) if args.seeds is not None
+                    else cfg["seeds"])
+    args.seeds = args.seeds or ""      # recorded as before (""): the size's seeds
   except ValueError:
     p.error(f"--seeds: expected comma-separated integers, got {args.seeds!r}")
   args.seed = cfg["seeds"][0]

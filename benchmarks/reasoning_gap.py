@@ -473,6 +473,11 @@ def main(argv=None):
                       "(reference_decode; slow at 9x9) and compare grid for grid; 0: skip it")
   p.add_argument("--out", default="", help="the JSON (default: benchmarks/results/...)")
   args = p.parse_args(argv)
+  common.check_args(p, args, positive=("puzzles", "batch_size"),
+                    nonnegative=("steps", "speed_repeats"))
+  if args.variants and not [v for v in args.variants.split(",") if v.strip()]:
+    common.fail(p, f"--variants={args.variants!r}: names no variant; expected some of "
+                   f"{', '.join(sorted(VARIANTS))} (or leave it out: the task's default)")
   for key in args.tasks.split(","):
     if key not in TASKS:
       p.error(f"--tasks: unknown task {key!r}; known: {', '.join(sorted(TASKS))}")

@@ -380,3 +380,28 @@ def test_hard_sudoku_writes_graded_puzzles_that_solve_reads(tmp_path):
   assert t.in_heldout(rows["tokens"]).all()                    # held-out grids only
   with pytest.raises(SystemExit):
     hard_sudoku.main(["puzzles", f"--out={path}", "--buckets=hard"])
+
+
+@pytest.mark.parametrize("script, argv, want", [
+    ("reasoning_gap", ["--variants=,"], "--variants=',': names no variant"),
+    ("reasoning_gap", ["--steps=-5"], "--steps=-5: expected a number >= 0"),
+    ("reasoning_gap", ["--puzzles=0"], "--puzzles=0: expected a number > 0"),
+    ("post_training", ["--reward=bogus"], "--reward='bogus': "),
+    ("post_training", ["--lr=-1"], "--lr=-1.0: expected a number >= 0"),
+    ("post_training", ["--updates=-1"], "--updates=-1: expected a number >= 0"),
+    ("post_training", ["--prompts=-1"], "--prompts=-1: expected a number >= 0"),
+    ("post_training", ["--seeds="], "--seeds='': names no seed"),
+    ("grpo_speed", ["--workdir=FILE"], "--workdir='FILE' is a file; expected a folder"),
+    ("reasoning_gap", ["--out=FILE/x.json"], "--out='FILE/x.json': cannot write in "),
+])
+def test_benchmark_arguments_are_one_line_before_work(tmp_path, capsys, script, argv, want):
+  """Each of these failed after minutes of work, most with a traceback (or, --seeds=, meant 3
+  seeds silently): one line, status 2, before anything runs."""
+  import importlib
+  (tmp_path / "FILE").write_text("a file")
+  argv = [a.replace("FILE", str(tmp_path / "FILE")) for a in argv]
+  want = want.replace("FILE", str(tmp_path / "FILE"))
+  with pytest.raises(SystemExit) as e:
+    importlib.import_module(script).main(argv)
+  err = capsys.readouterr().err
+  assert e.value.code == 2 and want in err and len(err.strip().splitlines()) == 1, err
