@@ -205,3 +205,21 @@ def test_puzzles_without_a_blank_are_named():
   with pytest.raises(ValueError, match=r"^solve.puzzles: every cell of the 3 puzzles is given"):
     solve_lib.check_puzzles(t, {**rows, "prompt": np_.ones_like(rows["prompt"])}, s)
   solve_lib.check_puzzles(t, rows, s)
+
+
+def test_a_full_disk_names_the_file_and_leaves_no_tmp(tmp_path, monkeypatch):
+  """--mode=solve onto a full disk said "OSError: [Errno 28]" without the file and left
+  solve.jsonl.tmp."""
+  import errno
+  import pathlib as pathlib_
+  from aogpt_jax.train import workdir as workdir_lib
+  real = pathlib_.Path.write_text
+
+  def full(self, text, *a, **k):
+    real(self, text[:10], *a, **k)                  # half written, then the disk is full
+    raise OSError(errno.ENOSPC, "No space left on device")
+  monkeypatch.setattr(pathlib_.Path, "write_text", full)
+  target = tmp_path / "solve.jsonl"
+  with pytest.raises(OSError, match=rf"writing {target} failed: No space left on device"):
+    workdir_lib.write_json_atomic(target, "x" * 100)
+  assert list(tmp_path.iterdir()) == []

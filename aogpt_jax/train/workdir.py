@@ -51,8 +51,15 @@ def write_json_atomic(path: pathlib.Path, text: str) -> None:
   reader (or a kill) sees the old file or the new one, never half of one."""
   path = pathlib.Path(path)
   tmp = path.with_name(path.name + ".tmp")
-  tmp.write_text(text, encoding="utf-8")
-  os.replace(tmp, path)
+  try:
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+  except OSError as e:     # a full disk: no .tmp left behind, and the error names the file
+    try:
+      tmp.unlink()
+    except OSError:
+      pass
+    raise OSError(e.errno, f"writing {path} failed: {e.strerror or e}") from e
 
 
 def check_name(name: str, key: str) -> str:
