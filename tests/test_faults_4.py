@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import pathlib
+import shutil
 import signal
 import subprocess
 import sys
@@ -333,3 +334,26 @@ def test_ctrl_c_in_a_gc_callback_is_not_lost(tmp_path):
   assert default.stdout.strip() == "the run went on" and "Exception ignored" in default.stderr
   assert fixed.stdout.strip() == "interrupted" and "Exception ignored" not in fixed.stderr, \
       fixed.stderr
+
+
+def test_a_partial_folder_written_again_is_removed_again(tmp_path, monkeypatch):
+  """On a real full disk the error said the partial folder was removed while
+  checkpoints/2.orbax-checkpoint-tmp was still there (a writer thread added to it after the
+  removal): the removal is retried, and a folder that stays is said to stay."""
+  ckpt = store.Checkpointer(tmp_path, config_lib.default_config().checkpoint)
+  tmp = ckpt.directory / "2.orbax-checkpoint-tmp"
+  real, calls = shutil.rmtree, []
+
+  def late_writer(path, ignore_errors=False):
+    real(path, ignore_errors=ignore_errors)
+    calls.append(path)
+    if len(calls) == 1:                   # a background write lands after the first removal
+      (pathlib.Path(path) / "params").mkdir(parents=True)
+  monkeypatch.setattr(store.shutil, "rmtree", late_writer)
+  (tmp / "params").mkdir(parents=True)
+  assert ckpt._remove_partial(2) == "; its partial folder 2.orbax-checkpoint-tmp was removed"  # noqa: SLF001
+  assert not tmp.exists() and len(calls) >= 2
+  (tmp / "params").mkdir(parents=True)
+  monkeypatch.setattr(store.shutil, "rmtree", lambda path, ignore_errors=False: None)
+  assert "could not be removed (remove it by hand)" in ckpt._remove_partial(2)  # noqa: SLF001
+  ckpt.close()

@@ -338,11 +338,22 @@ class Checkpointer:
     space the resume needs); returns what the error adds about it."""
     if step is None or jax.process_index() != 0:
       return ""
-    removed = []
+    try:      # orbax's writer threads may still be adding files to the folder: let them end
+      self.manager.wait_until_finished()
+    except Exception:  # noqa: BLE001 - the save already failed; its error is the one reported
+      pass
+    removed, left = [], []
     for tmp in self.directory.glob(f"{step}{_ORBAX_TMP_SUFFIX}*"):
-      shutil.rmtree(tmp, ignore_errors=True)
-      removed.append(tmp.name)
-    return f"; its partial folder {', '.join(removed)} was removed" if removed else ""
+      for _ in range(3):     # a late write re-creates a file: remove again
+        shutil.rmtree(tmp, ignore_errors=True)
+        if not tmp.exists():
+          break
+        time.sleep(0.2)
+      (left if tmp.exists() else removed).append(tmp.name)
+    out = f"; its partial folder {', '.join(removed)} was removed" if removed else ""
+    if left:
+      out += f"; its partial folder {', '.join(left)} could not be removed (remove it by hand)"
+    return out
 
   def restore_latest(self, abstract_state: dict, data_iter, meta: dict):
     """``(step, state)`` from the newest readable compatible checkpoint (the data iterator is
