@@ -169,17 +169,18 @@ def search(model: AOGPT, tokens, prompt, settings: SearchSettings, *, vocab: int
     cell_lp = np.take_along_axis(lp, cell[..., None, None], 2)[:, :, 0]     # [P, W, V]
     digits = np.argsort(-cell_lp, -1, kind="stable")[..., :b]    # [P, W, B]
     child = score[..., None] + np.take_along_axis(cell_lp, digits, -1)
-    child = np.where(active[..., None], child, -np.inf)
+    dead = (~wr & ~np.isfinite(top)).any(-1)     # a blank no legal token fits: a dead end
+    child = np.where((active & ~dead)[..., None], child, -np.inf)
     # a finished beam (or a dead one) carries itself over once, as branch 0
     done = ~active & np.isfinite(score)
     child[..., 0] = np.where(done, score, child[..., 0])
     flat_child = child.reshape(p_count, w * b)
-    pick = np.argsort(-flat_child, -1, kind="stable")
+    ranked = np.argsort(-flat_child, -1, kind="stable")
     new = [np.zeros_like(a) for a in (tok, wr, order, k)]
     new_score = np.full((p_count, w), -np.inf)
     for p in range(p_count):
       kept, seen = 0, set()
-      for j in pick[p]:
+      for j in ranked[p]:
         s = flat_child[p, j]
         if kept == w or not np.isfinite(s):
           break
