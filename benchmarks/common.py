@@ -142,6 +142,12 @@ def commit() -> str | None:
   return (p.stdout.strip() or None) if p.returncode == 0 else None
 
 
+def _started() -> str | None:
+  """The commit checked out when this process imported this module: the code a long run
+  executes (a commit made while it ran is not what ran)."""
+  return _START_COMMIT
+
+
 def utc_now() -> str:
   return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -159,7 +165,7 @@ def record(benchmark: str, args: Any, results: Any, *, device_info: Mapping | No
     args = vars(args)
   return {"benchmark": benchmark,
           "date": date or utc_now(),
-          "commit": commit() if commit_sha is True else (commit_sha or None),
+          "commit": _started() if commit_sha is True else (commit_sha or None),
           "machine": dict(machine_info) if machine_info is not None else machine(),
           "device": device() if device_info == "jax" else device_info,
           "args": dict(args or {}),
@@ -310,3 +316,6 @@ def best_of(fns: Mapping[str, Callable[[], Any]], repeats: int,
             sync: Callable[[Any], Any] | None = None) -> dict[str, float]:
   """The minimum of `interleaved`'s times per name (seconds)."""
   return {k: min(t) for k, t in interleaved(fns, repeats, sync).items()}
+
+
+_START_COMMIT = commit()    # at import: what a run's record names (`record`, `_started`)

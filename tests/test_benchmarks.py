@@ -405,3 +405,11 @@ def test_benchmark_arguments_are_one_line_before_work(tmp_path, capsys, script, 
     importlib.import_module(script).main(argv)
   err = capsys.readouterr().err
   assert e.value.code == 2 and want in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_a_record_names_the_commit_the_run_started_on(monkeypatch):
+  """A run of 50 minutes recorded the commit checked out when it ended, not the code it ran."""
+  monkeypatch.setattr(common, "_START_COMMIT", "ab" * 20)
+  monkeypatch.setenv("AOGPT_COMMIT", "cd" * 20)        # what the tree says by the end
+  rec = common.record("bench", {}, {}, device_info=None, machine_info={"slug": "x"})
+  assert rec["commit"] == "ab" * 20
