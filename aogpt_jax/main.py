@@ -175,6 +175,8 @@ def ignored_overrides(argv, mode: str) -> str | None:
 def wrong_mode(cfg, mode: str) -> str | None:
   """One line when a post-training config (``train.for_mode``: rl, dpo) runs in another mode
   (``configs/task.py:tiny,rl`` without --mode=rl trained a new model from scratch)."""
+  if cfg is None:        # no --config: its own one-line error comes later
+    return None
   want = str(cfg.get("train", {}).get("for_mode", "") or "")
   if not want or mode == want or mode not in ("train", "rl", "dpo"):
     return None

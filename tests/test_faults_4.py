@@ -301,8 +301,9 @@ def test_ctrl_c_while_starting_is_one_line_and_130(tmp_path, mod, how):
 _GC_CTRL_C = r"""
 import gc, os, signal, sys, time
 from aogpt_jax.errors import ctrl_c_handler
-if sys.argv[1] == "fixed":
-  signal.signal(signal.SIGINT, ctrl_c_handler)
+# explicit either way: a test runner's worker may hand its SIGINT disposition (ignored) down
+signal.signal(signal.SIGINT, ctrl_c_handler if sys.argv[1] == "fixed" else
+              signal.default_int_handler)
 fired = []
 def cb(phase, info):            # Ctrl-C while a gc callback runs (JAX registers one)
   if phase == "start" and not fired:

@@ -68,7 +68,7 @@ def test_pseudo_likelihood_is_the_last_step_of_sequence_logp(model):
   fn = model_jit.bind(search._logp_blank, model)
   got = search.pseudo_logp(fn, False, tokens, pmask)
   rows, orders = [], []                    # one row per (puzzle, answer cell), one call
-  for b in range(len(tokens)):
+  for b in (0, 3):                         # an infill and a scatter prompt
     for c in np.flatnonzero(~pmask[b]):
       rest = [i for i in range(N) if i != c and not pmask[b, i]]
       rows.append(b)
@@ -77,7 +77,8 @@ def test_pseudo_likelihood_is_the_last_step_of_sequence_logp(model):
   lp = likelihood.sequence_logp(model, jnp.asarray(tokens[rows]), jnp.asarray(orders),
                                 jnp.asarray(_steps(orders, pmask[rows].sum(1))),
                                 jnp.asarray(pmask[rows]))
-  want = np.bincount(rows, np.asarray(lp)[:, -1], minlength=len(tokens))
+  want = np.bincount(rows, np.asarray(lp)[:, -1], minlength=len(tokens))[[0, 3]]
+  got = got[[0, 3]]
   np.testing.assert_allclose(got, want, atol=1e-4)
 
 
