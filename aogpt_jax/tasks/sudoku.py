@@ -67,16 +67,9 @@ def _search(cells: list[int], size: int, limit: int | None, found: list | None =
   ``rng`` shuffles the digit order (random grids)."""
   cu = _cell_units(size)
   full = (1 << size) - 1
-  used = [0] * (3 * size)
-  for i, v in enumerate(cells):
-    if v:
-      bit = 1 << (v - 1)
-      r, c, b = cu[i]
-      if (used[r] | used[c] | used[b]) & bit:
-        return 0
-      used[r] |= bit
-      used[c] |= bit
-      used[b] |= bit
+  used = sudoku_grade.used_digits(cells, size)
+  if used is None:
+    return 0
   empties = [i for i, v in enumerate(cells) if not v]
   fcell, fbit = forbid[0], (1 << (forbid[1] - 1)) if forbid[1] else 0
   count = 0

@@ -79,11 +79,10 @@ def _geometry(size: int):
   return units(size).tolist(), cell_units(size)
 
 
-def _propagate(cells: list[int], size: int, unit_cells, cu) -> list[int] | None:
-  """Naked and hidden singles to a fixpoint; ``cells`` is modified in place and returned, or
-  None on a contradiction."""
-  full = (1 << size) - 1
-  used = [0] * (3 * size)
+def used_digits(cells: list[int], size: int) -> list[int] | None:
+  """Per unit (`units`), the bit mask of the digits its written cells hold; None when a digit
+  stands twice in a unit."""
+  used, cu = [0] * (3 * size), cell_units(size)
   for i, v in enumerate(cells):
     if v:
       bit = 1 << (v - 1)
@@ -93,6 +92,16 @@ def _propagate(cells: list[int], size: int, unit_cells, cu) -> list[int] | None:
       used[r] |= bit
       used[c] |= bit
       used[b] |= bit
+  return used
+
+
+def _propagate(cells: list[int], size: int, unit_cells, cu) -> list[int] | None:
+  """Naked and hidden singles to a fixpoint; ``cells`` is modified in place and returned, or
+  None on a contradiction."""
+  full = (1 << size) - 1
+  used = used_digits(cells, size)
+  if used is None:
+    return None
 
   def place(i, d):
     bit = 1 << (d - 1)
@@ -164,11 +173,7 @@ def _dfs(cells: list[int], size: int, *, solutions: int | None, guess_limit: int
     if _propagate(cells, size, unit_cells, cu) is None or (
         forbid[0] >= 0 and cells[forbid[0]] == forbid[1]):
       return
-    used = [0] * (3 * size)
-    for i, v in enumerate(cells):
-      if v:
-        for u in cu[i]:
-          used[u] |= 1 << (v - 1)
+    used = used_digits(cells, size)     # consistent: propagation checked it
     best, best_m, best_n = -1, 0, size + 1
     for i, v in enumerate(cells):
       if not v:
