@@ -40,6 +40,7 @@ from ml_collections import config_flags
 
 from aogpt_jax import config as config_lib
 from aogpt_jax.errors import _root, one_line  # shared by every CLI (aogpt_jax/errors.py)
+from aogpt_jax import checks
 from aogpt_jax import modes
 from aogpt_jax.train import loop as train_loop
 from aogpt_jax.train import sharding as sharding_lib
@@ -269,19 +270,20 @@ def main(argv) -> None:
     raise SystemExit("aogpt_jax: --workdir is required (e.g. --workdir=/tmp/aogpt_quickstart: "
                      "the run's folder)")
   try:
-    config_lib.check_keys(cfg)
     if config_lib.task_module_of_run(cfg, _WORKDIR.value, cfg.train.init_from):
       logging.info("task.module=%s: the run's (its config.json)", cfg.task.module)
     config_lib.import_task_module(cfg)   # a task of one's own, in every mode
     sharding_lib.maybe_initialize_distributed(cfg)   # before anything touches the devices
     logging.info("mode %s, workdir %s", _MODE.value, _WORKDIR.value, extra=train_loop.FILE_ONLY)
-    if _CHECKPOINT.value:
-      if _MODE.value not in CHECKPOINT_MODES:   # one line, without absl's usage text
-        raise SystemExit(f"aogpt_jax: --checkpoint: only for --mode={', '.join(CHECKPOINT_MODES)}"
-                         f", not {_MODE.value} (rl and dpo start from --config.train.init_from)")
-      MODES[_MODE.value](cfg, _WORKDIR.value, checkpoint=_CHECKPOINT.value)
-    else:
-      MODES[_MODE.value](cfg, _WORKDIR.value)
+    if _CHECKPOINT.value and _MODE.value not in CHECKPOINT_MODES:   # one line, no usage text
+      raise SystemExit(f"aogpt_jax: --checkpoint: only for --mode={', '.join(CHECKPOINT_MODES)}"
+                       f", not {_MODE.value} (rl and dpo start from --config.train.init_from)")
+    # The command's one checks stage, before anything is created, loaded or compiled.
+    checked = checks.check(_MODE.value, cfg, _WORKDIR.value, _CHECKPOINT.value)
+    kw = {"checkpoint": _CHECKPOINT.value} if _CHECKPOINT.value else {}
+    if checked is not None:
+      kw["checked"] = checked
+    MODES[_MODE.value](cfg, _WORKDIR.value, **kw)
   except config_lib.ConfigError as e:
     if _VERBOSE.value:
       raise

@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import types
 
 import jax
 import numpy as np
@@ -39,6 +40,7 @@ from aogpt_jax.config import ConfigError
 from aogpt_jax.model import objectives
 from aogpt_jax.sampling import config as sample_config
 from aogpt_jax.sampling import write as sample_write
+from aogpt_jax.tasks import base as tasks_base
 from aogpt_jax.train import loop as train_loop
 from aogpt_jax.train import workdir as workdir_lib
 
@@ -198,7 +200,9 @@ def refuse_task_run(cfg, mode: str) -> None:
                       f"solve.puzzles=FILE)")
 
 
-def eval_mode(cfg, workdir: str, checkpoint: str = "") -> dict:
+def check_eval(cfg, workdir: str, checkpoint: str = ""):
+  """The checks of ``--mode=eval`` (one line each, before anything loads): (settings, the
+  dataset names)."""
   refuse_task_run(cfg, "eval")
   e = cfg.eval
   try:
@@ -222,6 +226,12 @@ def eval_mode(cfg, workdir: str, checkpoint: str = "") -> dict:
     _check_run(cfg, workdir, "eval.model_kind")
     if "heldout" in names:
       _check_heldout(cfg, workdir)
+  return settings, names
+
+
+def eval_mode(cfg, workdir: str, checkpoint: str = "") -> dict:
+  settings, names = check_eval(cfg, workdir, checkpoint)
+  e = cfg.eval
   config_lib.follow_objective(cfg)
   batch = int(e.batch_size) or int(cfg.batch_size)
 
@@ -267,7 +277,8 @@ def scored_line(results: dict, cfg) -> str:
   return line
 
 
-def sample_mode(cfg, workdir: str, checkpoint: str = "") -> str:
+def check_sample(cfg, workdir: str, checkpoint: str = "") -> None:
+  """The checks of ``--mode=sample`` (one line each, before anything loads)."""
   refuse_task_run(cfg, "sample")
   if cfg.sample.name:
     workdir_lib.check_name(cfg.sample.name, "sample.name")
@@ -276,13 +287,18 @@ def sample_mode(cfg, workdir: str, checkpoint: str = "") -> str:
                             f"workdir of a trained run, or --checkpoint=SPEC")
   checkpoint_lib.check_writable(os.path.join(workdir, "samples"), "--workdir",
                                keep=False)
+  if not checkpoint:
+    _check_run(cfg, workdir, "sample.method")
+
+
+def sample_mode(cfg, workdir: str, checkpoint: str = "") -> str:
+  check_sample(cfg, workdir, checkpoint)
   if checkpoint:
     m, prov = _from_spec(cfg, checkpoint, cfg.sample.which or None)
     config_lib.follow_objective(cfg)
     path = sample_write.write_samples(m, cfg, workdir, data.get_tokenizer(cfg.data.tokenizer),
                                  step=prov["step"], loaded=prov, data=_data_meta(cfg))
   else:
-    _check_run(cfg, workdir, "sample.method")
     config_lib.follow_objective(cfg)
     m, run_cfg = checkpoint_lib.load_model(workdir, which=cfg.sample.which or "ema")
     path = sample_write.write_samples(m, cfg, workdir, data.get_tokenizer(cfg.data.tokenizer),
@@ -313,19 +329,27 @@ def prepare_mode(cfg, workdir: str) -> list:
   return prepare(cfg.data, block_size=int(cfg.seq_len))
 
 
+def check_genppl(cfg, workdir: str, checkpoint: str = "") -> dict:
+  """The checks of ``--mode=genppl`` (one line each, before anything loads): its grid."""
+  from aogpt_jax.evaluation import genppl  # pylint: disable=g-import-not-at-top
+  grid = genppl.grid_from_config(cfg.genppl, cfg.sample)
+  _check_output(cfg, workdir, checkpoint, "genppl.name", "eval")
+  if not checkpoint:
+    _check_run(cfg, workdir, "sample.method")
+  return grid
+
+
 def genppl_mode(cfg, workdir: str, checkpoint: str = "") -> dict:
   """Samples with the ``sample`` group over the ``genppl`` grid (files in WORKDIR/samples/),
   scores them with ``genppl.scorer`` and writes WORKDIR/eval/<genppl.name>.json and .md."""
   from aogpt_jax.evaluation import genppl  # pylint: disable=g-import-not-at-top
   g = cfg.genppl
-  grid = genppl.grid_from_config(g, cfg.sample)
+  grid = check_genppl(cfg, workdir, checkpoint)
   tok = data.get_tokenizer(cfg.data.tokenizer)
-  _check_output(cfg, workdir, checkpoint, "genppl.name", "eval")
   trained_length = None
   if checkpoint:
     m, prov = _from_spec(cfg, checkpoint, cfg.sample.which or None)
   else:
-    _check_run(cfg, workdir, "sample.method")
     m, run_cfg = checkpoint_lib.load_model(workdir, which=cfg.sample.which or "ema")
     prov = run_cfg.loaded.to_dict()
     trained_length = run_cfg.get("seq_len")
@@ -442,10 +466,11 @@ def distinct_puzzles(puzzles: dict) -> int:
   return int(len(np.unique(both, axis=0)))
 
 
-def solve_mode(cfg, workdir: str, checkpoint: str = "") -> dict:
-  """Solves ``solve.puzzles`` of the run's task with the ``sample`` settings (module docstring)."""
-  from aogpt_jax import tasks  # pylint: disable=g-import-not-at-top
-  from aogpt_jax.evaluation import solve as solve_lib  # pylint: disable=g-import-not-at-top
+def check_solve(cfg, workdir: str, checkpoint: str = "") -> dict:
+  """The checks of ``--mode=solve`` (one line each, before any weights load or anything is
+  created): the task, the puzzles and its verifier on their answers, the run (the task it
+  trained) and the output folder, and the sampler and search settings against the model the run
+  records. Returns what the mode goes on with: task, puzzles, source, run, checkpoint."""
   if cfg.seq_len == 0:
     config_lib.follow_task(cfg)
   task = config_lib.task_of(cfg)
@@ -460,7 +485,7 @@ def solve_mode(cfg, workdir: str, checkpoint: str = "") -> dict:
     raise ConfigError(f"solve.seed: must be an integer, got {cfg.solve.seed!r}")
   puzzles, source = load_puzzles(task, cfg)
   try:   # before sampling: the verifier runs on the reference answers
-    tasks.base.check_verifier(task, puzzles, f"solve.puzzles={cfg.solve.puzzles}")
+    tasks_base.check_verifier(task, puzzles, f"solve.puzzles={cfg.solve.puzzles}")
   except ValueError as err:
     raise ConfigError(str(err)) from err
   if not checkpoint and not os.path.isdir(os.path.join(workdir, "checkpoints")):
@@ -471,26 +496,62 @@ def solve_mode(cfg, workdir: str, checkpoint: str = "") -> dict:
   run = workdir
   if checkpoint and os.path.isdir(os.path.join(os.path.expanduser(checkpoint), "checkpoints")):
     run, checkpoint = os.path.expanduser(checkpoint), ""   # a run's WORKDIR: checked alike
+  if not checkpoint:
+    _check_task(cfg, run)
+    _check_run(cfg, run, "sample.method")
+    meta = checkpoint_lib.recorded_meta(run)
+    if meta is not None and isinstance(meta.get("model"), dict):
+      check_solve_settings(cfg, task, puzzles, model_config_of(meta["model"]))
+  return {"task": task, "puzzles": puzzles, "source": source, "run": run,
+          "checkpoint": checkpoint}
+
+
+def model_config_of(recorded: dict):
+  """A `ModelConfig` from a run's recorded model fields (fields this version lacks dropped)."""
+  from aogpt_jax.model import aogpt as model_lib  # pylint: disable=g-import-not-at-top
+  names = {f.name for f in dataclasses.fields(model_lib.ModelConfig)}
+  return model_lib.ModelConfig(**{k: tuple(v) if isinstance(v, list) else v
+                                  for k, v in recorded.items() if k in names})
+
+
+def check_solve_settings(cfg, task, puzzles, mc):
+  """The sampler (or search) settings of ``--mode=solve`` against the model ``mc``: (sampler
+  settings, search settings or None); one-line ConfigErrors."""
+  from aogpt_jax.evaluation import solve as solve_lib  # pylint: disable=g-import-not-at-top
+  if mc.valid_vocab_size != task.vocab_size:
+    raise ConfigError(f"task: the model has {mc.valid_vocab_size} token ids but task "
+                      f"{task.name!r} has {task.vocab_size}")
+  follow = cfg.copy_and_resolve_references()   # the sampler keys the run's objective sets
+  config_lib.follow_objective(follow)
+  try:
+    settings = sample_config.settings_from_config(follow.sample, mc, task.length)
+    solve_lib.check_puzzles(task, puzzles, settings)
+    search = search_settings(follow, types.SimpleNamespace(cfg=mc), task)
+    if search is None:
+      settings.validate(mc)
+  except ValueError as err:
+    raise ConfigError(str(err)) from None
+  return settings, search
+
+
+def solve_mode(cfg, workdir: str, checkpoint: str = "", checked: dict | None = None) -> dict:
+  """Solves ``solve.puzzles`` of the run's task with the ``sample`` settings (module docstring);
+  ``checked``: what `check_solve` returned for these arguments (the command's checks stage)."""
+  from aogpt_jax import tasks  # pylint: disable=g-import-not-at-top
+  from aogpt_jax.evaluation import solve as solve_lib  # pylint: disable=g-import-not-at-top
+  if cfg.seq_len == 0:
+    config_lib.follow_task(cfg)
+  job = checked or check_solve(cfg, workdir, checkpoint)
+  task, puzzles, source, run = job["task"], job["puzzles"], job["source"], job["run"]
+  checkpoint, bs = job["checkpoint"], cfg.solve.batch_size
   if checkpoint:
     from aogpt_jax.checkpoints import spec as checkpoint_spec  # pylint: disable=g-import-not-at-top
     m, _, prov = checkpoint_spec.load(checkpoint, cfg.sample.which or None)
   else:
-    _check_task(cfg, run)
-    _check_run(cfg, run, "sample.method")
     m, run_cfg = checkpoint_lib.load_model(run, which=cfg.sample.which or "ema")
     prov = run_cfg.loaded.to_dict()
   config_lib.follow_objective(cfg)
-  if m.cfg.valid_vocab_size != task.vocab_size:
-    raise ConfigError(f"task: the model has {m.cfg.valid_vocab_size} token ids but task "
-                      f"{task.name!r} has {task.vocab_size}")
-  try:
-    settings = sample_config.settings_from_config(cfg.sample, m.cfg, task.length)
-    solve_lib.check_puzzles(task, puzzles, settings)
-    search = search_settings(cfg, m, task)
-    if search is None:
-      settings.validate(m.cfg)
-  except ValueError as err:
-    raise ConfigError(str(err)) from None
+  settings, search = check_solve_settings(cfg, task, puzzles, m.cfg)
   if search is not None:
     result = solve_lib.solve_search(m, task, puzzles, settings, search, batch_size=bs)
   else:

@@ -53,7 +53,7 @@ LAYERS = (
     ("aogpt_jax.sampling",),
     ("aogpt_jax.evaluation",),
     ("aogpt_jax.posttrain",),
-    ("aogpt_jax.modes", "aogpt_jax.main", "aogpt_jax.figures"),
+    ("aogpt_jax.modes", "aogpt_jax.checks", "aogpt_jax.main", "aogpt_jax.figures"),
 )
 
 

@@ -198,6 +198,33 @@ def checkpoint_dir(workdir: str | os.PathLike) -> pathlib.Path:
   return pathlib.Path(workdir).absolute() / "checkpoints"
 
 
+def recorded_meta(workdir: str | os.PathLike) -> dict[str, Any] | None:
+  """The newest committed checkpoint's meta of the run in ``workdir`` (its mode, model and
+  config), read from the JSON alone, no weights; None where there is none or it cannot be read
+  (the restore then says why)."""
+  folder = checkpoint_dir(workdir)
+  steps = sorted((int(p.name) for p in folder.glob("*") if p.name.isdigit()
+                  and (p / "meta" / "metadata").is_file()), reverse=True) if folder.is_dir() else []
+  for step in steps:
+    try:
+      with open(folder / str(step) / "meta" / "metadata", encoding="utf-8") as f:
+        meta = json.load(f)
+    except (OSError, ValueError):
+      continue
+    if isinstance(meta, dict):
+      return meta
+  return None
+
+
+def check_mode(workdir: str | os.PathLike, mode: str) -> None:
+  """A run folder written by another mode (its newest checkpoint's meta): the one line
+  `check_compatible` gives at restore, before anything is created or compiled."""
+  meta = recorded_meta(workdir)
+  if meta is not None:
+    check_compatible({"mode": meta.get("mode", "train"), "config": {}},
+                     {"mode": mode, "config": {}}, str(checkpoint_dir(workdir)))
+
+
 def run_meta(cfg, mc: model_lib.ModelConfig) -> dict[str, Any]:
   return {"format": FORMAT, "config": config_lib.resolved_dict(cfg, mc), "model": mc.to_dict(),
           "has_ema": config_lib.ema_decay(cfg) is not None}

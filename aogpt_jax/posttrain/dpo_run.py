@@ -36,8 +36,11 @@ METRICS = ("loss", "accuracy", "margin", "chosen_reward", "rejected_reward", "ch
            "rejected_logp")
 
 
-def build(cfg, mc) -> "DPOAlgorithm":
-  """The checks of ``--mode=dpo`` (one line each, before anything compiles) and its algorithm."""
+def check(cfg, mc):
+  """The checks of ``--mode=dpo`` that need no weights (one line each; `aogpt_jax.checks` runs
+  them before anything is created or compiled): (task, settings, EMA decay, how many pairs have chosen equal to
+  rejected)."""
+  del mc
   task = config_lib.task_of(cfg)
   if task is None:
     raise ConfigError("task.name: --mode=dpo needs a task (its pairs: the 'preferences' task's "
@@ -48,8 +51,11 @@ def build(cfg, mc) -> "DPOAlgorithm":
   d = run_lib.check_ema_decay(g.ema_decay, "dpo.ema_decay")
   try:
     settings = dpo.settings_from_config(g)
+    settings.validate(None)        # the settings alone (the reference's shape: in build)
   except TypeError as err:
     raise ConfigError(f"dpo: {err}") from None
+  except ValueError as err:
+    raise ConfigError(str(err) if str(err).startswith("dpo.") else f"dpo: {err}") from None
   dp = run_lib.data_parallel(cfg)
   if g.pairs % dp:
     raise ConfigError(f"dpo.pairs: {g.pairs} pairs must split evenly over the {dp} "
@@ -58,9 +64,16 @@ def build(cfg, mc) -> "DPOAlgorithm":
     same = dpo.check_distinct(task)
   except ValueError as err:
     raise ConfigError(str(err)) from None
+  return task, settings, d, same
+
+
+def build(cfg, mc) -> "DPOAlgorithm":
+  """`check`, then the starting model, the reference and the algorithm."""
+  task, settings, d, same = check(cfg, mc)
   if same:
     logging.warning("dpo: %d of the %d training pairs have chosen equal to rejected (after "
                     "encoding): they add nothing to the gradient", same, len(task.train_index))
+  g = cfg.dpo
   model = run_lib.starting_model(cfg, mc, "dpo")
   reference = run_lib.load_reference(str(g.reference or ""), model, "dpo.reference")
   try:

@@ -61,8 +61,9 @@ def load_reference(cfg, start_model):
   return run_lib.load_reference(spec, start_model, "rl.reference")
 
 
-def build(cfg, mc) -> "GRPOAlgorithm":
-  """The checks of ``--mode=rl`` (one line each, before anything compiles) and its algorithm."""
+def check(cfg, mc):
+  """The checks of ``--mode=rl`` that need no weights (one line each; `aogpt_jax.checks` runs
+  them before anything is created or compiled): (task, settings, prompts, EMA decay)."""
   task = config_lib.task_of(cfg)
   if task is None:
     raise ConfigError("task.name: --mode=rl needs a task (its training puzzles are the prompts "
@@ -75,7 +76,7 @@ def build(cfg, mc) -> "GRPOAlgorithm":
   d = run_lib.check_ema_decay(rl.ema_decay, "rl.ema_decay")
   try:
     settings = settings_lib.grpo_settings(rl)
-    grpo.get_reward(settings.reward)
+    settings.validate(None)        # the settings alone (the reference's shape: in build)
     if not isinstance(settings.steps, int) or isinstance(settings.steps, bool) or settings.steps < 1:
       raise ValueError(f"rl.steps: must be an integer >= 1 (sampling steps per rollout), got "
                        f"{settings.steps!r}")
@@ -90,6 +91,12 @@ def build(cfg, mc) -> "GRPOAlgorithm":
     raise
   except (ValueError, TypeError) as err:
     raise ConfigError(str(err) if str(err).startswith("rl.") else f"rl: {err}") from None
+  return task, settings, prompts, d
+
+
+def build(cfg, mc) -> "GRPOAlgorithm":
+  """`check`, then the starting model and the algorithm."""
+  task, settings, prompts, d = check(cfg, mc)
   model = run_lib.starting_model(cfg, mc, "rl")
   reference = load_reference(cfg, model)
   try:

@@ -302,6 +302,36 @@ def load_init(cfg, model_cfg):
   return m
 
 
+def check_init_from(cfg, model_cfg, fields: tuple[str, ...] = (), mode: str = "train") -> None:
+  """``train.init_from`` checked before anything is created or compiled, from what the run
+  records (no weights): the folder or file exists; a training WORKDIR's model has the run's
+  function fields (`from_gpt.FUNCTION_FIELDS`) and ``fields``. A SPEC (hf:, gpt2:, a .pt, a
+  converted folder) is read when the run loads it (`load_init`)."""
+  from aogpt_jax.checkpoints import from_gpt  # pylint: disable=g-import-not-at-top
+  spec = str(cfg.train.init_from or "")
+  if not spec or spec.startswith("hf:") or from_gpt.is_spec(spec):
+    return
+  path = os.path.expanduser(spec)
+  if not os.path.exists(path):
+    raise config_lib.ConfigError(
+        f"train.init_from: {spec}: no such folder or file; expected the WORKDIR of a trained run "
+        f"(train one there first) or a model SPEC: a published .pt, a converted folder, "
+        f"hf:OWNER/REPO/PATH, gpt2:DIR or causal:DIR")
+  meta = checkpoint_lib.recorded_meta(path)
+  if meta is None or not isinstance(meta.get("model"), dict):
+    return
+  theirs = meta["model"]
+  diff = [f"model.{f}={theirs[f]!r} (the run has {getattr(model_cfg, f)!r})"
+          for f in (*from_gpt.FUNCTION_FIELDS, *fields)
+          if f in theirs and theirs[f] != json.loads(json.dumps(getattr(model_cfg, f)))]
+  if diff:
+    then = ("" if not fields else f"; --mode={mode} trains the starting model as it is, so set "
+            f"the config to match (e.g. --config.{diff[0].split('=')[0]})")
+    raise config_lib.ConfigError(
+        f"train.init_from: {spec} was trained with a different model: {'; '.join(diff)}"
+        + (then or "; set those model.* fields (a2o configs: configs/a2o_gpt2_small.py)"))
+
+
 def load_spec(spec: str, key: str):
   """The model of a WORKDIR or SPEC that config key ``key`` names (``train.init_from``,
   ``rl.reference``, ...); a read error is one `ConfigError` naming ``key`` (not --checkpoint,
