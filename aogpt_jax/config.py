@@ -87,7 +87,11 @@ def default_config() -> config_dict.ConfigDict:
   # resumes from its own checkpoint ignores it). Its model must match model.* field for field.
   # train.for_mode: "" or the mode a post-training config is for ("rl", "dpo"; set by
   # recipes.post_training): --mode=train on it is one line, not a run from scratch.
-  c.train = config_dict.ConfigDict(dict(init_from="", for_mode=""))
+  # train.remat: "" (model.remat / model.remat_policy as set) or "auto": chosen on the device
+  # from the compiled step's memory estimate (train.loop.choose_remat: off when the step fits
+  # the device's memory with a margin, else the saving policy that recomputes least), recorded
+  # in config.json and the checkpoints as model.remat / model.remat_policy.
+  c.train = config_dict.ConfigDict(dict(init_from="", for_mode="", remat=""))
 
   c.order = config_dict.ConfigDict({"name": "mixture",
                                     "kwargs": config_dict.ConfigDict({"p_l2r": 0.1})})
@@ -372,6 +376,9 @@ def resolve(cfg) -> model_lib.ModelConfig:
   rules(cfg)
   if cfg.eval.split == "train":
     _fail("eval.split", "held-out evaluation must not use the training split")
+  if cfg.train.get("remat", "") not in ("", "auto"):
+    _fail("train.remat", f"expected '' (model.remat as set) or 'auto' (chosen from the compiled "
+          f"step's memory estimate on the device), got {cfg.train.remat!r}")
   check_data(cfg)
   return mc
 

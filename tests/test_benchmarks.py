@@ -413,3 +413,29 @@ def test_a_record_names_the_commit_the_run_started_on(monkeypatch):
   monkeypatch.setenv("AOGPT_COMMIT", "cd" * 20)        # what the tree says by the end
   rec = common.record("bench", {}, {}, device_info=None, machine_info={"slug": "x"})
   assert rec["commit"] == "ab" * 20
+
+
+_HLO = """HloModule jit__lambda, is_scheduled=true
+
+%fused_computation (param_0: f32[4,4]) -> f32[4,4] {
+  %param_0 = f32[4,4]{1,0} parameter(0)
+  %constant.0 = f32[] constant(1)
+  %broadcast.0 = f32[4,4]{1,0} broadcast(%constant.0), dimensions={}
+  ROOT %add.0 = f32[4,4]{1,0} add(%param_0, %broadcast.0), metadata={op_name="jit(<lambda>)/add"}
+}
+
+ENTRY %main.1 (x.1: f32[4,4]) -> (f32[4,4], f32[]) {
+  %x.1 = f32[4,4]{1,0} parameter(0), metadata={op_name="x"}
+  %wrapped_sine = f32[4,4]{1,0} fusion(%x.1), kind=kLoop, calls=%fused_computation
+  %dot_general.1 = f32[4,4]{1,0} dot(%wrapped_sine, %x.1), lhs_contracting_dims={1}
+  %cc = f32[] custom-call(%dot_general.1), custom_call_target="x"
+  ROOT %t = (f32[4,4]{1,0}, f32[]) tuple(%dot_general.1, %cc)
+}
+"""
+
+
+def test_hlo_report_counts_a_known_module():
+  import hlo_report  # noqa: E402 - benchmarks/hlo_report.py
+  assert hlo_report.hlo_counts(_HLO) == {
+      "instructions": 9, "fusions": 1, "custom_calls": 1, "while_loops": 0,
+      "entry_ops": 3, "entry_fusions": 1}

@@ -97,3 +97,34 @@ def test_remat_with_the_encoders_full_mask_and_the_cached_sampler():
     logits.append(m.forward_slots(jnp.where(slots == 0, -1, slots), slots, slots, mask=mask,
                                   cache=cache, write_index=slots)[0])
   np.testing.assert_allclose(logits[0], logits[1], rtol=1e-6)
+
+
+def test_train_remat_auto_chooses_from_the_compiled_steps_memory(caplog, monkeypatch):
+  """train.remat=auto (train.loop.choose_remat): off when the step fits the device's memory,
+  the policy that saves most when nothing fits; the choice written into the config (config.json
+  and the checkpoints record it); as set where the device reports no limit (CPU)."""
+  from aogpt_jax import config as config_lib
+  from aogpt_jax import recipes
+  from aogpt_jax.train import loop, sharding
+
+  def setup(**kw):
+    cfg = recipes.apply(recipes.config_file("configs/quickstart.py", ""),
+                        {"batch_size": 8, "seq_len": 32, "model.n_layer": 1, "train.remat": "auto",
+                         **kw})
+    mc = config_lib.resolve(cfg)
+    return cfg, mc, sharding.make_mesh(cfg)
+
+  caplog.set_level("INFO")
+  monkeypatch.setattr(loop, "REMAT_ORDER", ("attention", "block"))      # fewer compilations
+  cfg, mc, mesh = setup(**{"model.remat": True})
+  assert loop.choose_remat(cfg, mc, mesh, limit=2**40).remat is False     # fits: off
+  assert cfg.model.remat is False
+  cfg, mc, mesh = setup()
+  chosen = loop.choose_remat(cfg, mc, mesh, limit=1)                     # nothing fits
+  assert (chosen.remat, chosen.remat_policy) == (True, "block")
+  assert (cfg.model.remat, cfg.model.remat_policy) == (True, "block")
+  assert "remat=block" in caplog.text and "off " in caplog.text and "attention " in caplog.text
+  cfg, mc, mesh = setup(**{"model.remat": True})
+  assert loop.choose_remat(cfg, mc, mesh).remat is True                  # CPU: no limit
+  with pytest.raises(config_lib.ConfigError, match=r"^train.remat: expected '' .* got 'on'"):
+    config_lib.resolve(setup(**{"train.remat": "on"})[0])

@@ -59,7 +59,8 @@ _STREAM_KEYS = {"seed", "batch_size", "seq_len", "data.source", "data.tokenizer"
 # Keys added to the config since a checkpoint may have been written; absent there and at this
 # default here, they change nothing.
 _ADDED_KEYS = {"task.name": "", "task.options": {}, "task.heldout_seed": 0,
-               "task.heldout_count": 256, "task.module": "", "train.for_mode": ""}
+               "task.heldout_count": 256, "task.module": "", "train.for_mode": "",
+               "train.remat": ""}
 MANIFEST = "aogpt_sha256.json"
 _ORBAX_TMP_SUFFIX = ".orbax-checkpoint-tmp"  # orbax: STEP<suffix> is renamed to STEP on commit
 FORMAT = 1

@@ -175,6 +175,8 @@ def train(cfg, workdir: str) -> dict[str, float]:
   sharding_lib.check_batch_sizes(cfg, mesh)
   workdir = workdir_lib.prepare_workdir(workdir)
   checkpoint_lib.check_writable(checkpoint_lib.checkpoint_dir(workdir))  # before compiling
+  if cfg.train.get("remat", "") == "auto":
+    model_cfg = choose_remat(cfg, model_cfg, mesh)
   meta = checkpoint_lib.run_meta(cfg, model_cfg)
   proc = jax.process_index()
   lock = workdir_lib.lock_workdir(workdir) if proc == 0 else None
@@ -192,6 +194,48 @@ def train(cfg, workdir: str) -> dict[str, float]:
       log_file.close()
     if lock is not None:
       lock.close()
+
+
+# train.remat=auto: the step must fit in this share of the device's memory (XLA's estimate is
+# not the allocator's peak); the policies tried after "off", the one that recomputes least
+# first (blocks.REMAT_POLICIES: "dots" keeps every matmul's output, "block" only the inputs).
+REMAT_MARGIN = 0.85
+REMAT_ORDER = ("dots", "dots_no_batch", "attention", "block")
+
+
+def choose_remat(cfg, model_cfg, mesh, limit: int | None = None):
+  """``train.remat=auto``: the model config with the rematerialisation chosen on this device
+  from the compiled train step's memory estimate: off when the peak fits ``REMAT_MARGIN`` of the
+  device's memory, else the first policy of ``REMAT_ORDER`` that fits, else "block" (which
+  saves most). Where the device reports no limit (CPU), model.remat stays as set. The choice
+  goes into ``cfg.model`` (config.json and the checkpoints record it) and one log line. Each
+  setting tried costs a compilation of the step (the one kept is compiled again to run)."""
+  limit = flops_lib.device_bytes_limit() if limit is None else limit
+  if not limit:
+    logging.info("train.remat=auto: the device reports no memory limit; model.remat=%s as set",
+                 model_cfg.remat)
+    return model_cfg
+  batch = {k: jax.ShapeDtypeStruct((cfg.batch_size, cfg.seq_len), "int32" if k == "tokens"
+                                   else "bool", sharding=sharding_lib.batch_sharding(mesh))
+           for k in (("tokens", "prompt") if config_lib.task_of(cfg) else ("tokens",))}
+  tried = []
+  candidates = [model_cfg.replace(remat=False)] + [
+      model_cfg.replace(remat=True, remat_policy=p) for p in REMAT_ORDER]
+  for mc in candidates:
+    with jax.set_mesh(mesh):
+      trainer = train_lib.build(cfg, mc, mesh)
+      peak = flops_lib.compiled_memory(
+          trainer.step.lower(trainer.abstract_state, batch).compile())["peak_bytes"]
+    name = mc.remat_policy if mc.remat else "off"
+    tried.append(f"{name} {peak / 2**30:.2f} GiB")
+    if peak <= REMAT_MARGIN * limit:
+      break
+  with cfg.unlocked():
+    cfg.model.remat, cfg.model.remat_policy = mc.remat, mc.remat_policy
+  logging.info("train.remat=auto: remat=%s (step memory estimates per device: %s; %.0f%% of "
+               "the %.2f GiB device limit allowed)", name, ", ".join(tried),
+               100 * REMAT_MARGIN, limit / 2**30)
+  return mc
 
 
 def puzzle_task(cfg) -> bool:
