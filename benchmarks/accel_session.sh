@@ -1,5 +1,9 @@
 #!/usr/bin/env bash
 # One accelerator's checks in one call that ends by a deadline (a lent GPU's lease is short):
+#   0. the MFU levers (PARTS levers, the default): benchmarks/train_step.py for AO-GPT Small and
+#      GPT-2 Small (LEVER_CONFIGS), 16 x 1024 bf16, each lever on and off (LEVERS: the recipe
+#      as it is, remat off, remat chosen by train.remat=auto, one microbatch), alone on the device,
+#      the recipe's row with a profile; OUT/levers/*.json and a table in levers.log;
 #   1. benchmarks/gpu_suite.sh --quick, alone on the device: AO-GPT Small's train step (MFU, memory,
 #      a profile: where the step's time goes) and the sampler against the encoder MDM at n = 1024;
 #   2. hard 9x9 Sudoku (PARTS hard, the default): benchmarks/hard_sudoku.py run --size=accel, the
@@ -26,11 +30,13 @@
 # arguments, default --quick; --dry-run proves the plumbing on a CPU), PARTS (default
 # suite,hard; reasoning adds the reasoning gap; posttrain adds benchmarks/post_training.py
 # $PT_ARGS, default --size=accel; each after the suite, beside each other), HARD_PER_BUCKET
-# (default 100), HARD_ARGS (more arguments of hard_sudoku.py run, e.g. --size=cpu on a CPU).
+# (default 100), HARD_ARGS (more arguments of hard_sudoku.py run, e.g. --size=cpu on a CPU),
+# LEVER_CONFIGS (default configs/aogpt_small.py,configs/gpt2_small.py), LEVER_ARGS (more
+# --config.* for every lever run, e.g. the tiny sizes on a CPU), LEVER_STEPS (default 10).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 case "${1:-}" in
-  -h|--help) sed -n '2,29p' "$0"; exit 0 ;;
+  -h|--help) sed -n '2,35p' "$0"; exit 0 ;;
   "") ;;
   *) echo "accel_session.sh: unknown argument $1 (it takes none; see --help)" >&2; exit 2 ;;
 esac
@@ -39,7 +45,10 @@ DEADLINE=${DEADLINE:-555}
 RG_STEPS=${RG_STEPS:-2500}
 RG_PUZZLES=${RG_PUZZLES:-200}
 SUITE_ARGS=${SUITE_ARGS:---quick}
-PARTS=${PARTS:-suite,hard}
+PARTS=${PARTS:-levers,suite,hard}
+LEVER_CONFIGS=${LEVER_CONFIGS:-configs/aogpt_small.py,configs/gpt2_small.py}
+LEVER_ARGS=${LEVER_ARGS:---config.batch_size=16 --config.seq_len=1024}
+LEVER_STEPS=${LEVER_STEPS:-10}
 HARD_PER_BUCKET=${HARD_PER_BUCKET:-100}
 HARD_ARGS=${HARD_ARGS:---size=accel}
 PT_ARGS=${PT_ARGS:---size=accel}
@@ -53,6 +62,38 @@ left() { echo $(( DEADLINE - (SECONDS - START) )); }
 cat "$OUT/machine.txt"
 
 part() { [[ ",$PARTS," == *",$1,"* ]]; }
+if part levers; then
+  budget=$(( $(left) * 35 / 100 ))
+  echo "[$((SECONDS - START)) s] MFU levers: $LEVER_CONFIGS (at most $budget s)"
+  mkdir -p "$OUT/levers"
+  lever_end=$(( SECONDS + budget ))
+  declare -A LEVER=([recipe]="" [no_remat]="--config.model.remat=False"
+                    [remat_auto]="--config.train.remat=auto" [one_microbatch]="--config.microbatches=1")
+  for cfg in ${LEVER_CONFIGS//,/ }; do
+    name=$(basename "${cfg%%:*}" .py)
+    for lever in recipe no_remat remat_auto one_microbatch; do
+      rest=$(( lever_end - SECONDS ))
+      (( rest > 20 )) || { echo "levers: out of time before $name $lever"; break 2; }
+      prof=(); [[ $lever == recipe ]] && prof=(--profile_dir="$OUT/levers/profile_$name")
+      timeout -k 10 "$rest" python benchmarks/train_step.py --config="$cfg" $LEVER_ARGS \
+        ${LEVER[$lever]} --steps="$LEVER_STEPS" --warmup=2 "${prof[@]}" \
+        --out="$OUT/levers/${name}__${lever}.json" >> "$OUT/levers.log" 2>&1 ||
+        echo "levers: $name $lever stopped or failed (levers.log)"
+    done
+  done
+  python - "$OUT/levers" <<'PY' | tee -a "$OUT/levers.log"
+import json, pathlib, sys
+print("| config | lever | step ms | tokens/s | MFU | peak GiB (XLA) | remat |")
+print("|---|---|---|---|---|---|---|")
+for p in sorted(pathlib.Path(sys.argv[1]).glob("*.json")):
+  r = json.loads(p.read_text())["results"]
+  mfu = f"{100 * r['mfu']:.1f}%" if r.get("mfu") else "n/a"
+  config, lever = p.stem.split("__")
+  print(f"| {config} | {lever} | {1000 * r['step_s_median']:.1f} | "
+        f"{r['tokens_per_s']:,.0f} | {mfu} | {r['xla_memory']['peak_bytes'] / 2**30:.2f} | "
+        f"{r['model']['remat'] and r['model']['remat_policy']} |")
+PY
+fi
 if part suite; then
   budget=$(( $(left) * 45 / 100 ))
   echo "[$((SECONDS - START)) s] gpu_suite $SUITE_ARGS (at most $budget s)"
@@ -85,11 +126,13 @@ fi
 wait
 echo "[$((SECONDS - START)) s] packing"
 shopt -s nullglob
-tar czf "$OUT/results.tgz" benchmarks/results/gpu_suite benchmarks/results/reasoning_gap_accel_* \
+tar czf "$OUT/results.tgz" "$OUT"/levers/*.json "$OUT"/levers.log benchmarks/results/gpu_suite benchmarks/results/reasoning_gap_accel_* \
   benchmarks/results/hard_sudoku_* \
   benchmarks/results/post_training_accel* "$OUT"/*.log "$OUT"/machine.txt "$OUT"/suite/*.json \
   "$OUT"/suite/*.log 2>/dev/null
 [[ -d "$OUT/suite/profile_small" ]] && tar czf "$OUT/profile.tgz" -C "$OUT/suite" profile_small
+compgen -G "$OUT/levers/profile_*" > /dev/null && tar czf "$OUT/levers_profile.tgz" -C "$OUT/levers" \
+  $(cd "$OUT/levers" && ls -d profile_*)
 for f in "$OUT"/rg_*.log "$OUT"/post_training.log "$OUT"/hard_sudoku.log; do
   [[ -f "$f" ]] && tail -n 6 "$f"
 done

@@ -35,6 +35,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
 from aogpt_jax import config as config_lib  # noqa: E402
 from aogpt_jax.train import flops as flops_lib  # noqa: E402
+from aogpt_jax.train import loop as train_loop  # noqa: E402
 from aogpt_jax.train import sharding as sharding_lib  # noqa: E402
 from aogpt_jax.train import step as train_lib  # noqa: E402
 
@@ -56,6 +57,8 @@ def main(argv) -> None:
   mc = config_lib.resolve(cfg)
   mesh = sharding_lib.make_mesh(cfg)
   sharding_lib.check_batch_sizes(cfg, mesh)
+  if cfg.train.get("remat", "") == "auto":   # as a run chooses it (train.loop.choose_remat)
+    mc = train_loop.choose_remat(cfg, mc, mesh)
   rng = np.random.default_rng(0)
   local = cfg.batch_size // jax.process_count()
 
