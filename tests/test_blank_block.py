@@ -21,10 +21,16 @@ from helpers.sampler import mixed_prompt, mixed_prompt_rows, tiny_model
 N, V = 10, 13
 
 
-@pytest.fixture(scope="module")
-def model():
+@pytest.fixture(scope="module", params=["block", "causal"])
+def model(request):
+  """The blank block, its queries seeing each other ("block") or causal by position ("causal":
+  model.blank_attention, Eso-LM(B)-like): every exactness test below runs on both."""
   return tiny_model(vocab=16, valid=V, block=12, std=0.5, prompt_attention="bidirectional",
-                    blank_block=True)
+                    blank_block=True, blank_attention=request.param)
+
+
+def _causal(model) -> bool:
+  return model.cfg.blank_attention == "causal"
 
 
 def _prompt():
@@ -35,14 +41,16 @@ def _rows(seed=0):
   return mixed_prompt_rows(seed, N, V)
 
 
-def test_training_layout_equals_the_hand_written_one():
+@pytest.mark.parametrize("causal", [False, True])
+def test_training_layout_equals_the_hand_written_one(causal):
   """Written slots: the token at its position, no target, causal in the order (the prompt's
   slots see each other); blanks: START at their position, conditioned on it, seeing every slot
-  but no written slot seeing them."""
+  (``causal``: every written slot and the blanks at positions up to its own) but no written slot
+  seeing them."""
   tokens, order, _, plen = _rows()
   cut = jnp.asarray([5, 1, 0, 9], jnp.int32)
   tok, pos, tgt, mask = map(np.asarray, blanks.blank_slots(tokens, order, cut,
-                                                           jnp.asarray(plen, jnp.int32)))
+                                                           jnp.asarray(plen, jnp.int32), causal))
   t, o = np.asarray(tokens), np.asarray(order)
   for b in range(4):
     k, m = int(cut[b]), int(plen[b])
@@ -52,7 +60,9 @@ def test_training_layout_equals_the_hand_written_one():
       assert pos[b, r] == o[b, r] + 1
       assert tgt[b, r] == (o[b, r] if blank else NO_TARGET)
       for c in range(N):
-        assert mask[b, r, c] == (blank or c <= r or (r < m and c < m)), (b, r, c)
+        sees_blank = o[b, c] <= o[b, r] if causal else True
+        want = (c < k or sees_blank) if blank else (c <= r or (r < m and c < m))
+        assert mask[b, r, c] == want, (b, r, c)
 
 
 def test_training_forward_is_the_samplers_reference(model):
@@ -62,13 +72,14 @@ def test_training_forward_is_the_samplers_reference(model):
   pl = jnp.asarray(plen, jnp.int32)
   for k in (4, 6, 9):
     cut = jnp.maximum(jnp.full((4,), k, jnp.int32), pl)
-    tok, pos, tgt, mask = blanks.blank_slots(tokens, order, cut, pl)
+    tok, pos, tgt, mask = blanks.blank_slots(tokens, order, cut, pl, _causal(model))
     h, _ = model.hidden_slots(tok, pos, tgt, mask=mask)
     train = np.asarray(model.head(h, tgt))
     ranks = np.arange(N)[None, :]
     targets = jnp.where(ranks >= np.asarray(cut)[:, None], order, NO_TARGET)
     tok, pos, tgt, mask = blanks.query_layout(tokens, order, jnp.broadcast_to(cut[:, None],
-                                                                              (4, N)), targets, pl)
+                                                                              (4, N)), targets, pl,
+                                              _causal(model))
     h, _ = model.hidden_slots(tok, pos, tgt, mask=mask)
     ref = np.asarray(model.head(h[:, N:], tgt[:, N:]))
     sel = ranks >= np.asarray(cut)[:, None]
@@ -79,6 +90,8 @@ def test_blanks_see_each_other_and_written_slots_do_not_see_them(model):
   """Hiding the blanks from each other moves every blank's output (they attend to each other),
   no written slot's; swapping two blanks' positions swaps their outputs and leaves the written
   slots as they were."""
+  if _causal(model):
+    pytest.skip("model.blank_attention='block' only (the causal blanks: the test below)")
   tokens, order, _, plen = _rows(2)
   pl = jnp.asarray(plen, jnp.int32)
   cut = pl + 2
@@ -97,6 +110,33 @@ def test_blanks_see_each_other_and_written_slots_do_not_see_them(model):
     np.testing.assert_allclose(h2[b, N - 1], h1[b, N - 2], atol=2e-5)
 
 
+def test_causal_blanks_see_the_blanks_at_lower_positions_only(model):
+  """``blank_attention="causal"``: hiding from each blank the blanks at higher positions changes
+  nothing; hiding those at lower positions moves the blanks that had one; the written slots are
+  the block model's (they never see a blank)."""
+  if not _causal(model):
+    pytest.skip("model.blank_attention='causal' only")
+  tokens, order, _, plen = _rows(2)
+  pl = jnp.asarray(plen, jnp.int32)
+  cut = pl + 1
+  tok, pos, tgt, mask = blanks.blank_slots(tokens, order, cut, pl, causal=True)
+  blank = tgt >= 0
+  pairs = blank[:, :, None] & blank[:, None, :] & ~jnp.eye(N, dtype=bool)
+  higher = pairs & (order[:, None, :] > order[:, :, None])
+  lower = pairs & (order[:, None, :] < order[:, :, None])
+  assert not np.asarray(mask & higher).any()
+  h = np.asarray(model.hidden_slots(tok, pos, tgt, mask=mask)[0])
+  h_hi = np.asarray(model.hidden_slots(tok, pos, tgt, mask=mask & ~higher)[0])
+  h_lo = np.asarray(model.hidden_slots(tok, pos, tgt, mask=mask & ~lower)[0])
+  np.testing.assert_allclose(h_hi, h, atol=1e-6)
+  had = np.asarray(lower.any(-1))
+  moved = np.abs(h_lo - h).max(-1) > 1e-4
+  assert had.any() and (moved == had).all()
+  block = blanks.blank_slots(tokens, order, cut, pl)[3]
+  h_block = np.asarray(model.hidden_slots(tok, pos, tgt, mask=block)[0])
+  np.testing.assert_allclose(h_block[~np.asarray(blank)], h[~np.asarray(blank)], atol=1e-6)
+
+
 def test_loss_is_the_weighted_blank_nll(model):
   """`blank_loss`: each blank's NLL times (n - m) / (n - k) (every_blank), or rank k's times
   n - m; the mean divides by the answer cells; the cuts are uniform in [m, n - 1]."""
@@ -104,7 +144,7 @@ def test_loss_is_the_weighted_blank_nll(model):
   key = jax.random.key(4)
   cut = np.asarray(blanks.draw_cuts(key, jnp.asarray(plen, jnp.int32), N))
   tok, pos, tgt, mask = blanks.blank_slots(tokens, order, jnp.asarray(cut),
-                                           jnp.asarray(plen, jnp.int32))
+                                           jnp.asarray(plen, jnp.int32), _causal(model))
   h, _ = model.hidden_slots(tok, pos, tgt, mask=mask)
   logp = np.asarray(jax.nn.log_softmax(model.head(h, tgt)))
   target = np.asarray(orders_lib.permute(tokens, order))
@@ -136,6 +176,8 @@ def test_cached_sampler_is_its_reference_and_the_likelihood_is_exact(model, monk
   here from Q = 4 on: 10, then 5; tests/test_sampler_adaptive.py checks them against one
   phase)."""
   from aogpt_jax.sampling import adaptive
+  if _causal(model) and kw.get("policy") in ("margin", "threshold"):
+    pytest.skip("the causal blanks: max_prob, one phase and two (the policies share the code)")
   kw = dict(kw)
   if kw.pop("phases", False):
     monkeypatch.setattr(adaptive, "PHASE_MIN_QUERIES", 4)
@@ -176,7 +218,8 @@ def _uncached_logp(model, tokens, order, steps, prompt):
       tgt = jnp.asarray(order[i:i + 1, m:])
       tok, pos, tg, mask = blanks.query_layout(jnp.asarray(tokens[i:i + 1]),
                                                jnp.asarray(order[i:i + 1]),
-                                               jnp.full(tgt.shape, m), tgt, block[i:i + 1])
+                                               jnp.full(tgt.shape, m), tgt, block[i:i + 1],
+                                               _causal(model))
       h, _ = model.hidden_slots(tok, pos, tg, mask=mask)
       lp = jax.nn.log_softmax(model.head(h, tg)[0, n:])
       for r in range(m, n):
@@ -259,7 +302,7 @@ def test_one_token_per_step_likelihood_is_the_next_rank_loss(model):
   target = np.asarray(orders_lib.permute(tokens, order))
   for r in range(int(plen.max()), N):
     cut = jnp.full((4,), r, jnp.int32)
-    tok, pos, tgt, mask = blanks.blank_slots(tokens, order, cut, pl)
+    tok, pos, tgt, mask = blanks.blank_slots(tokens, order, cut, pl, _causal(model))
     h, _ = model.hidden_slots(tok, pos, tgt, mask=mask)
     logp = np.asarray(jax.nn.log_softmax(model.head(h, tgt)))[:, r]
     np.testing.assert_allclose(lp[:, r], logp[np.arange(4), target[:, r]], atol=2e-5)

@@ -51,6 +51,13 @@ ROPE_QUERIES = ("target", "token")
 # ``bidirectional_target``: rank-slots 0..m, which adds the last prompt token's slot, conditioned
 # on the FIRST answer position (an ablation: training and one-pass likelihoods only).
 PROMPT_ATTENTIONS = ("causal", "bidirectional", "bidirectional_target")
+# How the blank block's queries see each other (model.blank_attention, model/blanks.py): all of
+# them ("block"), or each the blanks at positions up to its own ("causal": Eso-LM(B)'s masks
+# causal among the blanks, Sahoo et al. 2025, arXiv 2506.01928, whose code also holds the
+# "block" mask, unused; Eso-LM(B) orders its blanks by a denoising order drawn in advance, which a
+# decoder that picks its next cell by confidence does not know, so here the order among blanks
+# is the positions': fixed, so the cached sampler, the search and the likelihood agree exactly).
+BLANK_ATTENTIONS = ("block", "causal")
 START = orders_lib.START          # slot token id meaning "the START vector"
 NO_TARGET = orders_lib.NO_TARGET  # slot target meaning "no conditioning" (zero vector)
 RESIDUAL_DTYPE = jnp.float32  # residual stream (embeddings, adds, norms) under any compute dtype
@@ -129,6 +136,9 @@ class ModelConfig:
                                      # (an MDM-style block over the blanks on top of the causal
                                      # written prefix; model/blanks.py); trained by cutting each
                                      # order at a random rank, decoded by the adaptive sampler
+  blank_attention: str = "block"     # one of BLANK_ATTENTIONS, with blank_block: "block" (every
+                                     # blank query sees every other) or "causal" (Eso-LM(B)-like:
+                                     # a blank sees the blanks at positions up to its own)
   position_init: str = ""            # "": random position tables; "grid:R,C,BR,BC": start the
                                      # position and target-position rows of an R x C grid (boxes
                                      # BR x BC, Sudoku's) as row + column + box codes (trainable;
@@ -168,6 +178,10 @@ class ModelConfig:
     check_choice("model.prompt_attention", self.prompt_attention, PROMPT_ATTENTIONS)
     if not isinstance(self.blank_block, bool):
       bad("blank_block", f"must be True or False, got {self.blank_block!r}")
+    check_choice("model.blank_attention", self.blank_attention, BLANK_ATTENTIONS)
+    if self.blank_attention != "block" and not self.blank_block:
+      bad("blank_attention", f"{self.blank_attention!r} is how the blank block's queries see "
+          f"each other; it needs model.blank_block=True (or keep 'block')")
     if self.blank_block and self.prompt_attention == "bidirectional_target":
       bad("blank_block", "True needs model.prompt_attention 'causal' or 'bidirectional': "
           "'bidirectional_target' puts the first blank's query into the prompt block")

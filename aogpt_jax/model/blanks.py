@@ -42,19 +42,25 @@ def draw_cuts(key: jax.Array, prompt_len: jax.Array, n: int) -> jax.Array:
 
 
 def blank_slots(tokens: jax.Array, order: jax.Array, cut: jax.Array,
-                block: jax.Array | None = None):
+                block: jax.Array | None = None, causal: bool = False):
   """The slots of one cut, in order space (slot r is about position ``order[r]``): for r < cut
   a *written* slot, the token ``tokens[order[r]]`` at its position with no target, causal in
   the order (``block`` [B]: a bidirectional prompt's slots see each other, `aogpt.prompt_block`);
   for r >= cut a *blank* slot, the START vector at position ``order[r]`` with that position as
-  its target, seeing every written slot and every other blank. Returns tokens, position rows,
+  its target, seeing every written slot and every other blank (``causal``: the blanks at
+  positions up to its own, ``model.blank_attention="causal"``). Returns tokens, position rows,
   targets [B, n] and the mask [B, n, n] (`AOGPT.hidden_slots`)."""
   rank_BxN = orders_lib.all_ranks(order)
   blank_BxN = rank_BxN >= cut[:, None]
   wtok_BxN, pos_BxN, wtgt_BxN = written_slots(order, tokens, rank_BxN)
   qtok_BxN, _, qtgt_BxN = blank_queries(order)         # the same position rows
   tied_BxN = orders_lib.block_ranks(rank_BxN, block)
-  mask_BxNxN = blank_BxN[:, :, None] | orders_lib.mask_from_ranks(tied_BxN, tied_BxN)
+  mask_BxNxN = orders_lib.mask_from_ranks(tied_BxN, tied_BxN)
+  if causal:      # a blank: every written slot and the blanks at positions up to its own
+    by_pos = ~blank_BxN[:, None, :] | orders_lib.mask_from_ranks(order, order)
+    mask_BxNxN = jnp.where(blank_BxN[:, :, None], by_pos, mask_BxNxN)
+  else:           # a blank: every slot
+    mask_BxNxN = blank_BxN[:, :, None] | mask_BxNxN
   return (jnp.where(blank_BxN, qtok_BxN, wtok_BxN), pos_BxN,
           jnp.where(blank_BxN, qtgt_BxN, wtgt_BxN), mask_BxNxN)
 
@@ -75,7 +81,8 @@ def blank_loss(m: AOGPT, tokens: jax.Array, order: jax.Array, cut_key: jax.Array
             else jnp.sum(prompt, axis=-1, dtype=jnp.int32))
   cut_B = draw_cuts(cut_key, plen_B, n)
   block = None if prompt is None else prompt_block(m.cfg, plen_B)
-  tok, pos, tgt, mask = blank_slots(tokens, order, cut_B, block)
+  tok, pos, tgt, mask = blank_slots(tokens, order, cut_B, block,
+                                    causal=m.cfg.blank_attention == "causal")
   h, _ = m.hidden_slots(tok, pos, tgt, mask=mask, dropout_key=dropout_key)
   nll_BxN = nll_from_logits(m.head(h, tgt), orders_lib.permute(tokens, order))
   rank_BxN = orders_lib.all_ranks(order)
@@ -109,7 +116,7 @@ def blank_queries(targets: jax.Array):
 
 
 def query_layout(tokens: jax.Array, order: jax.Array, m: jax.Array, targets: jax.Array,
-                 block: jax.Array | None = None):
+                 block: jax.Array | None = None, causal: bool = False):
   """The uncached layout of blank queries: the n written slots in ``order`` (causal, ``block``
   a bidirectional prompt), then G blank queries for positions ``targets`` [B, G] (NO_TARGET:
   padding); query g sees the written slots 0..``m[b, g]``-1 and every valid query with the same
@@ -122,7 +129,8 @@ def query_layout(tokens: jax.Array, order: jax.Array, m: jax.Array, targets: jax
   g = targets.shape[1]
   wtok, wpos, wtgt = written_slots(order, tokens, orders_lib.all_ranks(order))
   qtok, qpos, qtgt = blank_queries(targets)
-  mask = jnp.concatenate([written_mask(b, n, g, block), query_mask(m, qtgt, n)], axis=1)
+  mask = jnp.concatenate([written_mask(b, n, g, block), query_mask(m, qtgt, n, causal)],
+                         axis=1)
   return (jnp.concatenate([wtok, qtok], 1), jnp.concatenate([wpos, qpos], 1),
           jnp.concatenate([wtgt, qtgt], 1), mask)
 
@@ -135,14 +143,18 @@ def written_mask(b: int, n: int, g: int, block: jax.Array | None = None) -> jax.
   return jnp.pad(orders_lib.mask_from_ranks(tied_BxN, tied_BxN), ((0, 0), (0, 0), (0, g)))
 
 
-def query_mask(m: jax.Array, targets: jax.Array, n: int) -> jax.Array:
+def query_mask(m: jax.Array, targets: jax.Array, n: int, causal: bool = False) -> jax.Array:
   """bool [B, G, n + G]: the rows of G blank queries (targets [B, G], NO_TARGET: padding) over
   n written slots and the queries: query g sees the written slots 0..``m[b, g]``-1, itself and
-  every valid query with the same ``m`` (its step's blanks)."""
+  every valid query with the same ``m`` (its step's blanks); ``causal``
+  (``model.blank_attention="causal"``): only those at positions up to its own."""
   g = targets.shape[1]
   valid_BxG = targets != NO_TARGET
   m_BxG = m.astype(jnp.int32)
   peers_BxGxG = (valid_BxG[:, :, None] & valid_BxG[:, None, :]
-                 & (m_BxG[:, :, None] == m_BxG[:, None, :])) | jnp.eye(g, dtype=bool)[None]
+                 & (m_BxG[:, :, None] == m_BxG[:, None, :]))
+  if causal:
+    peers_BxGxG &= orders_lib.mask_from_ranks(targets, targets)
+  peers_BxGxG |= jnp.eye(g, dtype=bool)[None]
   return jnp.concatenate([jnp.arange(n)[None, None, :] < m_BxG[:, :, None], peers_BxGxG],
                          axis=2)

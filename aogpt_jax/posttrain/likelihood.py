@@ -212,10 +212,12 @@ def _blank_cache(model: AOGPT, tokens, order, block, w: int):
                                 write_index=jnp.broadcast_to(jnp.arange(n, dtype=jnp.int32),
                                                              (b, n)))
   at_W = jnp.broadcast_to(jnp.arange(n, n + w, dtype=jnp.int32), (b, w))
+  causal = model.cfg.blank_attention == "causal"
 
   def logits_of(m_BxW, tgt_BxW):
     qtok, qpos, qtgt = blanks.blank_queries(tgt_BxW)
-    hidden_BxWxD, _ = model.hidden_slots(qtok, qpos, qtgt, mask=blanks.query_mask(m_BxW, qtgt, n),
+    hidden_BxWxD, _ = model.hidden_slots(qtok, qpos, qtgt,
+                                         mask=blanks.query_mask(m_BxW, qtgt, n, causal),
                                          cache=cache, write_index=at_W)
     return model.head(hidden_BxWxD, tgt_BxW)
 

@@ -430,6 +430,7 @@ def sample_adaptive(model: AOGPT, order0, tokens0, prompt_len, tok_keys, counts,
   batch, n = order0.shape
   c = shape.catchup
   cache_len = n + shape.queries
+  causal = model.cfg.blank_attention == "causal"
   m0_B = prompt_len.astype(jnp.int32)
   block_B = prompt_block(model.cfg, m0_B)     # a bidirectional prompt (None: causal)
   cache = None
@@ -494,6 +495,7 @@ def sample_blank(model: AOGPT, order0, tokens0, prompt_len, tok_keys, counts, ad
   batch, n = order0.shape
   c = shape.catchup
   cache_len = n + shape.queries
+  causal = model.cfg.blank_attention == "causal"
   m0_B = prompt_len.astype(jnp.int32)
   block_B = prompt_block(model.cfg, m0_B)
   kk_1x1xK = jnp.arange(cache_len, dtype=jnp.int32)[None, None, :]
@@ -520,7 +522,8 @@ def sample_blank(model: AOGPT, order0, tokens0, prompt_len, tok_keys, counts, ad
     targets_BxQ = jnp.where(valid_BxQ, cand_BxQ, NO_TARGET)
     if not shape.cached:
       tok, pos, tgt, mask = blanks.query_layout(
-          tokens, order, jnp.broadcast_to(m_B[:, None], (batch, q)), targets_BxQ, block_B)
+          tokens, order, jnp.broadcast_to(m_B[:, None], (batch, q)), targets_BxQ, block_B,
+          causal=causal)
       hidden, _ = model.hidden_slots(tok, pos, tgt, mask=mask)
       return model.head(hidden[:, n:], tgt[:, n:]), extra
     j_1xC = jnp.arange(c, dtype=jnp.int32)[None, :]
@@ -529,8 +532,11 @@ def sample_blank(model: AOGPT, order0, tokens0, prompt_len, tok_keys, counts, ad
                                               j_1xC < prevk_B[:, None], crank_BxC)
     qtok, qpos, qtgt = blanks.blank_queries(targets_BxQ)
     scratch_BxQ = jnp.broadcast_to(n + jnp.arange(q, dtype=jnp.int32), (batch, q))
-    seen_BxK = jnp.pad(valid_BxQ, ((0, 0), (n, cache_len - n - q)))
-    qmask = ((kk_1x1xK < m_B[:, None, None]) | seen_BxK[:, None, :]) & valid_BxQ[..., None]
+    seen_BxQxQ = jnp.broadcast_to(valid_BxQ[:, None, :], (batch, q, q))
+    if causal:          # a query sees the blanks at positions up to its own
+      seen_BxQxQ = seen_BxQxQ & orders_lib.mask_from_ranks(targets_BxQ, targets_BxQ)
+    seen_BxQxK = jnp.pad(seen_BxQxQ, ((0, 0), (0, 0), (n, cache_len - n - q)))
+    qmask = ((kk_1x1xK < m_B[:, None, None]) | seen_BxQxK) & valid_BxQ[..., None]
     qmask = qmask | (kk_1x1xK == scratch_BxQ[..., None])
     hidden, cache = model.hidden_slots(
         jnp.concatenate([qtok, ctok], 1), jnp.concatenate([qpos, cpos], 1),

@@ -102,7 +102,8 @@ def _logp_blank(model: AOGPT, tokens, order, cut, plen):
   """float32 [R, n, V]: log-probabilities of every position's token (original order) at each
   row's cut (the first ``cut`` ranks of ``order`` written)."""
   tok, pos, tgt, mask = blanks_lib.blank_slots(tokens, order, cut,
-                                               prompt_block(model.cfg, plen))
+                                               prompt_block(model.cfg, plen),
+                                               causal=model.cfg.blank_attention == "causal")
   h, _ = model.hidden_slots(tok, pos, tgt, mask=mask)
   lp_rank = jax.nn.log_softmax(model.head(h, tgt).astype(jnp.float32), axis=-1)
   inv = jnp.argsort(order, axis=-1)                 # position -> rank
