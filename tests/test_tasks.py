@@ -220,6 +220,43 @@ def test_sudoku_rule_cells_counts_any_solution():
   assert t6.verify(noisy, pz)["rule_cells"][0] == 0.0
 
 
+def test_cell_valid_reward_accepts_any_solutions_digit():
+  """``cell_valid`` (a per-cell reward, `Task.cell_rules`): every cell of another valid solution
+  scores 1 where ``cell_correct`` scores the swapped cells 0; on noisy grids it is the loops'
+  per-cell check; a changed given zeroes the row; a task without cell rules is one line."""
+  from aogpt_jax.posttrain import rewards
+  four = tokens_of(GRID4)[None]
+  other = four.copy().reshape(4, 4)
+  other[[0, 0, 1, 1], [0, 2, 0, 2]] = other[[1, 1, 0, 0], [0, 2, 0, 2]]
+  other = other.reshape(1, 16)
+  prompt = np.ones_like(four, bool)
+  prompt[0, [0, 2, 4, 6]] = False
+  pz = {"tokens": four, "prompt": prompt}
+  t = tasks.make("sudoku", size=4)
+  assert (rewards.get_reward("cell_valid")(other, pz, t) == 1).all()
+  assert rewards.get_reward("cell_correct")(other, pz, t)[0, [0, 2, 4, 6]].sum() == 0
+  t6 = tasks.make("sudoku", size=6)
+  pz = t6.heldout(0, 12)
+  rng = np.random.default_rng(1)
+  noisy = np.where(rng.random(pz["tokens"].shape) < 0.2, rng.integers(0, 7, pz["tokens"].shape),
+                   pz["tokens"])
+  noisy = np.where(pz["prompt"], pz["tokens"], noisy)
+  got = rewards.get_reward("cell_valid")(noisy, pz, t6)
+  for g, row in zip(noisy, got):
+    for i in range(36):
+      one = np.zeros(36, bool)
+      one[i] = True
+      assert row[i] == _rule_cells_by_loops(g, ~one, 6), i
+  assert 0 < got.mean() < 1
+  noisy[0, np.argmax(pz["prompt"][0])] += 1
+  assert (rewards.get_reward("cell_valid")(noisy, pz, t6)[0] == 0).all()
+  star = tasks.make("star_graph", degree=2, path_len=2, num_nodes=8)
+  rows = star.heldout(0, 2)
+  with pytest.raises(ValueError, match=r"^rl.reward: 'cell_valid' needs a task with rules per "
+                                       r"cell .* 'star_graph' has none"):
+    rewards.get_reward("cell_valid")(rows["tokens"], rows, star)
+
+
 def test_solver_counts_and_solves():
   count, sol = sudoku.solve(digits(EASY))
   assert count == 1 and "".join(map(str, sol)) == EASY_SOLUTION

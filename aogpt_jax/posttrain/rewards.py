@@ -1,6 +1,6 @@
 """Rewards for GRPO: a registry of ``fn(tokens, puzzles, task) -> [R]`` float (``credit="token"``:
 [R, n], one per position), the built-in ones (fields of a task's verifier: ``solved``,
-``cell_accuracy``, Sudoku's ``rule_cells``; ``cell_correct`` per position), ``MODULE:FUNCTION``
+``cell_accuracy``, Sudoku's ``rule_cells``; ``cell_correct`` and ``cell_valid`` per position), ``MODULE:FUNCTION``
 imports of one's own, and the one-line checks of what a reward returns (shape, NaN / inf).
 `grpo` re-exports every public name here (``grpo.register_reward`` is the documented spelling).
 """
@@ -58,6 +58,19 @@ def cell_correct(tokens, puzzles, task):
   reference answer's token (``puzzles["tokens"]``), else 0; any task with reference answers."""
   del task
   return (np.asarray(tokens) == np.asarray(puzzles["tokens"])).astype(np.float64)
+
+
+@register_reward("cell_valid")
+def cell_valid(tokens, puzzles, task):
+  """float [R, n], a per-token reward (``credit="token"``): 1 where a cell's token breaks no rule
+  of the finished answer (`Task.cell_rules`: Sudoku's row, column and box), else 0. Unlike
+  ``cell_correct`` it does not punish a right digit of another solution (a puzzle with several)."""
+  fn = getattr(task, "cell_rules", None)
+  if not callable(fn):
+    raise ValueError(f"rl.reward: 'cell_valid' needs a task with rules per cell "
+                     f"(Task.cell_rules, e.g. sudoku); task "
+                     f"{getattr(task, 'name', task)!r} has none; expected cell_correct")
+  return np.asarray(fn(tokens, puzzles), np.float64)
 
 
 def get_reward(reward: str | RewardFn) -> RewardFn:

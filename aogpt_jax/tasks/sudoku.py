@@ -218,16 +218,22 @@ def random_grids(size: int, rng: np.random.Generator, count: int) -> np.ndarray:
   return np.take_along_axis(relabel, g.reshape(count, -1).astype(np.intp), 1)
 
 
-def rule_cells(tokens: np.ndarray, prompt: np.ndarray, size: int) -> np.ndarray:
-  """float [B]: the fraction of each row's non-given cells whose digit is in range and appears
-  once in its row, its column and its box (1.0 for every valid grid, whichever solution it is;
-  1.0 where a row has no free cell)."""
+def cells_ok(tokens: np.ndarray, size: int) -> np.ndarray:
+  """bool [B, n]: each cell's digit is in range and appears once in its row, its column and its
+  box (whichever solution the grid is)."""
   vals = tokens[:, units(size)]                                   # [B, 3 size, size]
   clash = (vals[..., :, None] == vals[..., None, :]).sum(-1) > 1  # a digit twice in the unit
   bad = np.zeros(tokens.shape, bool)
   for u, cells in enumerate(units(size)):
     bad[:, cells] |= clash[:, u]
-  ok = ~bad & (tokens >= 0) & (tokens < size) & ~prompt
+  return ~bad & (tokens >= 0) & (tokens < size)
+
+
+def rule_cells(tokens: np.ndarray, prompt: np.ndarray, size: int) -> np.ndarray:
+  """float [B]: the fraction of each row's non-given cells whose digit is in range and appears
+  once in its row, its column and its box (1.0 for every valid grid, whichever solution it is;
+  1.0 where a row has no free cell)."""
+  ok = cells_ok(tokens, size) & ~prompt
   free = (~prompt).sum(1)
   return np.where(free > 0, ok.sum(1) / np.maximum(free, 1), 1.0).astype(np.float64)
 
@@ -354,6 +360,14 @@ class Sudoku(base.Task):
     box rule given the ``written`` cells of ``tokens`` ([R, n]; the search decoding's checker,
     `sampling.search`)."""
     return legal_tokens(tokens, written, self.size)
+
+  def cell_rules(self, tokens, puzzle: dict) -> np.ndarray:
+    """bool [R, n]: the cells whose digit breaks no rule of the finished grid (any valid digit,
+    not only the stored solution's; the per-cell reward ``cell_valid``); False everywhere in a
+    row whose givens were changed."""
+    tokens = base.as_rows(self.name, "tokens", tokens, self.length)
+    _, kept = self._cell_accuracy(tokens, puzzle)
+    return cells_ok(tokens, self.size) & np.asarray(kept, bool)[:, None]
 
   def valid(self, tokens) -> np.ndarray:
     """bool [R]: the rows are finished grids that keep every rule (no reference needed: the
