@@ -59,6 +59,26 @@ def test_every_beam_score_is_the_rollouts_exact_likelihood(model):
   assert len({b.tobytes() for b in r.beams[2]}) == 4            # distinct finished grids
 
 
+@pytest.mark.parametrize("attention", ["block", "causal"])
+def test_cached_search_is_the_uncached_one(attention):
+  """The cached search (a KV cache per beam, gathered per branch; the queries on the fewest slots
+  that hold the blanks) finds what the uncached reference finds: the same beams, answers and
+  orders, scores equal to float32 rounding; with the checker too; both blank attentions."""
+  m = tiny_model(vocab=16, valid=V, block=12, std=0.5, prompt_attention="bidirectional",
+                 blank_block=True, blank_attention=attention)
+  ptok, pmask = mixed_prompt(N, V)
+  for st in (search.SearchSettings(width=3, branch=2, rescore="logp"),
+             search.SearchSettings(width=2, branch=3)):
+    a = search.search(m, ptok, pmask, st, vocab=V)
+    b = search.search(m, ptok, pmask, st, vocab=V, cached=False)
+    np.testing.assert_array_equal(a.beams, b.beams)
+    np.testing.assert_array_equal(a.tokens, b.tokens)
+    np.testing.assert_array_equal(a.order, b.order)
+    np.testing.assert_allclose(a.beam_logp, b.beam_logp, atol=2e-5)
+    np.testing.assert_allclose(a.beam_score, b.beam_score, atol=2e-5)
+    np.testing.assert_array_equal(a.forwards, b.forwards)
+
+
 def test_pseudo_likelihood_is_the_last_step_of_sequence_logp(model):
   """`pseudo_logp` = sum over answer cells of log p(x_c | every other cell): the last rank's
   term of `sequence_logp` when cell c is written last."""
