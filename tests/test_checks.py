@@ -34,6 +34,7 @@ def no_weights(monkeypatch):
   monkeypatch.setattr(train_loop, "load_spec", refuse)
 
 
+@pytest.mark.smoke
 def test_every_mode_has_its_checks():
   assert set(checks.COMMANDS) == set(main.MODES)
 
