@@ -113,7 +113,7 @@ def starting_model(cfg, mc, mode: str):
 
 # The attention layout a post-training run keeps from its starting model: the run trains the
 # loaded model, so its config (and what config.json and the checkpoints record) must say the same.
-LAYOUT_FIELDS = ("blank_block", "prompt_attention")
+LAYOUT_FIELDS = ("blank_block", "blank_attention", "prompt_attention")
 
 
 def load_reference(spec: str, start_model, key: str):
