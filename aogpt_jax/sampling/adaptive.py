@@ -430,7 +430,6 @@ def sample_adaptive(model: AOGPT, order0, tokens0, prompt_len, tok_keys, counts,
   batch, n = order0.shape
   c = shape.catchup
   cache_len = n + shape.queries
-  causal = model.cfg.blank_attention == "causal"
   m0_B = prompt_len.astype(jnp.int32)
   block_B = prompt_block(model.cfg, m0_B)     # a bidirectional prompt (None: causal)
   cache = None
