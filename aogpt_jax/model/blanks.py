@@ -107,6 +107,19 @@ def written_slots(order: jax.Array, tokens: jax.Array, rank: jax.Array):
   return tok, pos + 1, jnp.full(rank.shape, NO_TARGET, jnp.int32)
 
 
+def written_cache_slots(order: jax.Array, tokens: jax.Array, rank: jax.Array, ok: jax.Array,
+                        limit: jax.Array, cache_len: int):
+  """Written slots of ranks ``rank`` [B, S] for a KV cache of ``cache_len`` indices (index =
+  rank): (tokens, position rows, targets, write index, mask [B, S, cache_len]); each sees the
+  indices below its ``limit`` (`orders.block_limit`) and itself; a slot not ``ok`` is written
+  nowhere (index ``cache_len``: dropped) and sees nothing."""
+  tok, pos, tgt = written_slots(order, tokens, rank)
+  kk = jnp.arange(cache_len, dtype=jnp.int32)[None, None, :]
+  write = jnp.where(ok, rank, cache_len)
+  lim = jnp.where(ok, limit, 0)[:, :, None]
+  return tok, pos, tgt, write, (kk < lim) | (kk == write[..., None])
+
+
 def blank_queries(targets: jax.Array):
   """(tokens, position rows, targets) of blank query slots for positions ``targets`` [B, G]
   (NO_TARGET: a padding query): the START vector at the position, conditioned on it."""

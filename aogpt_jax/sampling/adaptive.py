@@ -500,11 +500,7 @@ def sample_blank(model: AOGPT, order0, tokens0, prompt_len, tok_keys, counts, ad
   kk_1x1xK = jnp.arange(cache_len, dtype=jnp.int32)[None, None, :]
 
   def written(order, tokens, rank_BxS, ok_BxS, lim_BxS):
-    tok, pos, tgt = blanks.written_slots(order, tokens, rank_BxS)
-    write_BxS = jnp.where(ok_BxS, rank_BxS, cache_len)
-    lim_BxSx1 = jnp.where(ok_BxS, lim_BxS, 0)[:, :, None]
-    mask = (kk_1x1xK < lim_BxSx1) | (kk_1x1xK == write_BxS[..., None])
-    return tok, pos, tgt, write_BxS, mask
+    return blanks.written_cache_slots(order, tokens, rank_BxS, ok_BxS, lim_BxS, cache_len)
 
   cache = None
   if shape.cached:

@@ -129,12 +129,9 @@ def _prefill_blank(model: AOGPT, tokens, order, plen, cache_len: int):
   r_count, n = tokens.shape
   cache = model.init_cache(r_count, cache_len)
   rank = jnp.broadcast_to(jnp.arange(n, dtype=jnp.int32), (r_count, n))
-  ok = rank < plen[:, None]
-  tok, pos, tgt = blanks_lib.written_slots(order, tokens, rank)
-  kk = jnp.arange(cache_len, dtype=jnp.int32)[None, None, :]
-  write = jnp.where(ok, rank, cache_len)
-  lim = jnp.where(ok, orders_lib.block_limit(rank, prompt_block(model.cfg, plen)), 0)
-  mask = (kk < lim[..., None]) | (kk == write[..., None])
+  tok, pos, tgt, write, mask = blanks_lib.written_cache_slots(
+      order, tokens, rank, rank < plen[:, None],
+      orders_lib.block_limit(rank, prompt_block(model.cfg, plen)), cache_len)
   _, cache = model.hidden_slots(tok, pos, tgt, mask=mask, cache=cache, write_index=write)
   return cache
 
@@ -154,11 +151,8 @@ def _cached_blank(model: AOGPT, cache, src, tokens, order, cut, prev, plen, cand
   kk = jnp.arange(cache_len, dtype=jnp.int32)[None, None, :]
   block = prompt_block(model.cfg, plen)
   crank = jnp.maximum(cut - 1, 0)[:, None]
-  ok = prev[:, None]
-  ctok, cpos, ctgt = blanks_lib.written_slots(order, tokens, crank)
-  cwrite = jnp.where(ok, crank, cache_len)
-  lim = jnp.where(ok, orders_lib.block_limit(crank, block), 0)
-  cmask = (kk < lim[..., None]) | (kk == cwrite[..., None])
+  ctok, cpos, ctgt, cwrite, cmask = blanks_lib.written_cache_slots(
+      order, tokens, crank, prev[:, None], orders_lib.block_limit(crank, block), cache_len)
   targets = jnp.where(valid, cand, NO_TARGET)
   qtok, qpos, qtgt = blanks_lib.blank_queries(targets)
   seen = jnp.broadcast_to(valid[:, None, :], (r_count, q, q))
