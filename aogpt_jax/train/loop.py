@@ -346,6 +346,11 @@ def load_init(cfg, model_cfg):
   return m
 
 
+NO_SUCH_SPEC = ("no such folder or file; expected the WORKDIR of a trained run (train one there "
+                "first) or a model SPEC: a published .pt, a converted folder, hf:OWNER/REPO/PATH, "
+                "gpt2:DIR or causal:DIR")
+
+
 def check_init_from(cfg, model_cfg, fields: tuple[str, ...] = (), mode: str = "train") -> None:
   """``train.init_from`` checked before anything is created or compiled, from what the run
   records (no weights): the folder or file exists; a training WORKDIR's model has the run's
@@ -357,10 +362,7 @@ def check_init_from(cfg, model_cfg, fields: tuple[str, ...] = (), mode: str = "t
     return
   path = os.path.expanduser(spec)
   if not os.path.exists(path):
-    raise config_lib.ConfigError(
-        f"train.init_from: {spec}: no such folder or file; expected the WORKDIR of a trained run "
-        f"(train one there first) or a model SPEC: a published .pt, a converted folder, "
-        f"hf:OWNER/REPO/PATH, gpt2:DIR or causal:DIR")
+    raise config_lib.ConfigError(f"train.init_from: {spec}: {NO_SUCH_SPEC}")
   meta = checkpoint_lib.recorded_meta(path)
   if meta is None or not isinstance(meta.get("model"), dict):
     return
@@ -388,9 +390,7 @@ def load_spec(spec: str, key: str):
     msg = str(err).splitlines()[0] if str(err) else type(err).__name__
     prefixed = spec.startswith("hf:") or from_gpt.is_spec(spec)
     if not prefixed and not os.path.exists(os.path.expanduser(spec)):
-      msg = ("no such folder or file; expected the WORKDIR of a trained run (train one there "
-             "first) or a model SPEC: a published .pt, a converted folder, hf:OWNER/REPO/PATH, "
-             "gpt2:DIR or causal:DIR")
+      msg = NO_SUCH_SPEC
     else:
       msg = msg.removeprefix(f"--checkpoint={spec}: ")
     raise config_lib.ConfigError(f"{key}: {spec}: {msg.replace('--checkpoint=', '')}"
