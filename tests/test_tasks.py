@@ -30,7 +30,8 @@ def tokens_of(s):
 
 
 TASKS = [("sudoku", {"size": 4}), ("sudoku", {"size": 6, "min_givens": 18, "max_givens": 24}),
-         ("sudoku", {"size": 9}), ("star_graph", {"degree": 3, "path_len": 5, "num_nodes": 24})]
+         ("sudoku", {"size": 9}), ("star_graph", {"degree": 3, "path_len": 5, "num_nodes": 24}),
+         ("star_graph", {"degree": 3, "path_len": 5, "num_nodes": 24, "encoding": "parents"})]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -86,12 +87,12 @@ def test_train_batch_deterministic_in_range_and_prompted(name, kw):
     k = a["prompt"].sum(1)
     assert k.min() >= t.min_givens and k.max() <= t.max_givens and len(set(k)) > 1
   else:
-    q = 2 * t.degree * t.path_len + 2
+    q = t.prompt_length
     assert a["prompt"][:, :q].all() and not a["prompt"][:, q:].any()
     np.testing.assert_array_equal(a["tokens"][:, q], a["tokens"][:, q - 2])    # path from start
     np.testing.assert_array_equal(a["tokens"][:, -1], a["tokens"][:, q - 1])   # ... to goal
     for row in a["tokens"]:                                  # distinct node labels, a star
-      edges = row[:q - 2].reshape(-1, 2)
+      edges = t.edge_pairs(row)[0]
       assert len(set(edges.ravel())) == t.degree * t.path_len + 1
       assert np.sum(edges[:, 0] == row[q - 2]) == t.degree
 
@@ -352,6 +353,38 @@ def test_star_graph_verify_hand_made():
   wrong_goal[10:] = [0, 1, 2]            # a valid walk, to the other leaf
   v = t.verify(wrong_goal[None], puzzle)
   assert not v["path_valid"][0] and not v["first_step_correct"][0]
+
+
+def test_star_graph_parents_table_is_the_same_graph():
+  """``encoding="parents"``: the graph of the hand-made row above as a table (cell v: v's
+  parent, 6 = none), verified alike; generated rows are the edge list's graphs, goals, paths and
+  held-out split, tabled."""
+  t = tasks.make("star_graph", degree=2, path_len=2, num_nodes=6, encoding="parents")
+  assert (t.length, t.vocab_size, t.prompt_length) == (11, 7, 8)
+  row = np.array([6, 0, 1, 0, 3, 6, 0, 4, 0, 3, 4])
+  puzzle = {"tokens": row[None], "prompt": (np.arange(11) < 8)[None]}
+  ok = t.verify(row[None], puzzle)
+  assert ok["solved"][0] and ok["first_step_correct"][0]
+  assert t.render(row).splitlines()[0] == "edges: 0>1 1>2 0>3 3>4"
+  wrong = row.copy()
+  wrong[8:] = [0, 1, 4]                  # 1 > 4 is no edge
+  assert not t.verify(wrong[None], puzzle)["path_valid"][0]
+  changed = row.copy()
+  changed[2] = 3                         # the table changed: 2's parent is now 3
+  assert not t.verify(changed[None], puzzle)["givens_kept"][0]
+  with pytest.raises(ValueError, match=r"encoding='matrix'; expected one of 'edges', 'parents'"):
+    tasks.make("star_graph", encoding="matrix")
+  opts = {"degree": 3, "path_len": 4, "num_nodes": 16}
+  a, b = tasks.make("star_graph", **opts), tasks.make("star_graph", encoding="parents", **opts)
+  for rows in (lambda x: x.train_batch(1, 2, 64), lambda x: x.heldout(0, 64)):
+    ea, eb = rows(a)["tokens"], rows(b)["tokens"]
+    np.testing.assert_array_equal(ea[:, a.prompt_length - 2:], eb[:, b.prompt_length - 2:])
+    np.testing.assert_array_equal(a.split_keys(ea), b.split_keys(eb))
+    table = eb[:, :16]
+    for r in range(64):
+      for u, v in a.edge_pairs(ea[r]).reshape(-1, 2):
+        assert table[r, v] == u
+      assert (table[r] == 16).sum() == 16 - 12
 
 
 def test_star_graph_first_step_needs_the_goal():

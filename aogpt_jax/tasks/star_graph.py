@@ -23,6 +23,16 @@ step but at the first step is right only ~1/degree of the time; the shortcut the
 gradient from teaching the planning. Any order (e.g. the path from the goal backwards) makes
 every step one edge lookup. `StarGraph.verify` reports ``first_step_correct`` for that step.
 
+Encodings (``encoding``): ``"edges"`` (above, the paper's) or ``"parents"``: the prompt is a
+table of ``num_nodes`` cells, cell ``v`` holding the parent of node ``v`` (``NONE`` = ``num_nodes``
+for the center and for labels not in the graph), then the start and the goal (``length =
+num_nodes + 2 + path_len + 1``, ``vocab_size = num_nodes + 1``). The same graphs, goals and split;
+what changes is how an edge is found. In the edge list, the parent of ``v`` is the token beside
+the one cell whose content is ``v`` (a lookup by content, then a step to the neighbour); in the
+table it is the token at position ``v`` (a lookup by position). Walking back from the goal is
+one such lookup a step; walking forward from the center still needs the goal's arm
+(docs/tasks.md, "Star graphs").
+
 Split (`base`): a graph (its center and its sorted edge set, labels included) is held out iff
 ``crc32 % 2**20 < heldout_frac * 2**20``; ``train_batch`` resamples held-out graphs away, so no
 held-out graph, under any edge order or goal, is trained on.
@@ -31,6 +41,8 @@ held-out graph, under any edge order or goal, is trained on.
 import numpy as np
 
 from aogpt_jax.tasks import base
+
+ENCODINGS = ("edges", "parents")
 
 
 @base.register("star_graph")
@@ -43,29 +55,44 @@ class StarGraph(base.Task):
   path's cells)."""
 
   def __init__(self, degree: int = 3, path_len: int = 5, num_nodes: int = 24,
-               heldout_frac: float = 0.1):
+               heldout_frac: float = 0.1, encoding: str = "edges"):
     self.degree = base.check_int("star_graph", "degree", degree, 2)
     self.path_len = base.check_int("star_graph", "path_len", path_len, 1)
     need = self.degree * self.path_len + 1
     self.num_nodes = base.check_int("star_graph", "num_nodes", num_nodes, need)
     self.heldout_frac = base.check_frac("star_graph", heldout_frac)
+    if encoding not in ENCODINGS:
+      raise ValueError(f"task 'star_graph': encoding={encoding!r}; expected one of "
+                       f"{', '.join(map(repr, ENCODINGS))}")
+    self.encoding = encoding
     self.edges = self.degree * self.path_len
-    self.length = 2 * self.edges + 2 + self.path_len + 1
-    self.vocab_size = self.num_nodes
+    table = self.num_nodes if encoding == "parents" else 2 * self.edges
+    self.length = table + 2 + self.path_len + 1
+    self.vocab_size = self.num_nodes + (encoding == "parents")
 
   def options(self) -> dict:
     return {"degree": self.degree, "path_len": self.path_len, "num_nodes": self.num_nodes,
-            "heldout_frac": self.heldout_frac}
+            "heldout_frac": self.heldout_frac, "encoding": self.encoding}
 
   @property
   def prompt_length(self) -> int:
-    return 2 * self.edges + 2
+    return self.length - self.path_len - 1
+
+  def edge_pairs(self, tokens) -> np.ndarray:
+    """int [B, edges, 2]: each row's (parent, child) edges, from either encoding (the edge
+    list's order; the table's by child label)."""
+    tokens = base.as_rows(self.name, "tokens", tokens, self.length)
+    table = tokens[:, :self.prompt_length - 2]
+    if self.encoding == "edges":
+      return table.reshape(-1, self.edges, 2)
+    child = np.argsort(table == self.num_nodes, axis=1, kind="stable")[:, :self.edges]
+    return np.stack([np.take_along_axis(table, child, 1), child], -1)
 
   def split_keys(self, tokens) -> np.ndarray:
     """int32 [B, 1 + edges]: the center, then the edges ``parent * num_nodes + child`` sorted
-    (the graph whatever the edge order or goal)."""
+    (the graph whatever the encoding, edge order or goal)."""
     tokens = base.as_rows(self.name, "tokens", tokens, self.length)
-    edges = tokens[:, :2 * self.edges].reshape(-1, self.edges, 2)
+    edges = self.edge_pairs(tokens)
     codes = np.sort(edges[:, :, 0] * self.num_nodes + edges[:, :, 1], 1)
     return np.concatenate([tokens[:, self.prompt_length - 2:self.prompt_length - 1], codes],
                           1).astype(np.int32)
@@ -82,8 +109,12 @@ class StarGraph(base.Task):
     shuffled = np.take_along_axis(edges, order[:, :, None], 1)
     goal_arm = rng.integers(0, d, count)
     path = np.concatenate([center[:, None], arms[np.arange(count), goal_arm]], 1)
-    return np.concatenate([shuffled.reshape(count, 2 * e), center[:, None], path[:, -1:],
-                           path], 1).astype(np.int32)
+    if self.encoding == "edges":
+      table = shuffled.reshape(count, 2 * e)
+    else:       # drawn as the edge list (the same graphs, goals and split), then tabled
+      table = np.full((count, self.num_nodes), self.num_nodes, np.int32)
+      np.put_along_axis(table, edges[:, :, 1], edges[:, :, 0], 1)
+    return np.concatenate([table, center[:, None], path[:, -1:], path], 1).astype(np.int32)
 
   def _draw(self, rng: np.random.Generator, count: int, held: bool, chunk: int) -> np.ndarray:
     out, have = [], 0
@@ -118,7 +149,7 @@ class StarGraph(base.Task):
     acc, kept = self._cell_accuracy(tokens, puzzle)
     ref = base.as_rows(self.name, "puzzle['tokens']", puzzle["tokens"], self.length)
     q = self.prompt_length
-    edges = ref[:, :2 * self.edges].reshape(-1, self.edges, 2)
+    edges = self.edge_pairs(ref)
     start, goal = ref[:, q - 2], ref[:, q - 1]
     path = tokens[:, q:]
     steps = ((edges[:, None, :, 0] == path[:, :-1, None])
@@ -131,6 +162,6 @@ class StarGraph(base.Task):
     """``edges: u>v u>v ...``, ``start S, goal G`` and ``path: a -> b -> c``."""
     tok = [int(t) for t in np.asarray(tokens_row).ravel()]
     q = self.prompt_length
-    edges = " ".join(f"{tok[2 * i]}>{tok[2 * i + 1]}" for i in range(self.edges))
+    edges = " ".join(f"{u}>{v}" for u, v in self.edge_pairs(np.array(tok))[0])
     return (f"edges: {edges}\nstart {tok[q - 2]}, goal {tok[q - 1]}\n"
             f"path: {' -> '.join(str(t) for t in tok[q:])}")
