@@ -39,17 +39,33 @@ if not os.environ.get(_XLA_CACHE_OWNER):
   os.environ[_XLA_CACHE_OWNER] = str(os.getpid())
 os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
 os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "-1"
-# A size limit turns on the cache's file lock (without one, a process may read an entry another
-# is still writing); a third of the suite left 35 MB of entries.
-os.environ["JAX_COMPILATION_CACHE_MAX_SIZE"] = str(8 << 30)
+# No size limit: with one, JAX locks the folder across processes for every read and write and,
+# for every write, scans every entry for eviction (the cost grew with the entries already there,
+# under a lock every process shares). Instead every process writes its entries atomically:
+# tests/helpers/site/sitecustomize.py, first on PYTHONPATH, patches the cache in each Python the
+# suite starts (xdist workers included); this process is patched below.
+os.environ.pop("JAX_COMPILATION_CACHE_MAX_SIZE", None)
+os.environ["AOGPT_TEST_ATOMIC_XLA_CACHE"] = "1"
+_SITE = str(pathlib.Path(_TESTS) / "helpers" / "site")
+if _SITE not in os.environ.get("PYTHONPATH", "").split(os.pathsep):
+  os.environ["PYTHONPATH"] = os.pathsep.join(
+      [_SITE] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
 
 import jax  # noqa: E402
+from jax._src import lru_cache as _lru_cache  # noqa: E402
+
+if not getattr(_lru_cache.LRUCache.put, "atomic", False):
+  import importlib.util  # noqa: E402  pylint: disable=g-import-not-at-top
+  _spec = importlib.util.spec_from_file_location("_aogpt_test_site", f"{_SITE}/sitecustomize.py")
+  _site = importlib.util.module_from_spec(_spec)
+  _spec.loader.exec_module(_site)
+  _site.patch(_lru_cache)
 
 jax.config.update("jax_default_matmul_precision", "highest")
 jax.config.update("jax_compilation_cache_dir", os.environ["JAX_COMPILATION_CACHE_DIR"])
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
 jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
-jax.config.update("jax_compilation_cache_max_size", 8 << 30)
+jax.config.update("jax_compilation_cache_max_size", -1)
 
 
 import pytest  # noqa: E402
