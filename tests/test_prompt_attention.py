@@ -191,7 +191,8 @@ def test_options_where_they_cannot_apply_are_one_line_errors():
 @pytest.mark.parametrize("file,arg,expected", [
     ("sudoku", "tiny", "bidirectional"), ("sudoku", "l2r,tiny", "bidirectional"),
     ("sudoku", "mdm,tiny", "causal"), ("star_graph", "", "bidirectional"),
-    ("star_graph", "mdm", "causal"), ("sft_text", "tiny", "causal")])
+    ("star_graph", "mdm", "causal"), ("star_graph", "tiny,parents", "bidirectional"),
+    ("star_graph", "mdm,tiny,parents", "causal"), ("sft_text", "tiny", "causal")])
 def test_task_configs_resolve_with_their_prompt_attention(file, arg, expected):
   """The task recipes train with a bidirectional prompt, the encoder MDM with its own attention
   (and a [MASK] id even when the task's ids fill the padded vocabulary: star graphs of 64
@@ -199,8 +200,11 @@ def test_task_configs_resolve_with_their_prompt_attention(file, arg, expected):
   from aogpt_jax import config as config_lib
   from aogpt_jax import recipes
   from helpers.posttrain import REPO
-  mc = config_lib.resolve(recipes.config_file(REPO / "configs" / f"{file}.py", arg))
+  cfg = recipes.config_file(REPO / "configs" / f"{file}.py", arg)
+  mc = config_lib.resolve(cfg)
   assert mc.prompt_attention == expected
+  if "parents" in arg:        # the graph as a table: 24 cells, the start, the goal, 6 path cells
+    assert cfg.task.options.encoding == "parents" and cfg.seq_len == mc.block_size == 32
   assert mc.vocab_size > mc.valid_vocab_size or "mdm" not in arg
 
 
