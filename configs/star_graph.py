@@ -8,9 +8,9 @@ Arguments as configs/sudoku.py: ``tiny`` (CPU size), ``l2r``, ``mdm``, and ``par
 graph as a table of parents (``task.options.encoding="parents"``: cell v holds v's parent)
 instead of the paper's edge list. The prompt is the graph, the start and the goal; the answer
 is the path. A left-to-right model must pick the goal's arm at its first step; an any-order
-model can walk back from the goal. At CPU size no model here learns to find an edge in the
-list by its content; from the table (a lookup by position) the any-order model learns the walk
-back (docs/tasks.md, "Star graphs").
+model can walk back from the goal. At CPU size no model here learns to read an edge of the
+list (the other token of a pair); from the table (a lookup by position) the any-order model
+learns the walk back, all but its last step (docs/tasks.md, "Star graphs").
 """
 
 from aogpt_jax import recipes
