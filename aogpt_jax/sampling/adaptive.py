@@ -499,16 +499,14 @@ def sample_blank(model: AOGPT, order0, tokens0, prompt_len, tok_keys, counts, ad
   block_B = prompt_block(model.cfg, m0_B)
   kk_1x1xK = jnp.arange(cache_len, dtype=jnp.int32)[None, None, :]
 
-  def written(order, tokens, rank_BxS, ok_BxS, lim_BxS):
-    return blanks.written_cache_slots(order, tokens, rank_BxS, ok_BxS, lim_BxS, cache_len)
-
   cache = None
   if shape.cached:
     cache = model.init_cache(batch, cache_len)
     if shape.prefill:
       r_BxP = jnp.broadcast_to(jnp.arange(shape.prefill, dtype=jnp.int32), (batch, shape.prefill))
-      tok, pos, tgt, write, mask = written(order0, tokens0, r_BxP, r_BxP < m0_B[:, None],
-                                           orders_lib.block_limit(r_BxP, block_B))
+      tok, pos, tgt, write, mask = blanks.written_cache_slots(
+          order0, tokens0, r_BxP, r_BxP < m0_B[:, None], orders_lib.block_limit(r_BxP, block_B),
+          cache_len)
       _, cache = model.hidden_slots(tok, pos, tgt, mask=mask, cache=cache, write_index=write)
 
   def forward(extra, order, tokens, masked_BxN, m_B, cand_BxQ, valid_BxQ):
@@ -523,8 +521,8 @@ def sample_blank(model: AOGPT, order0, tokens0, prompt_len, tok_keys, counts, ad
       return model.head(hidden[:, n:], tgt[:, n:]), extra
     j_1xC = jnp.arange(c, dtype=jnp.int32)[None, :]
     crank_BxC = (m_B - prevk_B)[:, None] + j_1xC        # the last step's commits
-    ctok, cpos, ctgt, cwrite, cmask = written(order, tokens, crank_BxC,
-                                              j_1xC < prevk_B[:, None], crank_BxC)
+    ctok, cpos, ctgt, cwrite, cmask = blanks.written_cache_slots(
+        order, tokens, crank_BxC, j_1xC < prevk_B[:, None], crank_BxC, cache_len)
     qtok, qpos, qtgt = blanks.blank_queries(targets_BxQ)
     scratch_BxQ = jnp.broadcast_to(n + jnp.arange(q, dtype=jnp.int32), (batch, q))
     seen_BxQxQ = jnp.broadcast_to(valid_BxQ[:, None, :], (batch, q, q))
