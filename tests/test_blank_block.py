@@ -293,6 +293,18 @@ def test_folded_passes_equal_one_pass_per_step_with_gradients(model):
     np.testing.assert_allclose(np.asarray(x), np.asarray(y), atol=2e-4, rtol=1e-3)
 
 
+def test_a_width_below_the_answer_is_one_line_not_zeros(model):
+  """A ``width`` below a row's answer length would drop that row's queries (their
+  log-probabilities read 0, a certainty): one line naming the width and what is needed."""
+  tokens, order, prompt, plen = _rows(7)
+  steps = jnp.broadcast_to(jnp.arange(N), (4, N))
+  need = int(N - plen.min())
+  with pytest.raises(ValueError, match=f"width={need - 1}: .*expected at least {need}"):
+    likelihood.sequence_logp(model, tokens, order, steps, prompt, width=need - 1)
+  assert np.asarray(likelihood.sequence_logp(model, tokens, order, steps, prompt,
+                                             width=need)).min() < -1e-3
+
+
 def test_one_token_per_step_likelihood_is_the_next_rank_loss(model):
   """With one token per step, rank r's `sequence_logp` is minus the NLL of the blank query of
   rank r at the cut r (the loss's ``every_blank=False`` term, here at every cut)."""

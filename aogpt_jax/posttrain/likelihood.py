@@ -246,6 +246,18 @@ def fold_steps(sq: StepQueries, n: int, width: int):
   return pass_BxT, off_BxT
 
 
+def check_width(width: int | None, prompt, n: int) -> None:
+  """A one-line ValueError when ``width`` is below a row's answer length (its queries would be
+  dropped and their log-probabilities read 0); checked when ``prompt`` is known on the host
+  (None, or a concrete array), not on a traced one (`check_rollout` checks host rollouts)."""
+  if width is None or isinstance(prompt, jax.core.Tracer):
+    return
+  need = n if prompt is None else n - int(np.asarray(prompt, bool).sum(-1).min(initial=n))
+  if int(width) < need:
+    raise ValueError(f"width={width}: below the longest answer ({need} positions of {n}); "
+                     f"expected at least {need}, or None")
+
+
 def blank_scan(model: AOGPT, tokens: jax.Array, order: jax.Array, steps: jax.Array,
                prompt: jax.Array | None = None, *, width: int | None = None,
                reduce=None) -> jax.Array:
@@ -263,6 +275,7 @@ def blank_scan(model: AOGPT, tokens: jax.Array, order: jax.Array, steps: jax.Arr
   recompute)."""
   b, n = tokens.shape
   check_length(model.cfg, n)
+  check_width(width, prompt, n)
   w = int(width or n)
   fw = w + 1 if FOLD_STEPS else w
   prompt = jnp.zeros((b, n), bool) if prompt is None else prompt
