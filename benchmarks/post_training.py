@@ -21,8 +21,12 @@ model and data, fewer steps, so that GRPO's own sampler starts with headroom), t
   (`posttrain.estimators`, d1's 15% prompt masking) and with a Monte Carlo ELBO (4 random masks
   per rollout, the LLaDA / VRPO / SPG kind); then GRPO on the stochastic order policy
   (``order_policy``, and ``order_only``: the order's ratio alone; the first seed only: their
-  cost). ``--runs`` also takes ``dr_grpo``, ``rloo``, ``token_credit`` (a reward per cell) and
-  ``supervised`` (a control: the supervised gradient on the same batches and optimizer).
+  cost). ``--runs`` also takes ``dr_grpo``, ``rloo``, ``token_credit`` (a reward per cell:
+  the stored solution's digit), ``valid_credit`` (a reward per cell: any digit that breaks no
+  rule) and ``supervised`` (a control: the supervised gradient on the same batches and
+  optimizer). ``--sampler=max_prob_t0.7`` rolls out with the decoding one evaluates (max_prob,
+  tokens at temperature 0.7) instead of a random order at 1; ``--hard_frac`` makes that share of
+  the training puzzles minimal ones (many need search).
   The held-out rates at a few points along the way, against updates and wall time; each run's
   speed (seconds per compiled update, rollouts per second, the gradient update's share); per run
   and decoding, the final rates of every seed, their mean and how many seeds' intervals lie
@@ -88,6 +92,10 @@ SAMPLERS = {
     "random": (dict(method="adaptive", policy="random"),
                ("random order, greedy", "random order, T=1")),
     "max_prob": (dict(method="adaptive", policy="max_prob"), ("max_prob, greedy", "max_prob, T=1")),
+    # the decoding one evaluates (max_prob), tokens below temperature 1 (issue: rollouts under
+    # the evaluation decoding)
+    "max_prob_t0.7": (dict(method="adaptive", policy="max_prob", temperature=0.7),
+                      ("max_prob, greedy", "max_prob, T=0.7")),
 }
 # The GRPO runs: name -> GRPOSettings fields. Same seeds, prompts and rollout keys for each.
 RUNS = {
@@ -103,6 +111,8 @@ RUNS = {
                        policy_temperature=POLICY_TEMPERATURE, order_only=True),
     # a reward per answer cell (right or not), advantages per cell over the group
     "token_credit": dict(likelihood="exact", reward="cell_correct", credit="token"),
+  # a reward per cell that accepts any digit breaking no rule (not the stored solution's only)
+  "valid_credit": dict(likelihood="exact", reward="cell_valid", credit="token"),
     # a control, not GRPO: the same batches, orders and optimizer with the supervised gradient
     # (the reference answers in the rollouts' orders, advantage 1: `supervised_batch`)
     "supervised": dict(likelihood="exact"),
@@ -121,6 +131,7 @@ def decoders(n: int) -> dict[str, dict]:
           "random order, T=1": dict(method="adaptive", policy="random", steps=n),
           "max_prob, greedy": dict(method="adaptive", policy="max_prob", steps=n, greedy=True),
           "max_prob, T=1": dict(method="adaptive", policy="max_prob", steps=n),
+          "max_prob, T=0.7": dict(method="adaptive", policy="max_prob", steps=n, temperature=0.7),
           "margin, greedy": dict(method="adaptive", policy="margin", steps=n, greedy=True),
           POLICY_DECODERS[1]: dict(method="adaptive", policy="max_prob", steps=n, greedy=True,
                                    policy_temperature=POLICY_TEMPERATURE)}
@@ -149,13 +160,16 @@ def run_grpo(start: str, task, puzzles, name: str, cfg: dict, args, seed: int,
   ``search`` puzzles with `SEARCH_DECODERS`)."""
   import jax
   import aogpt_jax
+  from aogpt_jax import tasks
   from aogpt_jax.posttrain import grpo
   model, _ = aogpt_jax.load(start)
   sampler, along = SAMPLERS[cfg["sampler"]]
   settings = grpo.GRPOSettings(group_size=cfg["group"], lr=cfg["lr"], steps=task.length,
                                **{"reward": cfg["reward"], **sampler, **RUNS[name]})
   along = POLICY_DECODERS if settings.trains_order else along
-  trainer = grpo.GRPO(model, settings, task=task)
+  hard = getattr(args, "hard_frac", 0.0)    # the training prompts: that share minimal puzzles
+  trainer = grpo.GRPO(model, settings, task=tasks.make(task.name, **{**task.options(),
+                                                                    "hard_frac": hard}))
   curve, evals, train_s = [], [], 0.0
   for u in range(cfg["updates"]):
     prompts = trainer.task_prompts(seed=seed, index=u, count=cfg["prompts"])
@@ -344,6 +358,7 @@ LABELS = {"exact": "GRPO, exact likelihood", "mean_field": "GRPO, d1 mean-field 
           "order_policy": f"GRPO, stochastic max_prob order (tau={POLICY_TEMPERATURE}), exact",
           "order_only": f"GRPO, the order's ratio alone (tau={POLICY_TEMPERATURE})",
           "token_credit": "GRPO, per-cell credit (cell_correct), exact",
+          "valid_credit": "GRPO, per-cell credit (cell_valid: any digit breaking no rule), exact",
           "supervised": "control: the supervised gradient on the same batches"}
 
 
@@ -556,6 +571,9 @@ def main(argv=None):
   p.add_argument("--lr", type=float, default=0.0, help="GRPO's learning rate (0: the size's)")
   p.add_argument("--reward", default="", help="GRPO's sequence reward (default: the size's, "
                  "rule_cells; cell_accuracy scores other solutions than the stored one below 1)")
+  p.add_argument("--hard_frac", type=float, default=0.0,
+                 help="the share of GRPO's training puzzles that are minimal (the Sudoku task's "
+                 "hard_frac: many need search), the rest random givens as the start's")
   p.add_argument("--prompts", type=int, default=0,
                  help="training puzzles per update (0: the size's; x the group's 8 rollouts)")
   p.add_argument("--seeds", default=None, help="comma-separated GRPO seeds (training prompts and "
@@ -565,6 +583,8 @@ def main(argv=None):
   p.add_argument("--out", default="", help="the JSON (default: benchmarks/results/...)")
   args = p.parse_args(argv)
   common.check_args(p, args, nonnegative=("updates", "lr", "prompts"))
+  if not 0.0 <= args.hard_frac <= 1.0:
+    common.fail(p, f"--hard_frac={args.hard_frac!r}: expected a number in [0, 1]")
   if args.seeds is not None and not args.seeds.strip():
     common.fail(p, "--seeds='': names no seed; expected comma-separated integers (or leave it "
                    "out: the size's seeds)")

@@ -217,6 +217,22 @@ def test_gradient_signal_share_recovers_a_known_share():
     assert 0 < got["share_se"] < 0.05
 
 
+def test_post_training_names_every_run_and_sampler_it_offers():
+  """Every GRPO run has a plot label and GRPO settings that exist; every sampler's decodings
+  along the way are decodings `evaluate` measures (a new run or sampler fails here, not at the
+  end of an hour of GRPO)."""
+  import dataclasses
+  import post_training
+  from aogpt_jax.posttrain import grpo
+  fields = {f.name for f in dataclasses.fields(grpo.GRPOSettings)}
+  assert set(post_training.RUNS) <= set(post_training.LABELS)
+  for name, kw in post_training.RUNS.items():
+    assert set(kw) <= fields, name
+  for name, (kw, along) in post_training.SAMPLERS.items():
+    assert set(kw) <= fields, name
+    assert set(along) <= set(post_training.decoders(36)), name
+
+
 def test_post_training_calibrated_start_trains_in_chunks_and_is_reused(tmp_path, monkeypatch):
   """A size with ``calibrate`` (the accelerator size's start): chunks of steps until GRPO's
   sampler solves the least rate of training puzzles (not held-out ones), at most the most steps;
