@@ -23,7 +23,8 @@ model and data, fewer steps, so that GRPO's own sampler starts with headroom), t
   (``order_policy``, and ``order_only``: the order's ratio alone; the first seed only: their
   cost). ``--runs`` also takes ``dr_grpo``, ``rloo``, ``token_credit`` (a reward per cell:
   the stored solution's digit), ``valid_credit`` (a reward per cell: any digit that breaks no
-  rule) and ``supervised`` (a control: the supervised gradient on the same batches and
+  rule), ``hinted`` (the solved reward, IGPO's hint for groups that fail everywhere) and
+  ``supervised`` (a control: the supervised gradient on the same batches and
   optimizer). ``--sampler=max_prob_t0.7`` rolls out with the decoding one evaluates (max_prob,
   tokens at temperature 0.7) instead of a random order at 1; ``--hard_frac`` makes that share of
   the training puzzles minimal ones (many need search).
@@ -113,7 +114,10 @@ RUNS = {
     "token_credit": dict(likelihood="exact", reward="cell_correct", credit="token"),
   # a reward per cell that accepts any digit breaking no rule (not the stored solution's only)
   "valid_credit": dict(likelihood="exact", reward="cell_valid", credit="token"),
-    # a control, not GRPO: the same batches, orders and optimizer with the supervised gradient
+    # IGPO: the solved reward, and a group that fails everywhere gets one rollout given half the
+  # answer (`GRPOSettings.hint`)
+  "hinted": dict(likelihood="exact", reward="solved", hint=0.5),
+  # a control, not GRPO: the same batches, orders and optimizer with the supervised gradient
     # (the reference answers in the rollouts' orders, advantage 1: `supervised_batch`)
     "supervised": dict(likelihood="exact"),
 }
@@ -359,6 +363,7 @@ LABELS = {"exact": "GRPO, exact likelihood", "mean_field": "GRPO, d1 mean-field 
           "order_only": f"GRPO, the order's ratio alone (tau={POLICY_TEMPERATURE})",
           "token_credit": "GRPO, per-cell credit (cell_correct), exact",
           "valid_credit": "GRPO, per-cell credit (cell_valid: any digit breaking no rule), exact",
+          "hinted": "GRPO, solved reward, half the answer hinted to groups that all fail (IGPO)",
           "supervised": "control: the supervised gradient on the same batches"}
 
 

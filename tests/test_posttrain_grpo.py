@@ -290,6 +290,9 @@ def test_loss_gradient_with_exact_kl_equals_a_finite_difference(task):
     (dict(method="adaptive", order_only=True), "rl.order_only: trains the order's choices alone"),
     (dict(method="adaptive", policy="confidence", policy_temperature=0.5),
      "rl.policy: .confidence. cannot be stochastic"),
+    (dict(hint=1.0), r"rl.hint: .*expected a number in \[0, 1\), got 1.0"),
+    (dict(hint=0.5, likelihood="mean_field"), "rl.hint: a hinted rollout's old log-prob"),
+    (dict(hint=0.5, method="adaptive", policy_temperature=0.5), "rl.hint: .*no stochastic"),
 ])
 def test_bad_settings_are_one_line_errors(task, kw, match):
   with pytest.raises(ValueError, match=match) as e:
@@ -338,6 +341,53 @@ def test_rollouts_share_one_plan_size_and_draw_what_generate_draws(task, method)
     np.testing.assert_allclose(out.logp, ref.logp, atol=1e-6)
   key = "prefill" if method == "adaptive" else "min_prefill"
   assert trainer._plan_sizes[key] == task.length - 2     # kept from the first batch
+
+
+def solved_reward(tokens, puzzles, task):
+  """1 for the stored answer, else 0: a random model fails every group."""
+  return (np.asarray(tokens) == np.asarray(puzzles["tokens"])).all(1).astype(np.float64)
+
+
+def test_a_group_that_fails_everywhere_gets_one_rollout_with_part_of_the_answer(task):
+  """IGPO's hint (``hint`` > 0): in a group whose every rollout scores below the reference, the
+  last rollout is replaced: the prompt, then ``ceil(hint * answer)`` cells of the reference
+  (one step each), then the sampler's cells; its old log-probabilities are its exact ones at
+  the current weights, the other rows are the plain rollouts, and the advantages are those of
+  the rescored rows."""
+  from aogpt_jax.posttrain import likelihood
+  kw = dict(reward=solved_reward, group_size=4, steps=task.length, method="adaptive",
+            policy="max_prob")
+  model = _model(task, std=0.3)
+  plain = grpo.GRPO(model, grpo.GRPOSettings(**kw), task=task)
+  hinted = grpo.GRPO(model, grpo.GRPOSettings(**kw, hint=0.5), task=task)
+  prompts = plain.task_prompts(seed=0, index=0, count=3)
+  key = jax.random.key(1)
+  b0, r0, puzzles = plain.rollout_batch(key, prompts)
+  b1, r1, _ = hinted.rollout_batch(key, prompts)
+  g, prompt = 4, puzzles["prompt"]
+  groups = np.nonzero((r0 < 1).reshape(-1, g).all(1))[0]
+  assert hinted.last_hinted == len(groups) > 0 and plain.last_hinted == 0
+  rows = groups * g + g - 1
+  keep = np.setdiff1d(np.arange(len(r0)), rows)
+  for f in ("tokens", "order", "steps", "old_logp"):
+    np.testing.assert_array_equal(b1[f][keep], b0[f][keep])
+  lp = np.asarray(likelihood.sequence_logp(model, b1["tokens"], b1["order"], b1["steps"],
+                                           prompt))
+  for i in rows:
+    m, a = int(prompt[i].sum()), int((~prompt[i]).sum())
+    h = int(np.ceil(0.5 * a))
+    given = b1["order"][i, m:m + h]
+    assert prompt[i][b1["order"][i, :m]].all() and not prompt[i][given].any()
+    np.testing.assert_array_equal(b1["tokens"][i, given], puzzles["tokens"][i, given])
+    np.testing.assert_array_equal(b1["steps"][i, :m + h], np.r_[np.full(m, -1), np.arange(h)])
+    assert (np.diff(b1["steps"][i, m:]) >= 0).all()
+    np.testing.assert_allclose(b1["old_logp"][i], lp[i], atol=1e-5)
+    assert lp[i, m:m + h].min() < -1e-3         # the hint was not drawn from the policy
+  likelihood.check_rollout(b1["tokens"], b1["order"], b1["steps"], prompt)
+  np.testing.assert_allclose(r1, solved_reward(b1["tokens"], puzzles, task))   # rescored
+  np.testing.assert_allclose(b1["adv"], grpo.group_advantages(r1, g, True))
+  m = hinted.step(key, prompts)
+  assert m["hinted"] == len(groups) / 3 and np.isfinite(m["loss"])
 
 
 @pytest.mark.parametrize("key", ["max_grad_norm", "weight_decay"])

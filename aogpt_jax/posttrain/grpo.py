@@ -45,6 +45,12 @@ the tokens' choices get no credit, and the weights move only as far as the order
 model's own confidences, for max_prob / margin / entropy) need. The KL term stays the tokens'.
 (The estimates are for diffusion rollouts: no order term.)
 
+``hint`` > 0 (IGPO, arXiv 2509.10396): a group whose every rollout scores below its reference
+answer has no signal (all advantages 0); its last rollout is replaced by one given that share of
+the reference answer, the rest sampled, with its exact teacher-forced log-probabilities as the
+old ones (`GRPO.hinted`). AO-GPT computes them exactly, hinted cells included; the first batch
+with a hint compiles that pass once.
+
 Rewards are a registry (`rewards.py`: `REWARDS`, `register_reward`, re-exported here) of
 ``fn(tokens, puzzles, task) -> [R]`` float: ``tokens`` int [R, n] the rollouts (original
 order), ``puzzles`` the prompts' rows repeated per rollout (``{"tokens", "prompt"}`` [R, n], the
@@ -121,6 +127,8 @@ class GRPOSettings:
   credit: str = "sequence"         # sequence: one reward per rollout | token: one per position
   order_only: bool = False         # with a stochastic policy: the ratio is the order's alone
   on_policy_gradient: bool = True  # a batch's first update: the gradient at ratio 1, no forward
+  hint: float = 0.0                # IGPO: a group all below the reference's reward gets one
+                                   # rollout given this share of the reference answer (`hinted`)
 
   @property
   def on_policy_shortcut(self) -> bool:
@@ -160,6 +168,15 @@ class GRPOSettings:
       raise ValueError("rl.order_only: trains the order's choices alone; expected a stochastic "
                        "order policy (rl.method='adaptive', rl.policy_temperature > 0), got "
                        f"method={self.method!r}, policy_temperature={self.policy_temperature!r}")
+    h = self.hint
+    if isinstance(h, bool) or not isinstance(h, (int, float)) or not 0 <= h < 1:
+      raise ValueError(f"rl.hint: the share of the reference answer a hinted rollout is given; "
+                       f"expected a number in [0, 1), got {h!r}")
+    if h > 0 and (self.likelihood != "exact" or self.trains_order):
+      raise ValueError(f"rl.hint: a hinted rollout's old log-probabilities are recomputed "
+                       f"exactly and its order is not the policy's; expected rl.likelihood="
+                       f"'exact' and no stochastic order policy, got likelihood="
+                       f"{self.likelihood!r}, policy_temperature={self.policy_temperature!r}")
     if self.likelihood != "exact" and self.trains_order:
       raise ValueError(f"rl.likelihood: {self.likelihood!r} has no order term; a stochastic "
                        f"order policy (rl.policy_temperature > 0) needs rl.likelihood='exact'")
@@ -209,6 +226,21 @@ class GRPOSettings:
 PROBE = 256   # training prompts a task's trainer sizes its compiled programs on (`GRPO.reserve`)
 
 
+def hint_count(answer, share: float):
+  """How many answer cells a hinted rollout is given: ``ceil(share * answer)``, at most
+  ``answer - 1`` (one cell is always left to sample); int or int array as ``answer``."""
+  a = np.asarray(answer)
+  return np.minimum(np.ceil(share * a).astype(np.int64), np.maximum(a - 1, 0))
+
+
+def _answer_mean(rewards: np.ndarray, prompt: np.ndarray) -> np.ndarray:
+  """[R]: a rollout's reward, or its per-position rewards' mean over its answer."""
+  if rewards.ndim == 1:
+    return rewards
+  free = ~prompt
+  return (rewards * free).sum(1) / np.maximum(free.sum(1), 1)
+
+
 def timing(rollouts: int, rollout_sec: float, update_sec: float) -> dict[str, float]:
   """The loop's speed metrics of one GRPO step."""
   total = max(rollout_sec + update_sec, 1e-9)
@@ -249,6 +281,8 @@ class GRPO:
     self._estimate = jax.jit(self._estimate_fn)
     self._plan_sizes = None
     self._answer_max = 0          # the most answer positions of a row seen (the order pass's W)
+    self.last_hinted = 0          # groups hinted in the last `rollout_batch` (``hint`` > 0)
+    self._last_groups = 0
     if task is not None:
       probe = np.asarray(task.train_batch(0, 0, PROBE)["prompt"], bool).sum(1)
       self.reserve(int(probe.min()), int(probe.max()), task.length)
@@ -310,6 +344,8 @@ class GRPO:
     """Sizes the compiled sampler and update for every prompt of ``min_prompt`` ..
     ``max_prompt`` positions in rows of ``length`` (the sizes only grow; the samples do not
     depend on them): one compile for every batch in that range."""
+    if self.settings.hint > 0:     # a hinted rollout's prompt holds part of the answer too
+      max_prompt = max_prompt + int(hint_count(length - max_prompt, self.settings.hint))
     rows = np.arange(length)[None, :] < np.array([[min_prompt], [max_prompt]])
     s = self.settings.sample_settings(length)
     if s.method not in sampler_lib.PLANLESS_METHODS or s.method == "adaptive":
@@ -362,18 +398,58 @@ class GRPO:
     self.check_prompts(prompts)
     g = self.settings.group_size
     rep = {k: np.repeat(np.asarray(prompts[k]), g, axis=0) for k in ("tokens", "prompt")}
-    toks = np.where(rep["prompt"], rep["tokens"], 0).astype(np.int32)
-    s = self.settings.sample_settings(toks.shape[1])
     self._answer_max = max(self._answer_max, int((~rep["prompt"]).sum(1).max()))
+    return self._sample(key, rep["tokens"], rep["prompt"]), rep
+
+  def _sample(self, key: jax.Array, tokens: np.ndarray, prompt: np.ndarray) -> sampler_lib.Samples:
+    """The settings' sampler on rows ``tokens`` [R, n] given at ``prompt`` [R, n], logp recorded."""
+    toks = np.where(prompt, tokens, 0).astype(np.int32)
+    s = self.settings.sample_settings(toks.shape[1])
     if s.method in sampler_lib.PLANLESS_METHODS and s.method != "adaptive":
-      out = sampler_lib.generate(self.model, key, s, prompt=(toks, rep["prompt"]),
-                                 return_logp=True)
-      return out, rep
+      return sampler_lib.generate(self.model, key, s, prompt=(toks, prompt), return_logp=True)
     # One compiled sampler for every batch (`_sizes`; the samples do not depend on the sizes).
-    p = sampler_lib.prepare(self.model.cfg, key, s, prompt=(toks, rep["prompt"]))
+    p = sampler_lib.prepare(self.model.cfg, key, s, prompt=(toks, prompt))
     plan, shape = self._sizes(p, s)
-    return sampler_lib.sample_batch(self.model, p, plan, s, adaptive=shape,
-                                    return_logp=True), rep
+    return sampler_lib.sample_batch(self.model, p, plan, s, adaptive=shape, return_logp=True)
+
+  def hinted(self, key: jax.Array, batch: dict, puzzles: dict, rewards: np.ndarray
+             ) -> tuple[dict, int]:
+    """IGPO's hint (``hint`` > 0): in each group whose every rollout's (mean) reward is below
+    its reference answer's, the last rollout is replaced by a *hinted* one: ``hint_count`` of
+    its answer cells, drawn at random, are the reference's, the others sampled by the settings'
+    sampler given them. Its order is the prompt, the hinted cells (one step each), then the
+    sampled ranks; its old log-probabilities are its exact ones at the current weights
+    (`likelihood.sequence_logp`, teacher-forced: the hinted cells were not drawn from the
+    policy), so its advantage lifts the answer the group could not find. Returns the batch (a
+    copy, those rows replaced) and how many groups were hinted."""
+    s, g = self.settings, self.settings.group_size
+    prompt, ref_tokens = np.asarray(puzzles["prompt"], bool), np.asarray(puzzles["tokens"])
+    ref = reward_values(self.reward_fn, ref_tokens, puzzles, self.task, "the reference answers",
+                        per_token=s.credit == "token")
+    fail = (_answer_mean(rewards, prompt) < _answer_mean(ref, prompt) - 1e-9).reshape(-1, g)
+    groups = np.nonzero(fail.all(1))[0]
+    if not len(groups):
+      return batch, 0
+    r, n = prompt.shape
+    free = ~prompt
+    u = np.where(free, np.asarray(jax.random.uniform(jax.random.fold_in(key, 2), (r, n))), 2.0)
+    k = hint_count(free.sum(1), s.hint)
+    wide = prompt | (np.argsort(np.argsort(u, axis=1), axis=1) < k[:, None])
+    out = self._sample(jax.random.fold_in(key, 3), ref_tokens, wide)   # every row: one shape
+    b = {f: np.array(v) for f, v in batch.items()}
+    rows = groups * g + g - 1
+    for i in rows:
+      m, mw = int(prompt[i].sum()), int(wide[i].sum())
+      given = out.order[i, :mw]
+      order = np.concatenate([given[prompt[i, given]], given[~prompt[i, given]],
+                              out.order[i, mw:]])
+      b["tokens"][i], b["order"][i] = out.tokens[i], order
+      b["steps"][i] = np.concatenate([np.full(m, -1), np.arange(mw - m),
+                                      out.step_of_rank[i, mw:] + (mw - m)])
+    old = np.asarray(self.estimate_logp({f: b[f] for f in ("tokens", "order", "steps",
+                                                          "prompt")}))
+    b["old_logp"][rows] = old[rows]
+    return b, len(groups)
 
   def rollout_batch(self, key: jax.Array, prompts: dict) -> tuple[dict, np.ndarray, dict]:
     """Rollouts of ``prompts`` with the model's current weights, scored: (the update's batch,
@@ -385,19 +461,24 @@ class GRPO:
     space (the rank that wrote each position), as the loss takes them."""
     s = self.settings
     out, puzzles = self.rollouts(key, prompts)
-    rewards = check_finite(reward_values(self.reward_fn, out.tokens, puzzles, self.task,
-                                         "the rollouts", per_token=s.credit == "token"),
-                           s.reward)
+    score = lambda t: check_finite(reward_values(  # noqa: E731
+        self.reward_fn, t, puzzles, self.task, "the rollouts", per_token=s.credit == "token"),
+        s.reward)
+    rewards = score(out.tokens)
     batch = {"tokens": np.asarray(out.tokens), "order": np.asarray(out.order),
              "steps": np.asarray(out.step_of_rank), "prompt": np.asarray(puzzles["prompt"]),
              "old_logp": np.asarray(out.logp if out.order_logp is None else
                                      out.order_logp if s.order_only else
-                                     out.logp + out.order_logp),
-             "adv": group_advantages(rewards, s.group_size, s.scale_rewards, kind=s.advantage)}
+                                     out.logp + out.order_logp)}
+    self.last_hinted, self._last_groups = 0, len(rewards) // s.group_size
+    if s.hint > 0:
+      batch, self.last_hinted = self.hinted(key, batch, puzzles, rewards)
+      if self.last_hinted:
+        rewards = score(batch["tokens"])
+    batch["adv"] = group_advantages(rewards, s.group_size, s.scale_rewards, kind=s.advantage)
     if rewards.ndim == 2:      # per-token: position p's advantage to the rank that wrote it,
       batch["adv"] = np.take_along_axis(batch["adv"], batch["order"], axis=1)
-      free = ~batch["prompt"]  # and each rollout's reward the mean over its answer positions
-      rewards = (rewards * free).sum(1) / np.maximum(free.sum(1), 1)
+      rewards = _answer_mean(rewards, batch["prompt"])  # a rollout's: the mean over its answer
     if s.likelihood != "exact":
       batch.update(self._estimated_old(jax.random.fold_in(key, 1), batch))
     return batch, rewards, puzzles
@@ -454,4 +535,11 @@ class GRPO:
     metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
     nnx.update(self.model, params)
     return dict(metrics, reward=float(rewards.mean()), reward_std=float(rewards.std()),
-                **timing(len(rewards), t_rollout, time.perf_counter() - t))
+                **self.hint_metrics(), **timing(len(rewards), t_rollout, time.perf_counter() - t))
+
+  def hint_metrics(self) -> dict[str, float]:
+    """``hinted``: the share of the last batch's groups that got a hinted rollout (``hint`` >
+    0; no key otherwise)."""
+    if not self.settings.hint > 0:
+      return {}
+    return {"hinted": self.last_hinted / max(1, self._last_groups)}

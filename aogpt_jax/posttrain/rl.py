@@ -13,7 +13,8 @@ eval solves ``task.heldout_count`` held-out puzzles greedily with the rollouts' 
     ratio_max (over the answer tokens of the last inner step; not measured when that step
     took the on-policy gradient: inner_steps 1, exact likelihood, no KL, no order term,
     `grpo.GRPOSettings.on_policy_shortcut`), rollout_sec, update_sec, rollouts_per_sec
-    (rollouts over rollout_sec), update_share (update_sec over the two)
+    (rollouts over rollout_sec), update_share (update_sec over the two), hinted (rl.hint > 0:
+    the share of the groups that got a hinted rollout, `grpo.GRPO.hinted`)
 
 and under ``eval/``: solved, solved_low, solved_high (95% Wilson interval), cell_accuracy.
 """
@@ -185,7 +186,8 @@ class GRPOAlgorithm:
     m = {k: float(v) for k, v in jax.device_get(m).items()}
     t_update = time.perf_counter() - t
     m.update(reward=float(rewards.mean()), reward_std=float(rewards.std()),
-             solved=float(solved.mean()), **grpo.timing(len(rewards), t_rollout, t_update))
+             solved=float(solved.mean()), **self.trainer.hint_metrics(),
+             **grpo.timing(len(rewards), t_rollout, t_update))
     return params, opt_state, m
 
   def evaluate(self, params):
