@@ -409,6 +409,10 @@ def test_hard_sudoku_writes_graded_puzzles_that_solve_reads(tmp_path):
     ("post_training", ["--seeds="], "--seeds='': names no seed"),
     ("grpo_speed", ["--workdir=FILE"], "--workdir='FILE' is a file; expected a folder"),
     ("reasoning_gap", ["--out=FILE/x.json"], "--out='FILE/x.json': cannot write in "),
+    ("post_training", ["--hard_frac=2"], "--hard_frac=2.0: expected a number in [0, 1]"),
+    ("star_graph", ["--seeds=a"], "--seeds='a': expected comma-separated integers"),
+    ("star_graph", ["--set=model.rope"], "--set='model.rope': expected KEY=VALUE"),
+    ("star_graph_reads", ["--workdir=FILE"], "no checkpoints/ there"),
 ])
 def test_benchmark_arguments_are_one_line_before_work(tmp_path, capsys, script, argv, want):
   """Each of these failed after minutes of work, most with a traceback (or, --seeds=, meant 3
