@@ -13,7 +13,8 @@ puzzles, 17+ givens), as ``puzzle,solution`` CSV rows that ``--mode=solve`` read
 with ``--hard_frac`` of each batch minimal puzzles, and solves the file with each model greedily
 (max_prob, ``solve.search_width=0``) and with the search (``--width`` beams, model-only), then
 collects the four solve summaries into benchmarks/results/hard_sudoku_SIZE/<machine>.{json,md}
-(or ``--out``). A run whose trained models exist in ``--workdir`` reuses them.
+(or ``--out``). A run whose models were trained to ``--steps`` in ``--workdir`` reuses them;
+one stopped before (SIGTERM saves a checkpoint) resumes where it stopped.
 """
 
 from __future__ import annotations
@@ -72,7 +73,8 @@ def run(args) -> dict:
                 "--config.task.options.max_givens=40", "--config.seq_len=81",
                 "--config.model.block_size=81", "--config.sample.steps=81",
                 "--config.model.position_init=grid:9,9,3,3"]
-    if not (pathlib.Path(run_dir) / "checkpoints").is_dir() or args.retrain:
+    # trained to the end: reused; stopped before it (a checkpoint below --steps): resumed
+    if not (pathlib.Path(run_dir) / "checkpoints" / str(args.steps)).is_dir() or args.retrain:
       subprocess.run(_main_cmd(config, run_dir, *train), check=True)
     out["models"][name] = {"workdir": run_dir, "config": config, "overrides": train,
                            "decodings": {}}
