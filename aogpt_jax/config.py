@@ -272,6 +272,24 @@ def rules(cfg) -> dict[str, tuple[str, ...]]:
   return out
 
 
+def check_pack(cfg, k: int) -> None:
+  """``model.pack``: the AO-GPT losses only, and a divisor of every batch they see (the rows of
+  a microbatch and of a held-out batch; `train.sharding` checks the rows per device)."""
+  if k == 1:
+    return
+  if cfg.objective != "ao":
+    _fail("model.pack", f"{k}: packing runs the AO-GPT losses (objective='ao'); the "
+          f"{cfg.objective!r} objective runs its rows one by one (set model.pack=1)")
+  micro = cfg.batch_size // cfg.microbatches
+  if micro % k:
+    _fail("model.pack", f"{k} does not divide the {micro} rows of a microbatch (batch_size="
+          f"{cfg.batch_size} / microbatches={cfg.microbatches})")
+  eval_bs = cfg.eval.batch_size or cfg.batch_size
+  if eval_bs % k:
+    _fail("model.pack", f"{k} does not divide eval.batch_size={eval_bs} (the held-out loss "
+          f"packs its rows too)")
+
+
 def ema_decay(cfg) -> float | None:
   d = cfg.optimizer.ema_decay
   return None if d is None or d == 0 else float(d)
@@ -325,6 +343,7 @@ def resolve(cfg) -> model_lib.ModelConfig:
     raise ConfigError(str(e)) from None
   if cfg.seq_len < 2:
     _fail("seq_len", f"must be >= 2 (one token has no context to learn from), got {cfg.seq_len}")
+  check_pack(cfg, mc.pack)
   task = task_of(cfg)
   if task is not None:
     if cfg.seq_len != task.length:

@@ -4,6 +4,9 @@
 #      GPT-2 Small (LEVER_CONFIGS), 16 x 1024 bf16, each lever on and off (LEVERS: the recipe
 #      as it is, remat off, remat chosen by train.remat=auto, one microbatch), alone on the device,
 #      the recipe's row with a profile; OUT/levers/*.json and a table in levers.log;
+#   0b. task packing (PARTS pack, the default): benchmarks/task_packing.py on PACK_CONFIG (9x9
+#      Sudoku, 8 x 256): puzzles per second by batch (256, 1024) and model.pack (1, 4, 16);
+#      OUT/packing.json and packing.log;
 #   1. benchmarks/gpu_suite.sh --quick, alone on the device: AO-GPT Small's train step (MFU, memory,
 #      a profile: where the step's time goes) and the sampler against the encoder MDM at n = 1024;
 #   2. hard 9x9 Sudoku (PARTS hard, the default): benchmarks/hard_sudoku.py run --size=accel, the
@@ -28,15 +31,17 @@
 # RG_STEPS (training steps of every reasoning-gap model, default 2500; the configs' own are
 # 20,000), RG_PUZZLES (held-out puzzles per task, default 200), SUITE_ARGS (gpu_suite.sh's
 # arguments, default --quick; --dry-run proves the plumbing on a CPU), PARTS (default
-# suite,hard; reasoning adds the reasoning gap; posttrain adds benchmarks/post_training.py
+# levers,pack,suite,hard; reasoning adds the reasoning gap; posttrain adds benchmarks/post_training.py
 # $PT_ARGS, default --size=accel; each after the suite, beside each other), HARD_PER_BUCKET
 # (default 100), HARD_ARGS (more arguments of hard_sudoku.py run, e.g. --size=cpu on a CPU),
 # LEVER_CONFIGS (default configs/aogpt_small.py,configs/gpt2_small.py), LEVER_ARGS (more
-# --config.* for every lever run, e.g. the tiny sizes on a CPU), LEVER_STEPS (default 10).
+# --config.* for every lever run, e.g. the tiny sizes on a CPU), LEVER_STEPS (default 10),
+# PACK_CONFIG (default configs/sudoku.py), PACK_ARGS (more task_packing.py arguments, e.g.
+# --batches=64 --packs=1,4 on a CPU).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 case "${1:-}" in
-  -h|--help) sed -n '2,35p' "$0"; exit 0 ;;
+  -h|--help) sed -n "2,$(( $(grep -n '^set -uo' "$0" | cut -d: -f1) - 1 ))p" "$0"; exit 0 ;;
   "") ;;
   *) echo "accel_session.sh: unknown argument $1 (it takes none; see --help)" >&2; exit 2 ;;
 esac
@@ -45,7 +50,9 @@ DEADLINE=${DEADLINE:-555}
 RG_STEPS=${RG_STEPS:-2500}
 RG_PUZZLES=${RG_PUZZLES:-200}
 SUITE_ARGS=${SUITE_ARGS:---quick}
-PARTS=${PARTS:-levers,suite,hard}
+PARTS=${PARTS:-levers,pack,suite,hard}
+PACK_CONFIG=${PACK_CONFIG:-configs/sudoku.py}
+PACK_ARGS=${PACK_ARGS:-}
 LEVER_CONFIGS=${LEVER_CONFIGS:-configs/aogpt_small.py,configs/gpt2_small.py}
 LEVER_ARGS=${LEVER_ARGS:---config.batch_size=16 --config.seq_len=1024}
 LEVER_STEPS=${LEVER_STEPS:-10}
@@ -94,6 +101,14 @@ for p in sorted(pathlib.Path(sys.argv[1]).glob("*.json")):
         f"{r['model']['remat'] and r['model']['remat_policy']} |")
 PY
 fi
+if part pack; then
+  budget=$(( $(left) * 12 / 100 ))
+  echo "[$((SECONDS - START)) s] task packing: $PACK_CONFIG, batch x model.pack (at most $budget s)"
+  python benchmarks/task_packing.py --config="$PACK_CONFIG" $PACK_ARGS --deadline="$budget" \
+    --workdir="$OUT/packing" --out="$OUT/packing.json" > "$OUT/packing.log" 2>&1 ||
+    echo "task packing failed: see packing.log"
+  tail -8 "$OUT/packing.log"
+fi
 if part suite; then
   budget=$(( $(left) * 45 / 100 ))
   echo "[$((SECONDS - START)) s] gpu_suite $SUITE_ARGS (at most $budget s)"
@@ -126,7 +141,7 @@ fi
 wait
 echo "[$((SECONDS - START)) s] packing"
 shopt -s nullglob
-tar czf "$OUT/results.tgz" "$OUT"/levers/*.json "$OUT"/levers.log benchmarks/results/gpu_suite benchmarks/results/reasoning_gap_accel_* \
+tar czf "$OUT/results.tgz" "$OUT"/levers/*.json "$OUT"/levers.log "$OUT"/packing.json "$OUT"/packing.log benchmarks/results/gpu_suite benchmarks/results/reasoning_gap_accel_* \
   benchmarks/results/hard_sudoku_* \
   benchmarks/results/post_training_accel* "$OUT"/*.log "$OUT"/machine.txt "$OUT"/suite/*.json \
   "$OUT"/suite/*.log 2>/dev/null

@@ -6,7 +6,12 @@
     python benchmarks/train_step.py --config=configs/quickstart.py --config.model.n_layer=8
 
 The step is the trainer's own jitted step (same sharding, donation, accumulation) on random
-tokens, so data loading is not measured. Works unchanged on CPU, GPU and TPU; sizes come from
+tokens, or for a task config (``task.name``) on the task's own rows and prompt masks, drawn
+before the timer, so data loading is not measured; ``rows_per_s`` is then puzzles per second:
+
+    python benchmarks/train_step.py --config=configs/sudoku.py:tiny --config.model.pack=4
+
+Works unchanged on CPU, GPU and TPU; sizes come from
 the config and ``--config.*`` overrides. Prints one JSON object and writes it
 (`benchmarks/common.py`'s schema) to ``--out`` (default
 benchmarks/results/train_step_<config>/<machine>.json). MFU uses the dense bf16 peak
@@ -61,8 +66,13 @@ def main(argv) -> None:
     mc = train_loop.choose_remat(cfg, mc, mesh)
   rng = np.random.default_rng(0)
   local = cfg.batch_size // jax.process_count()
+  task_batches = (train_loop.train_iterator(cfg, jax.process_index(), jax.process_count())
+                  if config_lib.task_of(cfg) is not None else None)
 
   def batch():
+    if task_batches is not None:   # a task's own rows and prompt masks (drawn before the timer)
+      b = next(task_batches)
+      return sharding_lib.global_batch({"tokens": b["tokens"], "prompt": b["prompt"]}, mesh)
     tokens = rng.integers(0, mc.valid_vocab_size, (local, cfg.seq_len), dtype=np.int32)
     return sharding_lib.global_batch({"tokens": tokens}, mesh)
 
@@ -118,6 +128,8 @@ def main(argv) -> None:
       "step_s_median": step_s, "step_s_mean": statistics.fmean(times),
       "step_s_min": min(times), "steps_timed": len(times),
       "tokens_per_s": cfg.batch_size * cfg.seq_len / step_s,
+      "rows_per_s": cfg.batch_size / step_s,   # a task's puzzles (or graphs) per second
+      "task": cfg.task.get("name") or None, "pack": mc.pack,
       "model_flops_per_step": flops, "achieved_tflops": flops / step_s / 1e12,
       "peak_tflops_per_device": (flops_lib.peak_flops() or 0) / 1e12 or None,
       "mfu": mfu, "jax": jax.__version__,

@@ -413,6 +413,8 @@ def test_hard_sudoku_writes_graded_puzzles_that_solve_reads(tmp_path):
     ("star_graph", ["--seeds=a"], "--seeds='a': expected comma-separated integers"),
     ("star_graph", ["--set=model.rope"], "--set='model.rope': expected KEY=VALUE"),
     ("star_graph_reads", ["--workdir=FILE"], "no checkpoints/ there"),
+    ("task_packing", ["--packs=0"], "--packs='0': expected comma-separated integers >= 1"),
+    ("task_packing", ["--batches=6", "--packs=1,4"], "--batches=6: every pack in"),
 ])
 def test_benchmark_arguments_are_one_line_before_work(tmp_path, capsys, script, argv, want):
   """Each of these failed after minutes of work, most with a traceback (or, --seeds=, meant 3

@@ -30,7 +30,7 @@ def test_accel_session_script_parses_and_names_a_bad_argument():
   p = subprocess.run(["bash", str(SESSION), "--quick"], capture_output=True, text=True)
   assert p.returncode == 2 and "unknown argument --quick" in p.stderr
   p = subprocess.run(["bash", str(SESSION), "--help"], capture_output=True, text=True, check=True)
-  assert "DEADLINE" in p.stdout and "RG_STEPS" in p.stdout
+  assert "DEADLINE" in p.stdout and "RG_STEPS" in p.stdout and "PACK_CONFIG" in p.stdout
 
 
 def test_trace_summary_groups_kernels_and_counts_overlap_once():

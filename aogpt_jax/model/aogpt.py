@@ -32,7 +32,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from aogpt_jax.model import cross_entropy
+from aogpt_jax.model import cross_entropy, packing
 from aogpt_jax.model import orders as orders_lib
 from aogpt_jax.model.attention import ATTENTION_IMPLS
 from aogpt_jax.model.blocks import (REMAT_POLICIES, Block, condition, dropout, fold_key,
@@ -128,6 +128,9 @@ class ModelConfig:
   loss_chunk: int = 0                # > 0: training loss without [B, n, V] logits, about this
                                      # many tokens (positions x all rows) at a time
                                      # (cross_entropy.py); 0: plain logits
+  pack: int = 1                      # training losses run this many rows as one attention row
+                                     # (block-diagonal mask; model/packing.py): same numbers,
+                                     # fewer and longer rows; 1: one row each
   prompt_attention: str = "causal"   # one of PROMPT_ATTENTIONS: how the rank-slots of a prompt
                                      # (a puzzle's givens, an SFT question) attend to each other
                                      # (`prompt_block`); no effect on rows without a prompt
@@ -187,6 +190,8 @@ class ModelConfig:
           "'bidirectional_target' puts the first blank's query into the prompt block")
     if int(self.attention_block) < 1:
       bad("attention_block", f"must be >= 1, got {self.attention_block}")
+    if int(self.pack) < 1:
+      bad("pack", f"must be >= 1 (1: no packing), got {self.pack}")
     if int(self.loss_chunk) < 0:
       bad("loss_chunk", f"must be >= 0 (0: plain logits), got {self.loss_chunk}")
     if not self.init_truncation >= 0:
@@ -440,19 +445,21 @@ class AOGPT(nnx.Module):
 
   def __call__(self, tokens: jax.Array, order: jax.Array, *,
                dropout_key: jax.Array | None = None,
-               prompt_len: jax.Array | None = None) -> jax.Array:
+               prompt_len: jax.Array | None = None, pack: int = 1) -> jax.Array:
     """Logits [B, n, V]: ``logits[b, r]`` predicts ``tokens[b, order[b, r]]`` from the tokens at
     ``order[b, :r]``. ``tokens`` are in ORIGINAL order; ``order`` is a permutation per row.
     ``prompt_len`` int [B]: the first ``prompt_len[b]`` positions of ``order[b]`` are a prompt
-    (`orders.prompt_first`), attended as ``model.prompt_attention`` says (`prompt_block`)."""
-    return self.head(self.hidden(tokens, order, dropout_key=dropout_key, prompt_len=prompt_len),
-                     order)
+    (`orders.prompt_first`), attended as ``model.prompt_attention`` says (`prompt_block`).
+    ``pack``: run this many rows as one attention row (`packing`; the training loss passes
+    ``model.pack``), the same numbers."""
+    return self.head(self.hidden(tokens, order, dropout_key=dropout_key, prompt_len=prompt_len,
+                                 pack=pack), order)
 
   def hidden(self, tokens: jax.Array, order: jax.Array, *,
              dropout_key: jax.Array | None = None,
-             prompt_len: jax.Array | None = None) -> jax.Array:
+             prompt_len: jax.Array | None = None, pack: int = 1) -> jax.Array:
     """The block stack's output [B, n, d] in ORDER space: row r predicts ``tokens[order[r]]``
-    (its target position is ``order[r]``); ``prompt_len`` as `__call__`."""
+    (its target position is ``order[r]``); ``prompt_len`` and ``pack`` as `__call__`."""
     self._check_shapes(tokens, order)
     if self.cfg.blank_block:
       raise ValueError("model.blank_block=True: this model predicts from a query block over the "
@@ -466,10 +473,9 @@ class AOGPT(nnx.Module):
       if block is not None:   # causal but for the prompt block (an explicit mask array)
         tied = orders_lib.block_ranks(orders_lib.all_ranks(order), block)
         mask = orders_lib.mask_from_ranks(tied, tied)
-      h, _ = self.hidden_slots(*slots, mask=mask, dropout_key=dropout_key)
-      return h
+      return packing.hidden(self, pack, *slots, mask, dropout_key=dropout_key)
     slot_tokens, slot_pos, slot_tgt, mask = mask_slots(tokens, order, block)
-    h, _ = self.hidden_slots(slot_tokens, slot_pos, slot_tgt, mask=mask, dropout_key=dropout_key)
+    h = packing.hidden(self, pack, slot_tokens, slot_pos, slot_tgt, mask, dropout_key=dropout_key)
     # Back to order space: in the original-order layout, rank-slot r sits at its position row.
     _, idx = orders_lib.rank_slot_source(order, orders_lib.all_ranks(order))
     return jnp.take_along_axis(h, idx[..., None], axis=1)
@@ -555,13 +561,13 @@ def loss(m: AOGPT, tokens: jax.Array, order: jax.Array, *, dropout_key: jax.Arra
       raise ValueError("model.loss_chunk: the chunked loss scores every token; prompt-"
                        "conditioned training needs model.loss_chunk=0")
     # No [B, n, V] logits: the head and its gradients chunk by chunk (model/cross_entropy.py).
-    x = m.head_features(m.hidden(tokens, order, dropout_key=dropout_key), order)
+    x = m.head_features(m.hidden(tokens, order, dropout_key=dropout_key, pack=cfg.pack), order)
     w, b = m.output_layer()
     return cross_entropy.fused_mean_nll(x, w, b, targets, valid_vocab=cfg.vocab_size,
                                         chunk=cfg.loss_chunk, dtype=cfg.dtype)
   prompt_len = None if prompt is None else jnp.sum(prompt, axis=-1, dtype=jnp.int32)
-  per_token = nll_from_logits(m(tokens, order, dropout_key=dropout_key, prompt_len=prompt_len),
-                              targets)
+  per_token = nll_from_logits(m(tokens, order, dropout_key=dropout_key, prompt_len=prompt_len,
+                                pack=cfg.pack), targets)
   if prompt is None:
     return jnp.mean(per_token), per_token
   scored = orders_lib.scored_ranks(prompt)

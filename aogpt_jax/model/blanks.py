@@ -30,6 +30,7 @@ import jax
 import jax.numpy as jnp
 
 from aogpt_jax.model import orders as orders_lib
+from aogpt_jax.model import packing
 from aogpt_jax.model.aogpt import AOGPT, NO_TARGET, START, nll_from_logits, prompt_block
 
 
@@ -83,7 +84,7 @@ def blank_loss(m: AOGPT, tokens: jax.Array, order: jax.Array, cut_key: jax.Array
   block = None if prompt is None else prompt_block(m.cfg, plen_B)
   tok, pos, tgt, mask = blank_slots(tokens, order, cut_B, block,
                                     causal=m.cfg.blank_attention == "causal")
-  h, _ = m.hidden_slots(tok, pos, tgt, mask=mask, dropout_key=dropout_key)
+  h = packing.hidden(m, m.cfg.pack, tok, pos, tgt, mask, dropout_key=dropout_key)
   nll_BxN = nll_from_logits(m.head(h, tgt), orders_lib.permute(tokens, order))
   rank_BxN = orders_lib.all_ranks(order)
   answer_B = (n - plen_B).astype(jnp.float32)

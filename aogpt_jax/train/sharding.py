@@ -114,10 +114,19 @@ def check_batch_sizes(cfg, mesh) -> None:
         f"microbatch on a mesh whose data, fsdp and tensor axes are all > 1 ({where}, "
         f"mesh.tensor = {mesh.shape['tensor']}); XLA computes wrong gradients for that layout. "
         f"Use fewer microbatches, or mesh.data=1 or mesh.fsdp=1")
+  pack = cfg.model.get("pack") or 1
+  if pack > 1 and (micro // dp) % pack:
+    raise config_lib.ConfigError(
+        f"model.pack: {pack} does not divide the {micro // dp} rows per device of a microbatch "
+        f"({micro} rows, {where}); packed rows must not straddle devices")
   eval_bs = cfg.eval.batch_size or cfg.batch_size
   if eval_bs % dp:
     raise config_lib.ConfigError(f"eval.batch_size: {eval_bs} is not divisible by the data axes "
                                  f"({where})")
+  if pack > 1 and (eval_bs // dp) % pack:
+    raise config_lib.ConfigError(
+        f"model.pack: {pack} does not divide the {eval_bs // dp} held-out rows per device "
+        f"(eval.batch_size={eval_bs}, {where})")
   for key, bs in (("batch_size", cfg.batch_size), ("eval.batch_size", eval_bs)):
     if bs % jax.process_count():
       raise config_lib.ConfigError(f"{key}: {bs} is not divisible by the "
