@@ -5,7 +5,7 @@
 #      as it is, remat off, remat chosen by train.remat=auto, one microbatch), alone on the device,
 #      the recipe's row with a profile; OUT/levers/*.json and a table in levers.log;
 #   0b. task packing (PARTS pack, the default): benchmarks/task_packing.py on PACK_CONFIG (9x9
-#      Sudoku, 8 x 256): puzzles per second by batch (256, 1024) and model.pack (1, 4, 16);
+#      Sudoku, 8 x 256): puzzles per second by batch (256, 1024) and model.pack (1, 4);
 #      OUT/packing.json and packing.log;
 #   1. benchmarks/gpu_suite.sh --quick, alone on the device: AO-GPT Small's train step (MFU, memory,
 #      a profile: where the step's time goes) and the sampler against the encoder MDM at n = 1024;
@@ -102,7 +102,7 @@ for p in sorted(pathlib.Path(sys.argv[1]).glob("*.json")):
 PY
 fi
 if part pack; then
-  budget=$(( $(left) * 12 / 100 ))
+  budget=$(( $(left) * 15 / 100 ))
   echo "[$((SECONDS - START)) s] task packing: $PACK_CONFIG, batch x model.pack (at most $budget s)"
   python benchmarks/task_packing.py --config="$PACK_CONFIG" $PACK_ARGS --deadline="$budget" \
     --workdir="$OUT/packing" --out="$OUT/packing.json" > "$OUT/packing.log" 2>&1 ||

@@ -57,7 +57,7 @@ def main(argv=None):
   ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   ap.add_argument("--config", default="configs/sudoku.py", help="a task config (file.py[:arg])")
   ap.add_argument("--batches", default="256,1024")
-  ap.add_argument("--packs", default="1,4,16")
+  ap.add_argument("--packs", default="1,4")
   ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                   help="a --config.KEY=VALUE override for every setting (repeat)")
   ap.add_argument("--steps", type=int, default=10, help="timed steps per setting")
