@@ -12,7 +12,7 @@ Each ``--workdir`` is a trained run of ``configs/star_graph.py`` (any encoding; 
 without the blank block, or the encoder MDM). AO-GPT's probabilities are its exact conditionals
 (`posttrain.likelihood.rollout_logits`, one cell a step, the cell scored last or after the start
 and goal); the MDM's are its forward with the other cells shown or [MASK]ed. Writes
-benchmarks/results/star_graph_reads/<machine>.{json,md} (or ``--out``).
+benchmarks/results/star_graph_reads[_NAME]/<machine>.{json,md} (``--name``; or ``--out``).
 """
 
 from __future__ import annotations
@@ -118,6 +118,7 @@ def main(argv=None):
                   help="a trained run (repeat)")
   ap.add_argument("--count", type=int, default=200, help="held-out graphs")
   ap.add_argument("--seed", type=int, default=0)
+  ap.add_argument("--name", default="", help="results go to benchmarks/results/star_graph_reads_NAME/")
   ap.add_argument("--out", default="")
   args = ap.parse_args(argv)
   common.check_args(ap, args, positive=("count",))
@@ -128,7 +129,8 @@ def main(argv=None):
   res = {"runs": [measure(wd, args.count, args.seed) for wd in args.workdirs]}
   md = markdown(res)
   print(md)
-  path = common.write_result("star_graph_reads", args, res, out=args.out or None)
+  path = common.write_result("star_graph_reads" + (f"_{args.name}" if args.name else ""), args,
+                             res, out=args.out or None)
   path.with_suffix(".md").write_text(md)
 
 
