@@ -232,6 +232,17 @@ def write_result(benchmark: str, args: Any, results: Any, *, out: str | os.PathL
   return path
 
 
+def write_with_markdown(benchmark: str, args: Any, results: Any, md: str) -> pathlib.Path:
+  """`write_result` under ``benchmark`` (``_NAME`` added for a non-empty ``args.name``; to
+  ``args.out`` if given), the Markdown table ``md`` printed and written beside it (.md)."""
+  print(md)
+  name = getattr(args, "name", "")
+  path = write_result(benchmark + (f"_{name}" if name else ""), args, results,
+                      out=getattr(args, "out", "") or None)
+  path.with_suffix(".md").write_text(md)
+  return path
+
+
 def fail(parser, message: str) -> None:
   """Exits with ONE line (status 2), no usage text: a benchmark's bad argument, before work."""
   parser.exit(2, f"{parser.prog}: {message}\n")

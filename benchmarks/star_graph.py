@@ -94,11 +94,7 @@ def main(argv=None):
   rates = [r["solved"]["rate"] for r in rows]
   res = {"variant": args.variant, "steps": args.steps, "set": args.set, "count": args.count,
          "seeds": rows, "mean": sum(rates) / len(rates), "min": min(rates)}
-  md = markdown(res)
-  print(md)
-  path = common.write_result("star_graph" + (f"_{args.name}" if args.name else ""), args, res,
-                             out=args.out or None)
-  path.with_suffix(".md").write_text(md)
+  common.write_with_markdown("star_graph", args, res, markdown(res))
 
 
 if __name__ == "__main__":

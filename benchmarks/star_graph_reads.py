@@ -127,11 +127,7 @@ def main(argv=None):
       common.fail(ap, f"--workdir={wd!r}: no checkpoints/ there; expected a trained run of "
                       f"configs/star_graph.py")
   res = {"runs": [measure(wd, args.count, args.seed) for wd in args.workdirs]}
-  md = markdown(res)
-  print(md)
-  path = common.write_result("star_graph_reads" + (f"_{args.name}" if args.name else ""), args,
-                             res, out=args.out or None)
-  path.with_suffix(".md").write_text(md)
+  common.write_with_markdown("star_graph_reads", args, res, markdown(res))
 
 
 if __name__ == "__main__":

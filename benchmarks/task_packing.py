@@ -108,11 +108,7 @@ def main(argv=None):
       print(f"batch {b}, pack {k}: {1000 * row['step_s']:.1f} ms a step, "
             f"{row['rows_per_s']:,.0f} puzzles/s", flush=True)
   res = {"config": args.config, "set": args.set, "steps": args.steps, "rows": rows}
-  md = markdown(res)
-  print(md)
-  path = common.write_result("task_packing" + (f"_{args.name}" if args.name else ""), args, res,
-                             out=args.out or None)
-  path.with_suffix(".md").write_text(md)
+  common.write_with_markdown("task_packing", args, res, markdown(res))
 
 
 if __name__ == "__main__":
