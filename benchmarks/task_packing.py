@@ -37,8 +37,8 @@ def _ints(ap, key: str, text: str) -> list[int]:
 
 
 def markdown(res: dict) -> str:
-  base = {(r["batch"], 1): r for r in res["rows"] if r["pack"] == 1 and "rows_per_s" in r}
-  ref = min(base.values(), key=lambda r: r["batch"], default=None)
+  ref = min((r for r in res["rows"] if r["pack"] == 1 and "rows_per_s" in r),
+            key=lambda r: r["batch"], default=None)
   lines = [f"`{res['config']}`" + (f" {' '.join(res['set'])}" if res["set"] else "")
            + f", {res['steps']} timed steps each", "",
            "| batch | pack | step ms | puzzles / s | vs the smallest unpacked batch |",

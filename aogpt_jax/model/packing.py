@@ -18,6 +18,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from aogpt_jax.model import orders as orders_lib
+
 
 def check_rows(rows: int, k: int) -> None:
   """One line when ``rows`` rows do not pack ``k`` to a row."""
@@ -34,11 +36,6 @@ def block_diagonal(mask: jax.Array, k: int) -> jax.Array:
   m = mask.reshape(b // k, k, n, 1, n)
   same = jnp.eye(k, dtype=bool)[None, :, None, :, None]
   return (m & same).reshape(b // k, k * n, k * n)
-
-
-def causal(b: int, n: int) -> jax.Array:
-  """bool [b, n, n]: causal attention over each row's n slots (the chain's own mask)."""
-  return jnp.broadcast_to(jnp.tril(jnp.ones((n, n), bool)), (b, n, n))
 
 
 def pack(k: int, *slots: jax.Array) -> tuple[jax.Array, ...]:
@@ -62,6 +59,9 @@ def hidden(m, k: int, tok, pos, tgt, mask, **kw) -> jax.Array:
   if k == 1:
     return m.hidden_slots(tok, pos, tgt, mask=mask, **kw)[0]
   is_causal = mask is None
-  mask = block_diagonal(causal(b, n) if is_causal else mask, k)
+  if is_causal:    # the chain's own mask: each slot sees the slots up to its own
+    rank = jnp.broadcast_to(jnp.arange(n, dtype=jnp.int32), (b, n))
+    mask = orders_lib.mask_from_ranks(rank, rank)
+  mask = block_diagonal(mask, k)
   h, _ = m.hidden_slots(*pack(k, tok, pos, tgt), mask=mask, mask_causal=is_causal, **kw)
   return unpack(h, k)
