@@ -112,19 +112,29 @@ RUNS = {
                        policy_temperature=POLICY_TEMPERATURE, order_only=True),
     # a reward per answer cell (right or not), advantages per cell over the group
     "token_credit": dict(likelihood="exact", reward="cell_correct", credit="token"),
-  # a reward per cell that accepts any digit breaking no rule (not the stored solution's only)
-  "valid_credit": dict(likelihood="exact", reward="cell_valid", credit="token"),
+    # a reward per cell that accepts any digit breaking no rule (not the stored solution's only)
+    "valid_credit": dict(likelihood="exact", reward="cell_valid", credit="token"),
     # IGPO: the solved reward, and a group that fails everywhere gets one rollout given half the
-  # answer (`GRPOSettings.hint`)
-  "hinted": dict(likelihood="exact", reward="solved", hint=0.5),
-  # a control, not GRPO: the same batches, orders and optimizer with the supervised gradient
-    # (the reference answers in the rollouts' orders, advantage 1: `supervised_batch`)
+    # answer (`GRPOSettings.hint`)
+    "hinted": dict(likelihood="exact", reward="solved", hint=0.5),
+    # UPO: a learned order head over max_prob's top-5 (`model.order_head`), drawn at tau = 0.05,
+    # tokens at 0.8, a KL pull of 1e-4 toward max_prob; only the head moves (tokens frozen)
+    "order_head": dict(likelihood="exact", method="adaptive", policy="max_prob",
+                       policy_temperature=0.05, temperature=0.8, order_head=True, head_kl=1e-4,
+                       head_only=True),
+    # the same, the tokens trained too
+    "order_head_tokens": dict(likelihood="exact", method="adaptive", policy="max_prob",
+                              policy_temperature=0.05, temperature=0.8, order_head=True,
+                              head_kl=1e-4),
+    # a control, not GRPO: the same batches, orders and optimizer with the supervised gradient
     "supervised": dict(likelihood="exact"),
 }
 POLICY_DECODERS = ("max_prob, greedy", f"max_prob order at tau={POLICY_TEMPERATURE}, greedy")
+HEAD_DECODERS = ("max_prob, greedy", "order head, greedy")   # a run with an order head
+TOP_K = 5                    # the order head's candidates: max_prob's top 5 (UPO's)
 # the held-out puzzles that need search (`tasks.sudoku.difficulty`): the order policy against the
-# fixed heuristics there, at the start and after each run
-SEARCH_DECODERS = (*POLICY_DECODERS, "margin, greedy")
+# fixed heuristics there, at the start and after each run (the order head's, where it has one)
+SEARCH_DECODERS = (*POLICY_DECODERS, "margin, greedy", HEAD_DECODERS[1])
 
 
 def decoders(n: int) -> dict[str, dict]:
@@ -138,16 +148,22 @@ def decoders(n: int) -> dict[str, dict]:
           "max_prob, T=0.7": dict(method="adaptive", policy="max_prob", steps=n, temperature=0.7),
           "margin, greedy": dict(method="adaptive", policy="margin", steps=n, greedy=True),
           POLICY_DECODERS[1]: dict(method="adaptive", policy="max_prob", steps=n, greedy=True,
-                                   policy_temperature=POLICY_TEMPERATURE)}
+                                   policy_temperature=POLICY_TEMPERATURE),
+          # the order head's best choice each step (max_prob's top 5 re-scored), greedy tokens
+          HEAD_DECODERS[1]: dict(method="adaptive", policy="max_prob", steps=n, greedy=True,
+                                 order_head=True)}
 
 
 def evaluate(model, task, puzzles, seed: int, which=None) -> dict:
   import jax
   from aogpt_jax.evaluation import solve as solve_lib
+  from aogpt_jax.model import order_head as order_head_lib
   from aogpt_jax.sampling import SampleSettings
   out = {}
   for name, fields in decoders(task.length).items():
     if which is not None and name not in which:
+      continue
+    if fields.get("order_head") and order_head_lib.head_of(model) is None:
       continue
     res = solve_lib.solve(model, task, puzzles, SampleSettings(length=task.length, **fields),
                           key=jax.random.key(seed), batch_size=len(puzzles["tokens"]),
@@ -166,11 +182,15 @@ def run_grpo(start: str, task, puzzles, name: str, cfg: dict, args, seed: int,
   import aogpt_jax
   from aogpt_jax import tasks
   from aogpt_jax.posttrain import grpo
+  from aogpt_jax.model import order_head as order_head_lib
   model, _ = aogpt_jax.load(start)
+  if RUNS[name].get("order_head"):
+    order_head_lib.attach(model, top_k=TOP_K, seed=seed)
   sampler, along = SAMPLERS[cfg["sampler"]]
   settings = grpo.GRPOSettings(group_size=cfg["group"], lr=cfg["lr"], steps=task.length,
                                **{"reward": cfg["reward"], **sampler, **RUNS[name]})
-  along = POLICY_DECODERS if settings.trains_order else along
+  along = (HEAD_DECODERS if settings.order_head else POLICY_DECODERS if settings.trains_order
+           else along)
   hard = getattr(args, "hard_frac", 0.0)    # the training prompts: that share minimal puzzles
   trainer = grpo.GRPO(model, settings, task=tasks.make(task.name, **{**task.options(),
                                                                     "hard_frac": hard}))
@@ -355,7 +375,9 @@ def estimator_error(start_model, new_model, task, cfg: dict, args) -> dict:
 
 COLORS = {"exact": "tab:blue", "mean_field": "tab:orange", "order_policy": "tab:green",
           "elbo": "tab:red", "dr_grpo": "tab:purple", "rloo": "tab:brown",
-          "order_only": "tab:olive", "token_credit": "tab:cyan", "supervised": "tab:gray"}
+          "order_only": "tab:olive", "token_credit": "tab:cyan", "supervised": "tab:gray",
+          "valid_credit": "tab:pink", "hinted": "gold", "order_head": "darkgreen",
+          "order_head_tokens": "navy"}
 LABELS = {"exact": "GRPO, exact likelihood", "mean_field": "GRPO, d1 mean-field estimate",
           "elbo": "GRPO, Monte Carlo ELBO (M = 4 masks)", "dr_grpo": "Dr. GRPO, exact",
           "rloo": "RLOO advantages, exact",
@@ -364,6 +386,8 @@ LABELS = {"exact": "GRPO, exact likelihood", "mean_field": "GRPO, d1 mean-field 
           "token_credit": "GRPO, per-cell credit (cell_correct), exact",
           "valid_credit": "GRPO, per-cell credit (cell_valid: any digit breaking no rule), exact",
           "hinted": "GRPO, solved reward, half the answer hinted to groups that all fail (IGPO)",
+          "order_head": f"GRPO, an order head over max_prob's top {TOP_K} (UPO), head only",
+          "order_head_tokens": f"GRPO, an order head over max_prob's top {TOP_K}, tokens too",
           "supervised": "control: the supervised gradient on the same batches"}
 
 

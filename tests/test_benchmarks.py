@@ -218,14 +218,16 @@ def test_gradient_signal_share_recovers_a_known_share():
 
 
 def test_post_training_names_every_run_and_sampler_it_offers():
-  """Every GRPO run has a plot label and GRPO settings that exist; every sampler's decodings
+  """Every GRPO run has a plot label and colour and GRPO settings that exist; every sampler's decodings
   along the way are decodings `evaluate` measures (a new run or sampler fails here, not at the
   end of an hour of GRPO)."""
   import dataclasses
   import post_training
   from aogpt_jax.posttrain import grpo
   fields = {f.name for f in dataclasses.fields(grpo.GRPOSettings)}
-  assert set(post_training.RUNS) <= set(post_training.LABELS)
+  assert set(post_training.RUNS) <= set(post_training.LABELS) & set(post_training.COLORS)
+  assert {*post_training.HEAD_DECODERS, *post_training.SEARCH_DECODERS} <= set(
+      post_training.decoders(36))
   for name, kw in post_training.RUNS.items():
     assert set(kw) <= fields, name
   for name, (kw, along) in post_training.SAMPLERS.items():

@@ -79,6 +79,7 @@ Shape suffixes: G rollouts per prompt, P prompts, R = P G rollouts, N sequence l
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from typing import Any
 
@@ -88,6 +89,7 @@ import numpy as np
 import optax
 from flax import nnx
 
+from aogpt_jax.model import order_head as order_head_lib
 from aogpt_jax.model.aogpt import AOGPT
 from aogpt_jax.posttrain import estimators
 from aogpt_jax.posttrain.objective import (  # noqa: F401 - re-exported: grpo.grpo_loss, ...
@@ -129,6 +131,10 @@ class GRPOSettings:
   on_policy_gradient: bool = True  # a batch's first update: the gradient at ratio 1, no forward
   hint: float = 0.0                # IGPO: a group all below the reference's reward gets one
                                    # rollout given this share of the reference answer (`hinted`)
+  order_head: bool = False         # adaptive: the model's order head re-scores the policy's
+                                   # top-k (`model.order_head`, UPO); trained with the order
+  head_kl: float = 0.0             # order_head: KL(head || heuristic) per answer token (UPO 1e-4)
+  head_only: bool = False          # order_head: only the head's weights move (tokens frozen)
 
   @property
   def on_policy_shortcut(self) -> bool:
@@ -148,7 +154,8 @@ class GRPOSettings:
     return sampler_lib.SampleSettings(
         length=length, steps=min(int(self.steps), length), order=self.order, method=self.method,
         temperature=float(self.temperature), policy=str(self.policy),
-        policy_temperature=float(self.policy_temperature) if adaptive else 0.0)
+        policy_temperature=float(self.policy_temperature) if adaptive else 0.0,
+        order_head=bool(self.order_head))
 
   def order_steps(self, length: int) -> int:
     """The most steps a rollout takes (`likelihood.order_pass`'s T)."""
@@ -216,6 +223,7 @@ class GRPOSettings:
       raise ValueError(f"rl.policy_temperature: a stochastic order policy needs "
                        f"rl.method='adaptive', got {self.policy_temperature!r} with "
                        f"method={self.method!r}")
+    self.check_order_head(model)
     if reference is not None:
       shape = lambda m: jax.tree.map(lambda x: (x.shape, x.dtype), nnx.state(m, nnx.Param))  # noqa: E731
       if reference.cfg.vocab_size != model.cfg.vocab_size or shape(reference) != shape(model):
@@ -223,7 +231,44 @@ class GRPOSettings:
                          "the policy's (expected the same architecture, e.g. the SFT model)")
 
 
+  def check_order_head(self, model: AOGPT) -> None:
+    """One-line errors for the order head's settings (``order_head``, ``head_kl``,
+    ``head_only``)."""
+    k = self.head_kl
+    if isinstance(k, bool) or not isinstance(k, (int, float)) or not (math.isfinite(k) and k >= 0):
+      raise ValueError(f"rl.head_kl: the order head's KL coefficient; expected a finite number "
+                       f">= 0, got {k!r}")
+    if not self.order_head:
+      for key, v in (("head_kl", k > 0), ("head_only", self.head_only)):
+        if v:
+          raise ValueError(f"rl.{key}: is for an order head; expected rl.order_head=True, got "
+                           f"False")
+      return
+    if not self.trains_order:
+      raise ValueError(f"rl.order_head: trains the order; expected a stochastic policy "
+                       f"(rl.method='adaptive', rl.policy_temperature > 0), got method="
+                       f"{self.method!r}, policy_temperature={self.policy_temperature!r}")
+    head = order_head_lib.head_of(model)
+    if head is None:
+      raise ValueError("rl.order_head: True needs a model with an order head; attach one with "
+                       "aogpt_jax.model.order_head.attach(model, top_k=5)")
+    if self.hint > 0:
+      raise ValueError(f"rl.hint: a hinted rollout's order is not the head's; expected rl.hint=0 "
+                       f"with rl.order_head=True, got {self.hint!r}")
+    if self.policy == "threshold":
+      raise ValueError("rl.policy: the threshold policy commits by probability, not score; "
+                       "expected max_prob, margin or entropy under an order head")
+    if head.top_k > model.cfg.block_size:
+      raise ValueError(f"rl.order_head: the head's top_k={head.top_k} is more than the model's "
+                       f"{model.cfg.block_size} positions")
+
+
 PROBE = 256   # training prompts a task's trainer sizes its compiled programs on (`GRPO.reserve`)
+
+
+def _in_head(path) -> bool:
+  """Whether a parameter's tree path lies in the model's ``order_head``."""
+  return bool(path) and getattr(path[0], "key", None) == "order_head"
 
 
 def hint_count(answer, share: float):
@@ -285,6 +330,11 @@ class GRPO:
     self._last_groups = 0
     if task is not None:
       probe = np.asarray(task.train_batch(0, 0, PROBE)["prompt"], bool).sum(1)
+      head = order_head_lib.head_of(model) if settings.order_head else None
+      if head is not None and head.top_k >= task.length - int(probe.min()):
+        raise ValueError(f"rl.order_head: top_k={head.top_k} is at least every training row's "
+                         f"free cells (at most {task.length - int(probe.min())}): the head would "
+                         f"choose among all of them; expected a smaller top_k")
       self.reserve(int(probe.min()), int(probe.max()), task.length)
 
   def _update_fn(self, params, rest, opt_state, ref_state, batch, order_sizes=None, width=None,
@@ -293,7 +343,8 @@ class GRPO:
     ref = None if ref_state is None else nnx.merge(self.ref_graphdef, ref_state)
     order = None if order_sizes is None else dict(
         policy=s.policy, policy_temperature=float(s.policy_temperature),
-        max_steps=order_sizes[0], width=order_sizes[1])
+        max_steps=order_sizes[0], width=order_sizes[1], order_head=bool(s.order_head),
+        head_kl=float(s.head_kl))
 
     def loss_fn(p):
       m = nnx.merge(self.graphdef, p, rest)
@@ -308,6 +359,9 @@ class GRPO:
     else:
       (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
       metrics = dict(metrics, loss=loss)
+    if s.head_only:       # the tokens frozen: every gradient outside the order head is zero
+      grads = jax.tree_util.tree_map_with_path(
+          lambda path, g: g if _in_head(path) else jnp.zeros_like(g), grads)
     updates, opt_state = self.tx.update(grads, opt_state, params)
     metrics = dict(metrics, grad_norm=optax.tree.norm(grads))
     return optax.apply_updates(params, updates), opt_state, metrics

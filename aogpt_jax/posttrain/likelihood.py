@@ -36,6 +36,7 @@ import numpy as np
 from flax import struct
 
 from aogpt_jax.model import blanks, layers
+from aogpt_jax.model import order_head as order_head_lib
 from aogpt_jax.model import orders as orders_lib
 from aogpt_jax.model.aogpt import AOGPT, NO_TARGET, check_length, prompt_block
 from aogpt_jax.sampling import adaptive as adaptive_lib
@@ -346,14 +347,12 @@ def order_pass(model: AOGPT, tokens: jax.Array, order: jax.Array, steps: jax.Arr
   return logits_BxTxWxV, sq
 
 
-def step_order_logp(logits: jax.Array, sq: StepQueries, first_step, order: jax.Array, *,
-                    policy: str, policy_temperature: float,
-                    temperature: float = 1.0) -> jax.Array:
-  """float32 [B, c, W]: the Plackett-Luce log-probability of each candidate of steps
-  ``first_step`` .. ``first_step + c - 1`` (``logits`` [B, c, W, V], those steps' queries of
-  `order_pass`) being drawn at its place in the step's order: ``z_j - logsumexp(z_j' for j' >=
-  j)`` over the step's valid candidates, z = the policy's scores / ``policy_temperature``.
-  Steps at or beyond T (padding) give garbage."""
+def step_scores(logits: jax.Array, sq: StepQueries, first_step, order: jax.Array, *,
+                policy: str, temperature: float = 1.0, head=None):
+  """The policy's scores of the candidates of steps ``first_step`` .. ``first_step + c - 1``
+  (``logits`` [B, c, W, V], those steps' queries of `order_pass`), as the sampler computed them:
+  (scores [B, c, W], valid [B, c, W], the heuristic's own scores, positions [B, c, W]). ``head``:
+  a `model.order_head.OrderHead` re-scoring the heuristic's (the sampler's ``order_head``)."""
   b, c, w, _ = logits.shape
   n, t = order.shape[1], sq.start.shape[1]
   steps_C = first_step + jnp.arange(c, dtype=jnp.int32)
@@ -363,10 +362,39 @@ def step_order_logp(logits: jax.Array, sq: StepQueries, first_step, order: jax.A
   rank_BxCxW = jnp.minimum(start_BxC[:, :, None] + jnp.arange(w, dtype=jnp.int32), n - 1)
   pos_BxCxW = orders_lib.slot_target(order, rank_BxCxW.reshape(b, -1)).reshape(b, c, w)
   fn = adaptive_lib.get(policy)
-  scores_BxCxW = jax.vmap(lambda p, x, i: fn(p, None, x, i, None), in_axes=(1, 1, 0),
-                          out_axes=1)(probs_BxCxWxV, pos_BxCxW, steps_C)
+  base_BxCxW = jax.vmap(lambda p, x, i: fn(p, None, x, i, None), in_axes=(1, 1, 0),
+                        out_axes=1)(probs_BxCxWxV, pos_BxCxW, steps_C)
+  scores_BxCxW = base_BxCxW
+  if head is not None:
+    flat = lambda x: x.reshape(b * c, w, *x.shape[3:])  # noqa: E731
+    scores_BxCxW = head(flat(probs_BxCxWxV), flat(base_BxCxW), flat(pos_BxCxW),
+                        flat(valid_BxCxW)).reshape(b, c, w)
+  return scores_BxCxW, valid_BxCxW, base_BxCxW, pos_BxCxW
+
+
+def step_order_logp(logits: jax.Array, sq: StepQueries, first_step, order: jax.Array, *,
+                    policy: str, policy_temperature: float,
+                    temperature: float = 1.0, head=None) -> jax.Array:
+  """float32 [B, c, W]: the Plackett-Luce log-probability of each candidate of steps
+  ``first_step`` .. ``first_step + c - 1`` (``logits`` [B, c, W, V], those steps' queries of
+  `order_pass`) being drawn at its place in the step's order: ``z_j - logsumexp(z_j' for j' >=
+  j)`` over the step's valid candidates, z = the policy's scores (`step_scores`; ``head``: an
+  order head's) / ``policy_temperature``. Steps at or beyond T (padding) give garbage."""
+  scores_BxCxW, valid_BxCxW = step_scores(logits, sq, first_step, order, policy=policy,
+                                          temperature=temperature, head=head)[:2]
   return adaptive_lib.plackett_luce_logp(
       adaptive_lib.policy_logits(scores_BxCxW, valid_BxCxW, policy_temperature))
+
+
+def order_head_of(model: AOGPT, order_head: bool):
+  """``model.order_head`` when ``order_head`` (a one-line error if it has none), else None."""
+  if not order_head:
+    return None
+  head = order_head_lib.head_of(model)
+  if head is None:
+    raise ValueError("rl.order_head: the order's log-probability under an order head needs a "
+                     "model with one (`model.order_head.attach`); this model has none")
+  return head
 
 
 def gather_steps(x: jax.Array, sq: StepQueries) -> jax.Array:
@@ -385,64 +413,82 @@ def rank_logits(logits: jax.Array, sq: StepQueries) -> jax.Array:
 
 
 def order_logp_of(logits: jax.Array, sq: StepQueries, order: jax.Array, *, policy: str,
-                  policy_temperature: float, temperature: float = 1.0) -> jax.Array:
-  """`order_logp` from `order_pass`'s outputs (all T W queries' logits at once)."""
+                  policy_temperature: float, temperature: float = 1.0, head=None) -> jax.Array:
+  """`order_logp` from `order_pass`'s outputs (all T W queries' logits at once; ``head``: an
+  order head's policy)."""
   if not policy_temperature > 0:
     return jnp.zeros(order.shape, jnp.float32)
   pl_BxTxW = step_order_logp(logits, sq, 0, order, policy=policy,
-                             policy_temperature=policy_temperature, temperature=temperature)
+                             policy_temperature=policy_temperature, temperature=temperature,
+                             head=head)
   return jnp.where(sq.step >= 0, gather_steps(pl_BxTxW, sq), 0.0)
 
 
 def order_scan(model: AOGPT, tokens: jax.Array, order: jax.Array, steps: jax.Array,
                prompt: jax.Array | None = None, *, policy: str, policy_temperature: float,
                temperature: float = 1.0, max_steps: int | None = None,
-               width: int | None = None, steps_per_pass: int | None = None):
-  """(`order_logp` [B, n], the rank logits [B, n, V]) in bounded memory: `order_pass`'s passes
-  (c = ``steps_per_pass`` steps each) one at a time in a `jax.lax.scan`, each reduced at once to
-  its steps' Plackett-Luce terms [B, c, W] and its ranks' own logits (added into [B, n, V]),
-  under `jax.checkpoint` (the gradient recomputes a pass instead of keeping its activations).
-  Memory: one pass of n + c W slots and O(B T W + B n V) outputs, never the [B, T, W, V]
-  logits or every pass's activations; the values and gradients are `order_pass`'s."""
+               width: int | None = None, steps_per_pass: int | None = None,
+               order_head: bool = False):
+  """(`order_logp` [B, n], the rank logits [B, n, V], the order head's KL to its heuristic [B])
+  in bounded memory: `order_pass`'s passes (c = ``steps_per_pass`` steps each) one at a time in
+  a `jax.lax.scan`, each reduced at once to its steps' Plackett-Luce terms [B, c, W] and its
+  ranks' own logits (added into [B, n, V]), under `jax.checkpoint` (the gradient recomputes a
+  pass instead of keeping its activations). Memory: one pass of n + c W slots and O(B T W + B
+  n V) outputs, never the [B, T, W, V] logits or every pass's activations; the values and
+  gradients are `order_pass`'s. ``order_head``: the policy is the model's order head
+  (`model.order_head`) over the heuristic ``policy``; the KL is `order_head.step_kl` summed over
+  the row's steps (0 without a head or when tau = 0)."""
   sq, per, (m_PxBxG, tgt_PxBxG), logits_of = _passes(model, tokens, order, steps, prompt,
                                                      max_steps, width, steps_per_pass)
   (b, t), w, passes, n = sq.start.shape, sq.valid.shape[2], m_PxBxG.shape[0], tokens.shape[1]
   step_BxN = jnp.maximum(sq.step, 0)
+  head = order_head_of(model, order_head)
+  tau = policy_temperature
 
   @jax.checkpoint
   def one(args):
     k, m_BxG, tgt_BxG = args
     logits_BxCxWxV = logits_of(m_BxG, tgt_BxG).reshape(b, per, w, -1)
-    pl_BxCxW = (step_order_logp(logits_BxCxWxV, sq, k * per, order, policy=policy,
-                                policy_temperature=policy_temperature, temperature=temperature)
-                if policy_temperature > 0 else jnp.zeros((b, per, w), jnp.float32))
+    pl_BxCxW, kl_B = jnp.zeros((b, per, w), jnp.float32), jnp.zeros((b,), jnp.float32)
+    if tau > 0:
+      sc_BxCxW, ok_BxCxW, base_BxCxW, pos_BxCxW = step_scores(
+          logits_BxCxWxV, sq, k * per, order, policy=policy, temperature=temperature, head=head)
+      pl_BxCxW = adaptive_lib.plackett_luce_logp(
+          adaptive_lib.policy_logits(sc_BxCxW, ok_BxCxW, tau))
+      if head is not None:
+        flat = lambda x: x.reshape(b * per, w)  # noqa: E731
+        kl_B = order_head_lib.step_kl(flat(sc_BxCxW), flat(base_BxCxW), flat(pos_BxCxW),
+                                      flat(ok_BxCxW), head.top_k, tau).reshape(b, per).sum(1)
     mine_BxN = (step_BxN >= k * per) & (step_BxN < (k + 1) * per)
     flat_BxN = jnp.clip(step_BxN - k * per, 0, per - 1) * w + jnp.minimum(sq.slot, w - 1)
     own_BxNxV = jnp.take_along_axis(logits_BxCxWxV.reshape(b, per * w, -1), flat_BxN[..., None],
                                     axis=1)
-    return pl_BxCxW, jnp.where(mine_BxN[..., None], own_BxNxV, 0.0)
+    return pl_BxCxW, kl_B, jnp.where(mine_BxN[..., None], own_BxNxV, 0.0)
 
-  def body(acc_BxNxV, args):
+  def body(acc, args):
+    acc_BxNxV, kl_B = acc
     # a pass past every row's last step (T is static; rows have fewer steps) is skipped
-    pl_BxCxW, own_BxNxV = jax.lax.cond(
+    pl_BxCxW, dkl_B, own_BxNxV = jax.lax.cond(
         jnp.any(args[2] != NO_TARGET), one,
-        lambda _: (jnp.zeros((b, per, w), jnp.float32), jnp.zeros_like(acc_BxNxV)), args)
-    return acc_BxNxV + own_BxNxV, pl_BxCxW
+        lambda _: (jnp.zeros((b, per, w), jnp.float32), jnp.zeros((b,), jnp.float32),
+                   jnp.zeros_like(acc_BxNxV)), args)
+    return (acc_BxNxV + own_BxNxV, kl_B + dkl_B), pl_BxCxW
 
   v = model.cfg.vocab_size
-  acc0 = jnp.zeros((b, n, v), jnp.float32)
+  acc0 = (jnp.zeros((b, n, v), jnp.float32), jnp.zeros((b,), jnp.float32))
   args = (jnp.arange(passes, dtype=jnp.int32), m_PxBxG, tgt_PxBxG)
-  rl_BxNxV, pl_PxBxCxW = jax.lax.scan(body, acc0, args)
+  (rl_BxNxV, kl_B), pl_PxBxCxW = jax.lax.scan(body, acc0, args)
   pl_BxTxW = jnp.moveaxis(pl_PxBxCxW, 0, 1).reshape(b, passes * per, w)[:, :t]
-  olp_BxN = (jnp.where(sq.step >= 0, gather_steps(pl_BxTxW, sq), 0.0) if policy_temperature > 0
+  olp_BxN = (jnp.where(sq.step >= 0, gather_steps(pl_BxTxW, sq), 0.0) if tau > 0
              else jnp.zeros((b, n), jnp.float32))
-  return olp_BxN, rl_BxNxV
+  return olp_BxN, rl_BxNxV, kl_B
 
 
 def order_logp(model: AOGPT, tokens: jax.Array, order: jax.Array, steps: jax.Array,
                prompt: jax.Array | None = None, *, policy: str, policy_temperature: float,
                temperature: float = 1.0, max_steps: int | None = None,
-               width: int | None = None, steps_per_pass: int | None = None) -> jax.Array:
+               width: int | None = None, steps_per_pass: int | None = None,
+               order_head: bool = False) -> jax.Array:
   """float32 [B, n] in rank layout: the exact log-probability that the stochastic adaptive
   policy (``policy``, ``policy_temperature`` tau > 0; `sampling.adaptive`) chose each rank's
   position, as recorded in `Samples.order_logp`: with step s (frontier m_s) writing ranks
@@ -451,24 +497,27 @@ def order_logp(model: AOGPT, tokens: jax.Array, order: jax.Array, steps: jax.Arr
   those drawn earlier in the step); 0 at the prompt and when tau = 0. Scores on
   ``softmax(logits / temperature)`` (the sampling temperature). Cost: `order_pass`'s T W query
   slots (``max_steps``, ``width``, ``steps_per_pass`` are its), in `order_scan`'s bounded
-  memory. Traceable and differentiable in the model's parameters."""
+  memory. ``order_head``: the model's order head re-scores ``policy`` (`model.order_head`).
+  Traceable and differentiable in the model's parameters."""
   if not policy_temperature > 0:
     return jnp.zeros(order.shape, jnp.float32)
   return order_scan(model, tokens, order, steps, prompt, policy=policy,
                     policy_temperature=policy_temperature, temperature=temperature,
-                    max_steps=max_steps, width=width, steps_per_pass=steps_per_pass)[0]
+                    max_steps=max_steps, width=width, steps_per_pass=steps_per_pass,
+                    order_head=order_head)[0]
 
 
 def token_and_order_logp(model: AOGPT, tokens, order, steps, prompt=None, *, policy: str,
                          policy_temperature: float, temperature: float = 1.0,
                          max_steps: int | None = None, width: int | None = None,
-                         steps_per_pass: int | None = None):
-  """(`sequence_logp`, `order_logp`, the rank logits [B, n, V]) from the same passes
-  (`order_scan`): each rank's own query is among its step's candidates."""
-  olp_BxN, rl_BxNxV = order_scan(model, tokens, order, steps, prompt, policy=policy,
-                                 policy_temperature=policy_temperature, temperature=temperature,
-                                 max_steps=max_steps, width=width, steps_per_pass=steps_per_pass)
-  return token_logp(rl_BxNxV, tokens, order, prompt, temperature), olp_BxN, rl_BxNxV
+                         steps_per_pass: int | None = None, order_head: bool = False):
+  """(`sequence_logp`, `order_logp`, the rank logits [B, n, V], the order head's KL [B]) from
+  the same passes (`order_scan`): each rank's own query is among its step's candidates."""
+  olp_BxN, rl_BxNxV, kl_B = order_scan(
+      model, tokens, order, steps, prompt, policy=policy, policy_temperature=policy_temperature,
+      temperature=temperature, max_steps=max_steps, width=width, steps_per_pass=steps_per_pass,
+      order_head=order_head)
+  return token_logp(rl_BxNxV, tokens, order, prompt, temperature), olp_BxN, rl_BxNxV, kl_B
 
 
 def check_rollout(tokens, order, steps, prompt=None, *, vocab_size: int | None = None,

@@ -101,9 +101,11 @@ def grpo_loss(model: AOGPT, batch: dict, *, clip_eps: float, temperature: float 
   old_logp [R, n], adv [R] and optionally keep [R, n] (mean_field's kept prompt positions) or
   mask_order [R, M, n] and hidden [R, M] (elbo's masks, `estimators.elbo_masks`). ``order``: the
   stochastic policy's `likelihood.order_logp` keywords (policy, policy_temperature, max_steps,
-  width): ``logp_new`` then adds the order's log-probability (`likelihood.token_and_order_logp`,
-  in bounded memory), and ``old_logp`` must hold the recorded sum (``order_only``: the order's
-  log-probability alone, and the recorded order values in ``old_logp``). ``estimator``: exact,
+  width, order_head; ``head_kl``: the coefficient of the order head's KL to its heuristic,
+  `order_head.step_kl` summed over steps, per answer token): ``logp_new`` then adds the order's
+  log-probability (`likelihood.token_and_order_logp`, in bounded memory), and ``old_logp`` must
+  hold the recorded sum (``order_only``: the order's log-probability alone, and the recorded
+  order values in ``old_logp``). ``estimator``: exact,
   mean_field or elbo (`estimators.conditionals`; without ``order``); the KL is the estimator's
   conditionals', weighted as its log-likelihood. ``loss_norm``: `token_objective`'s ``norm``.
   ``width``: a blank model's queries per step (`estimators.conditionals`). Differentiable in
@@ -111,22 +113,32 @@ def grpo_loss(model: AOGPT, batch: dict, *, clip_eps: float, temperature: float 
   args = (batch["tokens"], batch["order"], batch["steps"], batch["prompt"])
   est = dict(estimator=estimator, keep=batch.get("keep"), mask_order=batch.get("mask_order"),
              hidden=batch.get("hidden"), width=width)
+  hkl = None
   if order is None:
     logits_RxKxNxV, w_RxKxN = estimators.conditionals(model, *args, **est)
     logp_RxN = estimators.weighted_logp(logits_RxKxNxV, w_RxKxN, batch["tokens"],
                                         batch["order"], batch["prompt"], temperature)
   else:
-    logp_RxN, olp_RxN, logits_RxNxV = likelihood.token_and_order_logp(
+    order = dict(order)
+    head_kl = order.pop("head_kl", 0.0)
+    logp_RxN, olp_RxN, logits_RxNxV, hkl_R = likelihood.token_and_order_logp(
         model, *args, temperature=temperature, **order)
     logp_RxN = olp_RxN if order_only else logp_RxN + olp_RxN
     logits_RxKxNxV, w_RxKxN = logits_RxNxV[:, None], jnp.ones_like(logp_RxN)[:, None]
+    hkl = None if order.get("order_head") is not True else (head_kl, hkl_R)
   kl_RxN = None
   if reference is not None and kl_coef > 0:
     ref_RxKxNxV = jax.lax.stop_gradient(estimators.conditionals(reference, *args, **est)[0])
     kl_RxN = jnp.sum(w_RxKxN * exact_kl(logits_RxKxNxV, ref_RxKxNxV), axis=1)
   scored_RxN = orders_lib.scored_ranks(batch["prompt"])
-  return token_objective(logp_RxN, batch["old_logp"], batch["adv"], scored_RxN, clip_eps,
-                         kl_RxN, kl_coef, loss_norm)
+  loss, metrics = token_objective(logp_RxN, batch["old_logp"], batch["adv"], scored_RxN,
+                                  clip_eps, kl_RxN, kl_coef, loss_norm)
+  if hkl is not None:   # the order head's pull toward its heuristic
+    coef, hkl_R = hkl
+    per_token = jnp.sum(hkl_R) / jnp.maximum(jnp.sum(scored_RxN), 1)
+    loss = loss + coef * per_token
+    metrics = dict(metrics, order_kl=per_token)
+  return loss, metrics
 
 
 def norm_weights(scored, norm: str = "token"):

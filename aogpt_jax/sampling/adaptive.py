@@ -61,6 +61,7 @@ import jax
 import jax.numpy as jnp
 
 from aogpt_jax.model import blanks, layers
+from aogpt_jax.model import order_head as order_head_lib
 from aogpt_jax.model import orders as orders_lib
 from aogpt_jax.model.aogpt import AOGPT, NO_TARGET, prompt_block
 from aogpt_jax.sampling import tokens as tokens_lib
@@ -213,6 +214,7 @@ class AdaptiveShape:
   cached: bool = True   # False: the uncached reference (full forward per step)
   policy_temperature: float = 0.0   # tau > 0: positions drawn from softmax(scores / tau)
   phase_min: int = 0    # > 0: Q from which the steps run in phases (`phases`); 0: one phase
+  order_head: bool = False   # the model's `model.order_head.OrderHead` re-scores the policy
 
   @property
   def phases(self) -> tuple[int, ...]:
@@ -330,7 +332,7 @@ PHASE_MIN_QUERIES = 16
 
 def adaptive_loop(order0, tokens0, prompt_len, tok_keys, counts, adapt_keys, *,
                   shape: AdaptiveShape, draw: Draw, vocab: int, forward, on_commit, extra0,
-                  phases: tuple[int, ...] | None = None):
+                  phases: tuple[int, ...] | None = None, head=None):
   """The step loop both adaptive samplers share; only the forward differs. Each step: the
   candidates (`_candidates`), their logits ``forward(extra, order, tokens, masked, m, cand,
   valid) -> (logits [B, q, V], extra)`` (q: the phase's query slots, ``cand.shape[1]``; one
@@ -338,7 +340,9 @@ def adaptive_loop(order0, tokens0, prompt_len, tok_keys, counts, adapt_keys, *,
   row has at most that many positions masked; None: Q throughout), the token draw (key by
   position), the policy's scores,
   the commit (`_choose`, or `gumbel_choice` for a stochastic policy: counts, or ``threshold``),
-  then ``on_commit(extra, idx, k, m) -> extra``. Returns (tokens [B, n], order [B, n], steps
+  then ``on_commit(extra, idx, k, m) -> extra``. ``head``: a `model.order_head.OrderHead`
+  that re-scores the policy's scores (``shape.order_head``). Returns (tokens [B, n], order [B,
+  n], steps
   per row [B], step_of_rank int32 [B, n]: the step at which rank r was written, -1 for prompt
   ranks, per-step query logits [max_steps, B, Q, V] if ``draw.debug`` else None, and if
   ``draw.logp`` the record float32 [B, n, 3] in ORIGINAL order: each written token's
@@ -375,6 +379,8 @@ def adaptive_loop(order0, tokens0, prompt_len, tok_keys, counts, adapt_keys, *,
     probs_BxQxV = (score_probs if tau > 0 else policy_probs)(logits_BxQxV, draw)
     scores_BxQ = policy(probs_BxQxV, new_BxQ, cand_BxQ, i, fold(skeys_B, i))
     check_scores(scores_BxQ, shape.policy, batch, q)
+    if head is not None:
+      scores_BxQ = head(probs_BxQxV, scores_BxQ, cand_BxQ, valid_BxQ)
     if shape.policy == "threshold":
       sure_B = jnp.sum(valid_BxQ & (jnp.max(probs_BxQxV, axis=-1) >= shape.threshold), axis=1)
       count_B = jnp.maximum(sure_B, 1)
@@ -416,6 +422,18 @@ def adaptive_loop(order0, tokens0, prompt_len, tok_keys, counts, adapt_keys, *,
                                functools.partial(body, q=q), state)
   _, _, tokens_BxN, order_BxN, _, _, steps_B, sor_BxN, dbg, rec = state
   return tokens_BxN, order_BxN, steps_B, sor_BxN, dbg, rec
+
+
+def _head(model: AOGPT, shape: AdaptiveShape):
+  """The model's order head when ``shape.order_head`` (a one-line error if it has none)."""
+  if not shape.order_head:
+    return None
+  head = order_head_lib.head_of(model)
+  if head is None:
+    raise ValueError("sample.order_head: True needs a model with an order head "
+                     "(`model.order_head.attach`, trained by GRPO's rl.order_head); this model "
+                     "has none")
+  return head
 
 
 def sample_adaptive(model: AOGPT, order0, tokens0, prompt_len, tok_keys, counts, adapt_keys, *,
@@ -479,7 +497,7 @@ def sample_adaptive(model: AOGPT, order0, tokens0, prompt_len, tok_keys, counts,
   return adaptive_loop(order0, tokens0, prompt_len, tok_keys, counts, adapt_keys, shape=shape,
                        draw=draw, vocab=model.cfg.vocab_size, forward=forward,
                        on_commit=on_commit, extra0=(cache, jnp.zeros_like(m0_B)),
-                       phases=shape.phases)
+                       phases=shape.phases, head=_head(model, shape))
 
 
 def sample_blank(model: AOGPT, order0, tokens0, prompt_len, tok_keys, counts, adapt_keys, *,
@@ -543,4 +561,4 @@ def sample_blank(model: AOGPT, order0, tokens0, prompt_len, tok_keys, counts, ad
   return adaptive_loop(order0, tokens0, prompt_len, tok_keys, counts, adapt_keys, shape=shape,
                        draw=draw, vocab=model.cfg.vocab_size, forward=forward,
                        on_commit=on_commit, extra0=(cache, jnp.zeros_like(m0_B)),
-                       phases=shape.phases)
+                       phases=shape.phases, head=_head(model, shape))

@@ -101,6 +101,8 @@ class SampleSettings:
   threshold: float = 0.9                # adaptive, policy="threshold": commit max prob >= this
   policy_temperature: float = 0.0       # adaptive: tau > 0 draws the positions from
                                         # softmax(scores / tau) (sampling.adaptive)
+  order_head: bool = False              # adaptive: the model's order head re-scores the
+                                        # policy's top-k (`model.order_head`)
 
   @property
   def num_steps(self) -> int:
@@ -152,6 +154,8 @@ class SampleSettings:
       raise ValueError(f"sample.policy_temperature: a stochastic order policy is for "
                        f"sample.method='adaptive', got {self.policy_temperature!r} with "
                        f"method={self.method!r}")
+    if self.order_head:
+      check_order_head(self, encoder_model.is_encoder(cfg))
     if uses_steps(self.method, self.policy) and not 1 <= self.num_steps <= self.length:
       raise ValueError(f"sample.steps: must be in [1, length={self.length}], got {self.steps}")
     check_choice("sample.schedule", self.schedule, schedules.SCHEDULES)
@@ -326,6 +330,22 @@ def plan(batches: Sequence[Prepared], *, block: int | None = None, pass_overhead
   return [schedules.plan_steps(p.counts, p.prompt_len, block=block, **mins) for p in batches]
 
 
+def check_order_head(s: SampleSettings, encoder: bool = False, key: str = "sample") -> None:
+  """One-line errors for an order head's decoding: the AO-GPT adaptive sampler, a policy whose
+  scores it re-scores (not ``threshold``: its counts are not the scores'), and, for a stochastic
+  head, one cell per step (a step's later choices would fall outside its top-k)."""
+  if s.method != "adaptive" or encoder:
+    raise ValueError(f"{key}.order_head: re-scores the AO-GPT adaptive sampler's candidates; "
+                     f"expected {key}.method='adaptive' and an AO-GPT model, got method="
+                     f"{s.method!r}{' on an encoder model' if encoder else ''}")
+  if s.policy == "threshold":
+    raise ValueError(f"{key}.order_head: the threshold policy commits by probability, not score; "
+                     f"expected another {key}.policy (max_prob, margin, ...), got 'threshold'")
+  if s.policy_temperature > 0 and s.num_steps != s.length:
+    raise ValueError(f"{key}.steps: a stochastic order head draws one cell per step among its "
+                     f"top-k; expected steps = length = {s.length}, got {s.num_steps}")
+
+
 def adaptive_shape(p: Prepared, s: SampleSettings, *, block: int | None = None,
                    cached: bool = True, encoder: bool = False) -> adaptive_lib.AdaptiveShape:
   """The static sizes of the adaptive sampler for this batch: Q query slots (every masked
@@ -354,7 +374,7 @@ def adaptive_shape(p: Prepared, s: SampleSettings, *, block: int | None = None,
       max_steps=max(1, min(max_steps, n)), candidates=int(s.candidates or 0),
       policy=str(s.policy), threshold=float(s.threshold), cached=cached,
       policy_temperature=float(s.policy_temperature),
-      phase_min=0 if encoder else adaptive_lib.PHASE_MIN_QUERIES)
+      phase_min=0 if encoder else adaptive_lib.PHASE_MIN_QUERIES, order_head=bool(s.order_head))
 
 
 def _with_record(toks, logits, rec_BxNxK, order):
