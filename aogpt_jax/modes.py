@@ -38,6 +38,7 @@ from aogpt_jax import evaluation
 from aogpt_jax.checkpoints import store as checkpoint_lib
 from aogpt_jax.config import ConfigError
 from aogpt_jax.model import objectives
+from aogpt_jax.model import order_head as order_head_lib
 from aogpt_jax.sampling import config as sample_config
 from aogpt_jax.sampling import write as sample_write
 from aogpt_jax.tasks import base as tasks_base
@@ -529,6 +530,10 @@ def check_solve_settings(cfg, task, puzzles, mc):
     search = search_settings(follow, types.SimpleNamespace(cfg=mc), task)
     if search is None:
       settings.validate(mc)
+    elif settings.order_head:
+      raise ValueError(f"sample.order_head: the order head decodes with the adaptive sampler; "
+                       f"the search (solve.search_width={search.width}) does not use it; set "
+                       f"solve.search_width=0")
   except ValueError as err:
     raise ConfigError(str(err)) from None
   return settings, search
@@ -552,6 +557,10 @@ def solve_mode(cfg, workdir: str, checkpoint: str = "", checked: dict | None = N
     prov = run_cfg.loaded.to_dict()
   config_lib.follow_objective(cfg)
   settings, search = check_solve_settings(cfg, task, puzzles, m.cfg)
+  if settings.order_head and order_head_lib.head_of(m) is None:
+    raise ConfigError(f"sample.order_head: True needs a model with an order head (trained by "
+                      f"--mode=rl with rl.order_head=K); the model loaded from "
+                      f"{checkpoint or run} has none")
   if search is not None:
     result = solve_lib.solve_search(m, task, puzzles, settings, search, batch_size=bs)
   else:

@@ -87,6 +87,7 @@ SIZES = {
 # calibrated starts (a size's ``calibrate``): puzzles of the training distribution, their seed
 CALIBRATION, CALIBRATION_SEED = 200, 0x5EED
 POLICY_TEMPERATURE = 0.1     # the stochastic order policy: softmax(max_prob scores / 0.1)
+TOP_K = 5                    # the order head's candidates: max_prob's top 5 (UPO's)
 # GRPO's sampler (token temperature 1, one cell per step): name -> GRPOSettings fields, and the
 # held-out decodings measured along the way (greedy, and as GRPO draws).
 SAMPLERS = {
@@ -120,18 +121,17 @@ RUNS = {
     # UPO: a learned order head over max_prob's top-5 (`model.order_head`), drawn at tau = 0.05,
     # tokens at 0.8, a KL pull of 1e-4 toward max_prob; only the head moves (tokens frozen)
     "order_head": dict(likelihood="exact", method="adaptive", policy="max_prob",
-                       policy_temperature=0.05, temperature=0.8, order_head=True, head_kl=1e-4,
-                       head_only=True),
+                       policy_temperature=0.05, temperature=0.8, order_head=TOP_K,
+                       head_kl=1e-4, head_only=True),
     # the same, the tokens trained too
     "order_head_tokens": dict(likelihood="exact", method="adaptive", policy="max_prob",
-                              policy_temperature=0.05, temperature=0.8, order_head=True,
+                              policy_temperature=0.05, temperature=0.8, order_head=TOP_K,
                               head_kl=1e-4),
     # a control, not GRPO: the same batches, orders and optimizer with the supervised gradient
     "supervised": dict(likelihood="exact"),
 }
 POLICY_DECODERS = ("max_prob, greedy", f"max_prob order at tau={POLICY_TEMPERATURE}, greedy")
 HEAD_DECODERS = ("max_prob, greedy", "order head, greedy")   # a run with an order head
-TOP_K = 5                    # the order head's candidates: max_prob's top 5 (UPO's)
 # the held-out puzzles that need search (`tasks.sudoku.difficulty`): the order policy against the
 # fixed heuristics there, at the start and after each run (the order head's, where it has one)
 SEARCH_DECODERS = (*POLICY_DECODERS, "margin, greedy", HEAD_DECODERS[1])
@@ -182,10 +182,7 @@ def run_grpo(start: str, task, puzzles, name: str, cfg: dict, args, seed: int,
   import aogpt_jax
   from aogpt_jax import tasks
   from aogpt_jax.posttrain import grpo
-  from aogpt_jax.model import order_head as order_head_lib
   model, _ = aogpt_jax.load(start)
-  if RUNS[name].get("order_head"):
-    order_head_lib.attach(model, top_k=TOP_K, seed=seed)
   sampler, along = SAMPLERS[cfg["sampler"]]
   settings = grpo.GRPOSettings(group_size=cfg["group"], lr=cfg["lr"], steps=task.length,
                                **{"reward": cfg["reward"], **sampler, **RUNS[name]})

@@ -118,7 +118,7 @@ def test_step_kl_is_zero_for_a_new_head_and_equals_numpy():
 def _grpo(model, task, **kw):
   s = grpo.GRPOSettings(**dict(dict(reward="cell_accuracy", group_size=2, steps=task.length,
                                     method="adaptive", policy="max_prob", policy_temperature=0.1,
-                                    temperature=0.8, order_head=True, lr=1e-2), **kw))
+                                    temperature=0.8, order_head=3, lr=1e-2), **kw))
   return grpo.GRPO(model, s, task=task)
 
 
@@ -141,8 +141,11 @@ def test_grpo_head_only_moves_the_head_alone():
 
 
 @pytest.mark.parametrize("kw, match", [
-    (dict(order_head=False, head_kl=1e-4), "rl.head_kl: is for an order head"),
-    (dict(order_head=False, head_only=True), "rl.head_only: is for an order head"),
+    (dict(order_head=0, head_kl=1e-4), "rl.head_kl: is for an order head"),
+    (dict(order_head=0, head_only=True), "rl.head_only: is for an order head"),
+    (dict(order_head=True), "rl.order_head: .* expected an int >= 0 .* got True"),
+    (dict(order_head=4), "rl.order_head: the model's order head re-scores the top 3; expected "
+                         "rl.order_head=3, got 4"),
     (dict(policy_temperature=0.0), "rl.order_head: trains the order"),
     (dict(head_kl=-1.0), "rl.head_kl: .* got -1.0"),
     (dict(policy="threshold"), "rl.policy: the threshold policy"),
@@ -155,17 +158,18 @@ def test_bad_head_settings_are_one_line(kw, match):
     _grpo(model, task, **kw)
 
 
-def test_a_head_missing_or_too_wide_is_one_line():
+def test_grpo_attaches_a_new_head_and_refuses_bad_sizes():
   task = tasks.make("sudoku", size=4)
   model = tiny_model(vocab=8, valid=task.vocab_size, block=task.length)
-  with pytest.raises(ValueError, match="needs a model with an order head"):
-    _grpo(model, task)
+  with pytest.raises(ValueError, match="top_k=16 is at least every training row's free cells"):
+    _grpo(model, task, order_head=16)
+  assert order_head_lib.head_of(model) is None        # nothing attached on the way to the error
+  _grpo(model, task)
+  head = order_head_lib.head_of(model)
+  assert head.top_k == 3 and float(jnp.abs(head.out.kernel[...]).max()) == 0.0
   with pytest.raises(ValueError, match="sample.order_head: True needs a model"):
     sampler.generate(tiny_model(block=N), jax.random.key(0), sampler.SampleSettings(
         length=N, method="adaptive", greedy=True, order_head=True), batch=1)
-  order_head_lib.attach(model, top_k=task.length)
-  with pytest.raises(ValueError, match="top_k=16 is at least every training row's free cells"):
-    _grpo(model, task)
   with pytest.raises(ValueError, match="sample.steps: a stochastic order head draws one cell"):
     sampler.SampleSettings(length=N, steps=4, method="adaptive", policy_temperature=0.1,
                            order_head=True).validate(model.cfg)

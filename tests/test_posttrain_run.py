@@ -245,3 +245,44 @@ def test_a_checkpoint_older_than_the_rl_group_resumes_without_warnings(caplog):
   with caplog.at_level(logging.WARNING):
     store.check_compatible(old, store.run_meta(cfg, config_lib.resolve(cfg)), "old")
   assert "rl.lr: '<absent>' -> 0.5" in caplog.text
+
+
+@pytest.mark.slow
+def test_an_order_head_trains_saves_loads_and_solves(sft, tmp_path):
+  """``rl.order_head=K``: the run attaches a new head over max_prob's top K and trains it alone
+  (``head_only``); its checkpoints hold it, `store.load_model` restores it (equal to the saved
+  arrays, the rest equal to the starting weights), and ``--mode=solve`` decodes with it under
+  ``sample.order_head=True``; a model without one is one line."""
+  from aogpt_jax import modes, recipes
+  from aogpt_jax.model import order_head
+  head_rl = {"rl.policy": "max_prob", "rl.policy_temperature": 0.05, "rl.temperature": 0.8,
+             "rl.order_head": 3, "rl.head_kl": 1e-4, "rl.head_only": True, "rl.kl_coef": 0.0,
+             "rl.ema_decay": 0.0, "rl.lr": 1e-2, "total_steps": 2, "eval_every": 0}
+  wd = tmp_path / "head"
+  rl.rl_mode(rl_config(sft, **head_rl), str(wd))
+  m, run_cfg = store.load_model(wd)
+  assert run_cfg.loaded.weights == "params" and order_head.spec(m) == {"top_k": 3, "width": 32}
+  with ocp.StandardCheckpointer() as c:
+    saved = jax.tree.map(np.asarray, c.restore(wd / "checkpoints" / "2" / "params"))
+  np.testing.assert_array_equal(np.asarray(m.order_head.out.kernel[...]),
+                                saved["order_head"]["out"]["kernel"])
+  assert np.abs(saved["order_head"]["out"]["kernel"]).max() > 0      # the head moved
+  start, _ = store.load_model(sft)
+  for a, b in zip(jax.tree.leaves(nnx.state(start, nnx.Param)),
+                  jax.tree.leaves({k: v for k, v in saved.items() if k != "order_head"})):
+    np.testing.assert_array_equal(np.asarray(a), b)                   # the rest did not
+  solve = {"solve.count": 4, "sample.method": "adaptive", "sample.policy": "max_prob",
+           "sample.greedy": True, "sample.steps": 36, "sample.order_head": True,
+           "solve.search_width": 0}
+  out = modes.solve_mode(recipes.apply(rl_config(sft, **head_rl), solve), str(wd))
+  rows = [json.loads(s) for s in (wd / "solve" / "solve.jsonl").read_text().splitlines()]
+  assert len(rows) == 4 and 0 <= out["solved"]["count"] <= 4
+  summary = json.loads((wd / "solve" / "solve.json").read_text())["summary"]
+  assert summary["settings"]["order_head"] is True          # the output says what produced it
+  with pytest.raises(config_lib.ConfigError, match="^sample.order_head: True needs a model "
+                                                   "with an order head"):
+    modes.solve_mode(recipes.apply(rl_config(sft), solve), str(sft))
+  with pytest.raises(config_lib.ConfigError, match="^sample.order_head: the order head decodes "
+                                                   "with the adaptive sampler"):
+    modes.solve_mode(recipes.apply(rl_config(sft, **head_rl), {**solve,
+                                                                "solve.search_width": 8}), str(wd))

@@ -46,6 +46,7 @@ from aogpt_jax import config as config_lib
 from aogpt_jax import config_groups
 from aogpt_jax.errors import _root, one_line
 from aogpt_jax.model import aogpt as model_lib
+from aogpt_jax.model import order_head as order_head_lib
 
 STATE_ITEMS = ("params", "opt_state", "ema")
 # Model fields that do not change the parameters (free to differ between save and restore).
@@ -583,7 +584,8 @@ def load_model(workdir: str | os.PathLike, which: str = "ema", step: int | None 
     if which == "ema" and not meta.get("has_ema"):
       logging.warning("%s: the run had no EMA; loading the live weights", directory / str(s))
       item = "params"
-    abstract_model = nnx.eval_shape(lambda: model_lib.AOGPT(mc, rngs=nnx.Rngs(0)))
+    abstract_model = nnx.eval_shape(lambda: order_head_lib.with_head(
+        model_lib.AOGPT(mc, rngs=nnx.Rngs(0)), meta.get("order_head")))
     graphdef, abstract = nnx.split(abstract_model, nnx.Param)
     dev = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
     target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=dev),

@@ -117,6 +117,20 @@ def attach(model, top_k: int = 5, width: int = 32, seed: int = 0) -> OrderHead:
   return head
 
 
+def spec(model) -> dict | None:
+  """What a checkpoint records of ``model``'s order head (`attach`'s arguments), or None."""
+  head = head_of(model)
+  return None if head is None else {"top_k": int(head.top_k), "width": int(head.out.in_features)}
+
+
+def with_head(model, recorded: dict | None):
+  """``model`` with a new order head of the ``recorded`` `spec` (None: as it is): what
+  `checkpoints.store.load_model` restores the weights into."""
+  if recorded:
+    attach(model, top_k=int(recorded["top_k"]), width=int(recorded["width"]))
+  return model
+
+
 def head_of(model):
   """``model.order_head``, or None."""
   return getattr(model, "order_head", None)

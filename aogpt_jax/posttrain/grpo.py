@@ -131,8 +131,9 @@ class GRPOSettings:
   on_policy_gradient: bool = True  # a batch's first update: the gradient at ratio 1, no forward
   hint: float = 0.0                # IGPO: a group all below the reference's reward gets one
                                    # rollout given this share of the reference answer (`hinted`)
-  order_head: bool = False         # adaptive: the model's order head re-scores the policy's
-                                   # top-k (`model.order_head`, UPO); trained with the order
+  order_head: int = 0              # adaptive, k > 0: an order head re-scores the policy's top k
+                                   # (`model.order_head`, UPO; a new one attached if the model
+                                   # has none); trained with the order
   head_kl: float = 0.0             # order_head: KL(head || heuristic) per answer token (UPO 1e-4)
   head_only: bool = False          # order_head: only the head's weights move (tokens frozen)
 
@@ -155,7 +156,7 @@ class GRPOSettings:
         length=length, steps=min(int(self.steps), length), order=self.order, method=self.method,
         temperature=float(self.temperature), policy=str(self.policy),
         policy_temperature=float(self.policy_temperature) if adaptive else 0.0,
-        order_head=bool(self.order_head))
+        order_head=self.order_head > 0)
 
   def order_steps(self, length: int) -> int:
     """The most steps a rollout takes (`likelihood.order_pass`'s T)."""
@@ -231,36 +232,41 @@ class GRPOSettings:
                          "the policy's (expected the same architecture, e.g. the SFT model)")
 
 
-  def check_order_head(self, model: AOGPT) -> None:
+  def check_order_head(self, model: AOGPT | None) -> None:
     """One-line errors for the order head's settings (``order_head``, ``head_kl``,
-    ``head_only``)."""
-    k = self.head_kl
+    ``head_only``) and a head the model has already (its top-k must be ``order_head``)."""
+    k, h = self.head_kl, self.order_head
     if isinstance(k, bool) or not isinstance(k, (int, float)) or not (math.isfinite(k) and k >= 0):
       raise ValueError(f"rl.head_kl: the order head's KL coefficient; expected a finite number "
                        f">= 0, got {k!r}")
-    if not self.order_head:
+    if isinstance(h, bool) or not isinstance(h, int) or h < 0:
+      raise ValueError(f"rl.order_head: the order head's top-k candidates; expected an int >= 0 "
+                       f"(0: no head), got {h!r}")
+    if not h:
       for key, v in (("head_kl", k > 0), ("head_only", self.head_only)):
         if v:
-          raise ValueError(f"rl.{key}: is for an order head; expected rl.order_head=True, got "
-                           f"False")
+          raise ValueError(f"rl.{key}: is for an order head; expected rl.order_head=K > 0 (its "
+                           f"top-k), got 0")
       return
     if not self.trains_order:
       raise ValueError(f"rl.order_head: trains the order; expected a stochastic policy "
                        f"(rl.method='adaptive', rl.policy_temperature > 0), got method="
                        f"{self.method!r}, policy_temperature={self.policy_temperature!r}")
-    head = order_head_lib.head_of(model)
-    if head is None:
-      raise ValueError("rl.order_head: True needs a model with an order head; attach one with "
-                       "aogpt_jax.model.order_head.attach(model, top_k=5)")
     if self.hint > 0:
       raise ValueError(f"rl.hint: a hinted rollout's order is not the head's; expected rl.hint=0 "
-                       f"with rl.order_head=True, got {self.hint!r}")
+                       f"with an order head, got {self.hint!r}")
     if self.policy == "threshold":
       raise ValueError("rl.policy: the threshold policy commits by probability, not score; "
                        "expected max_prob, margin or entropy under an order head")
-    if head.top_k > model.cfg.block_size:
-      raise ValueError(f"rl.order_head: the head's top_k={head.top_k} is more than the model's "
+    if model is None:          # the command's checks, before the model is loaded
+      return
+    if h > model.cfg.block_size:
+      raise ValueError(f"rl.order_head: top_k={h} is more than the model's "
                        f"{model.cfg.block_size} positions")
+    head = order_head_lib.head_of(model)
+    if head is not None and head.top_k != h:
+      raise ValueError(f"rl.order_head: the model's order head re-scores the top "
+                       f"{head.top_k}; expected rl.order_head={head.top_k}, got {h}")
 
 
 PROBE = 256   # training prompts a task's trainer sizes its compiled programs on (`GRPO.reserve`)
@@ -308,6 +314,14 @@ class GRPO:
     if settings.kl_coef > 0 and reference is None:
       reference = nnx.clone(model)     # the starting weights (the policy moves)
     settings.validate(model, reference)
+    probe = None if task is None else np.asarray(task.train_batch(0, 0, PROBE)["prompt"],
+                                                 bool).sum(1)
+    if probe is not None and settings.order_head >= task.length - int(probe.min()):
+      raise ValueError(f"rl.order_head: top_k={settings.order_head} is at least every training "
+                       f"row's free cells (at most {task.length - int(probe.min())}): the head "
+                       f"would choose among all of them; expected a smaller top_k")
+    if settings.order_head and order_head_lib.head_of(model) is None:
+      order_head_lib.attach(model, top_k=settings.order_head)   # a new head: the heuristic
     self.model, self.settings, self.task = model, settings, task
     self.reward_fn = get_reward(settings.reward)
     self.reference = reference if settings.kl_coef > 0 else None
@@ -328,13 +342,7 @@ class GRPO:
     self._answer_max = 0          # the most answer positions of a row seen (the order pass's W)
     self.last_hinted = 0          # groups hinted in the last `rollout_batch` (``hint`` > 0)
     self._last_groups = 0
-    if task is not None:
-      probe = np.asarray(task.train_batch(0, 0, PROBE)["prompt"], bool).sum(1)
-      head = order_head_lib.head_of(model) if settings.order_head else None
-      if head is not None and head.top_k >= task.length - int(probe.min()):
-        raise ValueError(f"rl.order_head: top_k={head.top_k} is at least every training row's "
-                         f"free cells (at most {task.length - int(probe.min())}): the head would "
-                         f"choose among all of them; expected a smaller top_k")
+    if probe is not None:
       self.reserve(int(probe.min()), int(probe.max()), task.length)
 
   def _update_fn(self, params, rest, opt_state, ref_state, batch, order_sizes=None, width=None,
@@ -343,7 +351,7 @@ class GRPO:
     ref = None if ref_state is None else nnx.merge(self.ref_graphdef, ref_state)
     order = None if order_sizes is None else dict(
         policy=s.policy, policy_temperature=float(s.policy_temperature),
-        max_steps=order_sizes[0], width=order_sizes[1], order_head=bool(s.order_head),
+        max_steps=order_sizes[0], width=order_sizes[1], order_head=s.order_head > 0,
         head_kl=float(s.head_kl))
 
     def loss_fn(p):

@@ -49,6 +49,7 @@ from flax import nnx
 
 from aogpt_jax import config as config_lib
 from aogpt_jax.checkpoints import store as checkpoint_lib
+from aogpt_jax.model import order_head as order_head_lib
 from aogpt_jax.train import loop as train_loop
 from aogpt_jax.train import metrics as metrics_lib
 from aogpt_jax.train import sharding as sharding_lib
@@ -130,6 +131,9 @@ def run_meta(cfg, mc, algorithm: Algorithm, mode: str) -> dict:
   meta = checkpoint_lib.run_meta(cfg, mc)
   meta["has_ema"] = bool(algorithm.ema_decay)
   meta["mode"] = mode
+  head = order_head_lib.spec(algorithm.model)
+  if head is not None:       # the weights hold an order head (rl.order_head): load_model adds it
+    meta["order_head"] = head
   return meta
 
 

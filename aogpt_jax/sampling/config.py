@@ -26,6 +26,8 @@ def sample_config() -> ml_collections.ConfigDict:
       threshold=0.9,               # adaptive, policy=threshold: commit max prob >= this
       policy_temperature=0.0,      # adaptive: > 0 draws the positions from softmax(scores / it)
                                    # (max_prob | margin | entropy | threshold; exact order logp)
+      order_head=False,            # adaptive: the model's order head (trained by --mode=rl with
+                                   # rl.order_head=K) re-scores the policy's top K
       num_samples=8,
       batch_size=8,
       length=0,                    # 0: the length the run trained on (its seq_len), else
@@ -81,7 +83,15 @@ def settings_from_config(c: ml_collections.ConfigDict, cfg: ModelConfig,
                         policy=str(c.get("policy", "max_prob")),
                         candidates=parse_candidates(c.get("candidates", 0)),
                         threshold=float(c.get("threshold", 0.9)),
-                        policy_temperature=float(c.get("policy_temperature", 0.0)))
+                        policy_temperature=float(c.get("policy_temperature", 0.0)),
+                        order_head=check_bool(c.get("order_head", False), "sample.order_head"))
+
+
+def check_bool(value, key: str) -> bool:
+  """A config flag: True or False, else one line naming ``key``."""
+  if not isinstance(value, bool):
+    raise ValueError(f"{key}: expected True or False, got {value!r}")
+  return value
 
 
 def parse_candidates(value) -> int | None:
