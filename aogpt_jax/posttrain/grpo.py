@@ -43,7 +43,11 @@ tokens': `likelihood.token_and_order_logp`, in bounded memory), so GRPO trains t
 ``order_only=True`` keeps the order's terms alone (``exp(order_logp_new - order_logp_old)``):
 the tokens' choices get no credit, and the weights move only as far as the order's scores (the
 model's own confidences, for max_prob / margin / entropy) need. The KL term stays the tokens'.
-(The estimates are for diffusion rollouts: no order term.)
+(The estimates are for diffusion rollouts: no order term.) ``order_head=K`` > 0 (UPO, arXiv
+2510.05725): the order is drawn from an `model.order_head.OrderHead` over the policy's top K (a
+new head, which starts as the heuristic, attached when the model has none), ``head_kl`` pulls
+each step's choice toward the heuristic's (an exact KL, per answer token) and ``head_only``
+trains the head alone (every other gradient zero).
 
 ``hint`` > 0 (IGPO, arXiv 2509.10396): a group whose every rollout scores below its reference
 answer has no signal (all advantages 0); its last rollout is replaced by one given that share of
