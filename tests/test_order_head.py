@@ -24,9 +24,9 @@ def _prompt(rows=3):
   return prompts.pairs_prompt([{1: 3, 7: 5}, {}, {0: 1, 2: 3, 9: 4}][:rows], N, V)
 
 
-def _trained(model, seed=0, scale=0.3):
+def _trained(model, seed=0, scale=0.3, context=0):
   """``model`` with an order head whose output layer is random (not the heuristic)."""
-  head = order_head_lib.attach(model, top_k=3, width=8, seed=seed)
+  head = order_head_lib.attach(model, top_k=3, width=8, seed=seed, context=context)
   rng = np.random.default_rng(seed)
   head.out.kernel[...] = jnp.asarray(rng.normal(size=head.out.kernel.shape) * scale, jnp.float32)
   return head
@@ -49,9 +49,14 @@ def test_a_new_head_decodes_as_its_heuristic():
   np.testing.assert_array_equal(got.order, want.order)
 
 
-def test_recorded_order_logp_equals_the_recomputed_and_stays_in_the_top_k():
+@pytest.mark.parametrize("context", [0, 16])
+def test_recorded_order_logp_equals_the_recomputed_and_stays_in_the_top_k(context):
+  """The head's order log-probabilities: the cached sampler's record, the uncached reference's
+  and the teacher-forced `order_logp` agree, with the model's features read (context 16, the
+  model's width: the sampler's queries and the teacher-forced ones give the head the same
+  features) or not; without them, also a numpy Plackett-Luce over the top k of its scores."""
   model = tiny_model(block=N)
-  head = _trained(model)
+  head = _trained(model, context=context)
   kw = dict(policy="max_prob", policy_temperature=0.05, temperature=0.8, order_head=True)
   out, ref = _gen(model, **kw), _gen(model, reference=True, **kw)
   np.testing.assert_array_equal(out.tokens, ref.tokens)
@@ -60,6 +65,9 @@ def test_recorded_order_logp_equals_the_recomputed_and_stays_in_the_top_k():
   okw = dict(policy="max_prob", policy_temperature=0.05, temperature=0.8, order_head=True)
   olp = likelihood.order_logp(model, out.tokens, out.order, out.step_of_rank, pmask, **okw)
   np.testing.assert_allclose(np.asarray(olp), out.order_logp, atol=1e-4)
+  assert np.abs(out.order_logp).max() > 0.1
+  if context:
+    return
   # independent: numpy Plackett-Luce of the head's scores over the heuristic's top-k, per step
   logits, sq = likelihood.order_pass(model, out.tokens, out.order, out.step_of_rank, pmask)
   probs = np.asarray(jax.nn.softmax(logits / 0.8, axis=-1))            # [B, T, W, V]

@@ -261,7 +261,8 @@ def test_an_order_head_trains_saves_loads_and_solves(sft, tmp_path):
   wd = tmp_path / "head"
   rl.rl_mode(rl_config(sft, **head_rl), str(wd))
   m, run_cfg = store.load_model(wd)
-  assert run_cfg.loaded.weights == "params" and order_head.spec(m) == {"top_k": 3, "width": 32}
+  assert run_cfg.loaded.weights == "params" and order_head.spec(m) == {"top_k": 3, "width": 32,
+                                                                   "context": 32}
   with ocp.StandardCheckpointer() as c:
     saved = jax.tree.map(np.asarray, c.restore(wd / "checkpoints" / "2" / "params"))
   np.testing.assert_array_equal(np.asarray(m.order_head.out.kernel[...]),

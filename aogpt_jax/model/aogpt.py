@@ -383,9 +383,19 @@ class AOGPT(nnx.Module):
            tables: ModulationTables | None = None) -> jax.Array:
     """Final norm (adaLN-modulated for ``adaln``) and output head; fp32 logits [..., V] with the
     padding ids set to -inf so they never receive probability (``tables``: as `hidden_slots`)."""
+    return self.feature_logits(self.head_features(h, slot_tgt, tables))
+
+  def head_and_features(self, h: jax.Array, slot_tgt: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """(`head`'s logits, `head_features`: their input [..., d] fp32), in one computation: what
+    an order head (`model.order_head`) reads beside the logits."""
+    x = self.head_features(h, slot_tgt)
+    return self.feature_logits(x), x
+
+  def feature_logits(self, x: jax.Array) -> jax.Array:
+    """The output head's logits [..., V] (fp32, padding ids -inf) of `head_features` ``x``."""
     w, b = self.output_layer()
-    x = self.head_features(h, slot_tgt, tables).astype(self.cfg.dtype)
-    return matmul(x, w.astype(self.cfg.dtype), preferred_element_type=jnp.float32) + b
+    return matmul(x.astype(self.cfg.dtype), w.astype(self.cfg.dtype),
+                  preferred_element_type=jnp.float32) + b
 
   def head_features(self, h: jax.Array, slot_tgt: jax.Array,
                     tables: ModulationTables | None = None) -> jax.Array:

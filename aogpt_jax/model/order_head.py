@@ -6,12 +6,15 @@ candidates of each step and leaves the others unchosen (NaN: ranked last, never 
 stochastic policy):
 
     score_j = base_j + delta_j    (j among the step's top_k by base; ties: lower position first)
-    delta_j = w2 . gelu(W1 f_j + E[position_j] + b1) + b2
+    delta_j = w2 . gelu(W1 f_j + C x_j + E[position_j] + b1) + b2
 
 ``f_j`` are features of candidate j's distribution and of the step (`features`): its base
 score, how far below the step's best it is, its rank among the candidates, its three largest
-probabilities, its normalised entropy and how many cells are still free. ``E`` is a learned
-table of positions (the head may learn which cells to write first, e.g. from the goal back).
+probabilities, its normalised entropy and how many cells are still free. ``x_j`` is the model's
+own reading of the candidate: its query's output-head input (`AOGPT.head_features`, the final
+norm of the last layer, d wide), which the logits are a linear function of; ``C`` projects it
+(``context`` = d; 0: not read). ``E`` is a learned table of positions (the head may learn which
+cells to write first, e.g. from the goal back).
 
 Imitation by construction: ``w2`` and ``b2`` start at zero, so a new head IS the heuristic
 restricted to its top-k (UPO first trains its head by cross-entropy to imitate max-confidence;
@@ -41,27 +44,40 @@ _NEVER = -1e30
 
 class OrderHead(nnx.Module):
   """Re-scores a heuristic's ``top_k`` candidates per step (module docstring). ``positions``:
-  the sequence length it serves (the position table's size)."""
+  the sequence length it serves (the position table's size); ``context``: the width of the
+  model features it reads (0: none)."""
 
-  def __init__(self, positions: int, top_k: int = 5, width: int = 32, *, rngs: nnx.Rngs):
-    for key, v, low in (("top_k", top_k, 1), ("width", width, 1), ("positions", positions, 1)):
+  def __init__(self, positions: int, top_k: int = 5, width: int = 32, context: int = 0, *,
+               rngs: nnx.Rngs):
+    for key, v, low in (("top_k", top_k, 1), ("width", width, 1), ("positions", positions, 1),
+                        ("context", context, 0)):
       if isinstance(v, bool) or not isinstance(v, int) or v < low:
         raise ValueError(f"order_head.{key}: must be an int >= {low}, got {v!r}")
     self.top_k = top_k
     self.positions = positions
+    self.context = context
     self.inp = nnx.Linear(N_FEATURES, width, rngs=rngs)
+    self.ctx = nnx.Linear(context, width, use_bias=False, rngs=rngs) if context else None
     self.pos = nnx.Embed(positions, width, rngs=rngs,
                          embedding_init=nnx.initializers.normal(0.02))
     self.out = nnx.Linear(width, 1, kernel_init=nnx.initializers.zeros, rngs=rngs)
 
-  def __call__(self, probs, base, positions, valid):
+  def __call__(self, probs, base, positions, valid, feats=None):
     """float32 [B, Q]: the head's scores of the candidates (``probs`` float32 [B, Q, V] their
     distributions, ``base`` [B, Q] the heuristic's scores, ``positions`` int32 [B, Q],
-    ``valid`` bool [B, Q] which are candidates); NaN outside the top-k."""
+    ``valid`` bool [B, Q] which are candidates, ``feats`` [B, Q, context] their queries'
+    `AOGPT.head_features`); NaN outside the top-k."""
     top_BxQ, rank_BxQ = top_candidates(base, positions, valid, self.top_k)
     f_BxQxF = features(probs, base, rank_BxQ, valid)
     idx = jnp.clip(positions, 0, self.positions - 1)
-    h_BxQxH = jax.nn.gelu(self.inp(f_BxQxF) + self.pos(idx))
+    pre_BxQxH = self.inp(f_BxQxF) + self.pos(idx)
+    if self.ctx is not None:
+      if feats is None or feats.shape[-1] != self.context:
+        raise ValueError(f"order_head: reads the model's {self.context}-wide features; got "
+                         f"{None if feats is None else feats.shape[-1]}")
+      pre_BxQxH = pre_BxQxH + self.ctx(jnp.where(valid[..., None], feats, 0.0)
+                                       .astype(jnp.float32))
+    h_BxQxH = jax.nn.gelu(pre_BxQxH)
     delta_BxQ = self.out(h_BxQxH)[..., 0]
     return jnp.where(top_BxQ, base.astype(jnp.float32) + delta_BxQ, jnp.nan)
 
@@ -109,10 +125,13 @@ def step_kl(head_scores, base, positions, valid, k: int, tau: float):
   return jnp.sum(jnp.where(top_BxQ, jnp.exp(lp) * (lp - lr), 0.0), axis=-1)
 
 
-def attach(model, top_k: int = 5, width: int = 32, seed: int = 0) -> OrderHead:
+def attach(model, top_k: int = 5, width: int = 32, seed: int = 0,
+           context: int | None = None) -> OrderHead:
   """Gives ``model`` a new `OrderHead` (``model.order_head``; the sequence length is the
-  model's ``block_size``) and returns it; the model's other weights are unchanged."""
-  head = OrderHead(model.cfg.block_size, top_k, width, rngs=nnx.Rngs(seed))
+  model's ``block_size``; ``context`` None: it reads the model's ``n_embd``-wide features) and
+  returns it; the model's other weights are unchanged."""
+  context = model.cfg.n_embd if context is None else context
+  head = OrderHead(model.cfg.block_size, top_k, width, context, rngs=nnx.Rngs(seed))
   model.order_head = head
   return head
 
@@ -120,14 +139,16 @@ def attach(model, top_k: int = 5, width: int = 32, seed: int = 0) -> OrderHead:
 def spec(model) -> dict | None:
   """What a checkpoint records of ``model``'s order head (`attach`'s arguments), or None."""
   head = head_of(model)
-  return None if head is None else {"top_k": int(head.top_k), "width": int(head.out.in_features)}
+  return None if head is None else {"top_k": int(head.top_k), "width": int(head.out.in_features),
+                                    "context": int(head.context)}
 
 
 def with_head(model, recorded: dict | None):
   """``model`` with a new order head of the ``recorded`` `spec` (None: as it is): what
   `checkpoints.store.load_model` restores the weights into."""
   if recorded:
-    attach(model, top_k=int(recorded["top_k"]), width=int(recorded["width"]))
+    attach(model, top_k=int(recorded["top_k"]), width=int(recorded["width"]),
+           context=int(recorded.get("context", 0)))
   return model
 
 

@@ -169,7 +169,8 @@ def step_queries(steps: jax.Array, scored: jax.Array, max_steps: int, width: int
 def _passes(model: AOGPT, tokens, order, steps, prompt, max_steps, width, steps_per_pass):
   """What `order_pass` and `order_scan` share: (`StepQueries`, c steps per pass, the passes'
   inputs (frontiers, targets) [P, B, c W] (padding queries past the last step), and
-  ``logits_of(m, targets)``: one pass's query logits [B, c W, V])."""
+  ``logits_of(m, targets)``: one pass's query logits [B, c W, V] and the output head's input
+  features [B, c W, d])."""
   b, n = tokens.shape
   check_length(model.cfg, n)
   t, w = int(max_steps or n), int(width or n)
@@ -195,13 +196,14 @@ def _passes(model: AOGPT, tokens, order, steps, prompt, max_steps, width, steps_
     def logits_of(m_BxG, tgt_BxG):
       tok, pos, tgt, mask = likelihood_slots(tokens, order, m_BxG, tgt_BxG, block)
       hidden_BxGxD, _ = model.hidden_slots(tok, pos, tgt, mask=mask, query=query_BxG)
-      return model.head(hidden_BxGxD, tgt_BxG)
+      return model.head_and_features(hidden_BxGxD, tgt_BxG)
 
   return sq, per, (chunks(m_BxPxW), chunks(tgt_BxPxW)), logits_of
 
 
 def _blank_cache(model: AOGPT, tokens, order, block, w: int):
-  """For ``model.blank_block``: ``logits_of(m, targets)`` of one step's W blank queries
+  """For ``model.blank_block``: ``logits_of(m, targets)`` -> (logits, the output head's input
+  features) of one step's W blank queries
   (`blanks.query_layout`'s rows, exactly), over the n written slots' keys and values computed
   ONCE here (written slots never see a blank, so they are the same at every step; the cached
   sampler's prefill): a step costs W query slots against n + W keys instead of a pass over
@@ -220,7 +222,7 @@ def _blank_cache(model: AOGPT, tokens, order, block, w: int):
     hidden_BxWxD, _ = model.hidden_slots(qtok, qpos, qtgt,
                                          mask=blanks.query_mask(m_BxW, qtgt, n, causal),
                                          cache=cache, write_index=at_W)
-    return model.head(hidden_BxWxD, tgt_BxW)
+    return model.head_and_features(hidden_BxWxD, tgt_BxW)
 
   return logits_of
 
@@ -310,7 +312,7 @@ def blank_scan(model: AOGPT, tokens: jax.Array, order: jax.Array, steps: jax.Arr
   @jax.checkpoint
   def one(args):
     k, m_BxF, tgt_BxF = args
-    logits_BxFxV = logits_of(m_BxF, tgt_BxF)
+    logits_BxFxV = logits_of(m_BxF, tgt_BxF)[0]
     own_BxNxV = jnp.take_along_axis(logits_BxFxV, own_col_BxN[..., None], axis=1)
     out = reduce(own_BxNxV)
     mine = (own_pass_BxN == k).reshape((b, n) + (1,) * (out.ndim - 2))
@@ -341,18 +343,19 @@ def order_pass(model: AOGPT, tokens: jax.Array, order: jax.Array, steps: jax.Arr
   sq, per, args, logits_of = _passes(model, tokens, order, steps, prompt, max_steps, width,
                                      steps_per_pass)
   (b, t), w, passes = sq.start.shape, sq.valid.shape[2], args[0].shape[0]
-  one = lambda a: logits_of(*a)  # noqa: E731
+  one = lambda a: logits_of(*a)[0]  # noqa: E731
   logits = one(jax.tree.map(lambda x: x[0], args))[None] if passes == 1 else jax.lax.map(one, args)
   logits_BxTxWxV = jnp.moveaxis(logits, 0, 1).reshape(b, passes * per, w, -1)[:, :t]
   return logits_BxTxWxV, sq
 
 
 def step_scores(logits: jax.Array, sq: StepQueries, first_step, order: jax.Array, *,
-                policy: str, temperature: float = 1.0, head=None):
+                policy: str, temperature: float = 1.0, head=None, feats=None):
   """The policy's scores of the candidates of steps ``first_step`` .. ``first_step + c - 1``
   (``logits`` [B, c, W, V], those steps' queries of `order_pass`), as the sampler computed them:
   (scores [B, c, W], valid [B, c, W], the heuristic's own scores, positions [B, c, W]). ``head``:
-  a `model.order_head.OrderHead` re-scoring the heuristic's (the sampler's ``order_head``)."""
+  a `model.order_head.OrderHead` re-scoring the heuristic's (the sampler's ``order_head``), with
+  the queries' output-head features ``feats`` [B, c, W, d]."""
   b, c, w, _ = logits.shape
   n, t = order.shape[1], sq.start.shape[1]
   steps_C = first_step + jnp.arange(c, dtype=jnp.int32)
@@ -368,20 +371,20 @@ def step_scores(logits: jax.Array, sq: StepQueries, first_step, order: jax.Array
   if head is not None:
     flat = lambda x: x.reshape(b * c, w, *x.shape[3:])  # noqa: E731
     scores_BxCxW = head(flat(probs_BxCxWxV), flat(base_BxCxW), flat(pos_BxCxW),
-                        flat(valid_BxCxW)).reshape(b, c, w)
+                        flat(valid_BxCxW), None if feats is None else flat(feats)).reshape(b, c, w)
   return scores_BxCxW, valid_BxCxW, base_BxCxW, pos_BxCxW
 
 
 def step_order_logp(logits: jax.Array, sq: StepQueries, first_step, order: jax.Array, *,
                     policy: str, policy_temperature: float,
-                    temperature: float = 1.0, head=None) -> jax.Array:
+                    temperature: float = 1.0) -> jax.Array:
   """float32 [B, c, W]: the Plackett-Luce log-probability of each candidate of steps
   ``first_step`` .. ``first_step + c - 1`` (``logits`` [B, c, W, V], those steps' queries of
   `order_pass`) being drawn at its place in the step's order: ``z_j - logsumexp(z_j' for j' >=
-  j)`` over the step's valid candidates, z = the policy's scores (`step_scores`; ``head``: an
-  order head's) / ``policy_temperature``. Steps at or beyond T (padding) give garbage."""
+  j)`` over the step's valid candidates, z = the policy's scores (`step_scores`) /
+  ``policy_temperature``. Steps at or beyond T (padding) give garbage."""
   scores_BxCxW, valid_BxCxW = step_scores(logits, sq, first_step, order, policy=policy,
-                                          temperature=temperature, head=head)[:2]
+                                          temperature=temperature)[:2]
   return adaptive_lib.plackett_luce_logp(
       adaptive_lib.policy_logits(scores_BxCxW, valid_BxCxW, policy_temperature))
 
@@ -413,14 +416,12 @@ def rank_logits(logits: jax.Array, sq: StepQueries) -> jax.Array:
 
 
 def order_logp_of(logits: jax.Array, sq: StepQueries, order: jax.Array, *, policy: str,
-                  policy_temperature: float, temperature: float = 1.0, head=None) -> jax.Array:
-  """`order_logp` from `order_pass`'s outputs (all T W queries' logits at once; ``head``: an
-  order head's policy)."""
+                  policy_temperature: float, temperature: float = 1.0) -> jax.Array:
+  """`order_logp` from `order_pass`'s outputs (all T W queries' logits at once)."""
   if not policy_temperature > 0:
     return jnp.zeros(order.shape, jnp.float32)
   pl_BxTxW = step_order_logp(logits, sq, 0, order, policy=policy,
-                             policy_temperature=policy_temperature, temperature=temperature,
-                             head=head)
+                             policy_temperature=policy_temperature, temperature=temperature)
   return jnp.where(sq.step >= 0, gather_steps(pl_BxTxW, sq), 0.0)
 
 
@@ -448,11 +449,13 @@ def order_scan(model: AOGPT, tokens: jax.Array, order: jax.Array, steps: jax.Arr
   @jax.checkpoint
   def one(args):
     k, m_BxG, tgt_BxG = args
-    logits_BxCxWxV = logits_of(m_BxG, tgt_BxG).reshape(b, per, w, -1)
+    logits_BxGxV, feats_BxGxD = logits_of(m_BxG, tgt_BxG)
+    logits_BxCxWxV = logits_BxGxV.reshape(b, per, w, -1)
     pl_BxCxW, kl_B = jnp.zeros((b, per, w), jnp.float32), jnp.zeros((b,), jnp.float32)
     if tau > 0:
       sc_BxCxW, ok_BxCxW, base_BxCxW, pos_BxCxW = step_scores(
-          logits_BxCxWxV, sq, k * per, order, policy=policy, temperature=temperature, head=head)
+          logits_BxCxWxV, sq, k * per, order, policy=policy, temperature=temperature, head=head,
+          feats=feats_BxGxD.reshape(b, per, w, -1))
       pl_BxCxW = adaptive_lib.plackett_luce_logp(
           adaptive_lib.policy_logits(sc_BxCxW, ok_BxCxW, tau))
       if head is not None:

@@ -334,8 +334,9 @@ def adaptive_loop(order0, tokens0, prompt_len, tok_keys, counts, adapt_keys, *,
                   shape: AdaptiveShape, draw: Draw, vocab: int, forward, on_commit, extra0,
                   phases: tuple[int, ...] | None = None, head=None):
   """The step loop both adaptive samplers share; only the forward differs. Each step: the
-  candidates (`_candidates`), their logits ``forward(extra, order, tokens, masked, m, cand,
-  valid) -> (logits [B, q, V], extra)`` (q: the phase's query slots, ``cand.shape[1]``; one
+  candidates (`_candidates`), their logits and the output head's input features ``forward(extra,
+  order, tokens, masked, m, cand, valid) -> ((logits [B, q, V], features [B, q, d] or None),
+  extra)`` (q: the phase's query slots, ``cand.shape[1]``; one
   `jax.lax.while_loop` per phase of ``phases``, decreasing, each next one entered once every
   row has at most that many positions masked; None: Q throughout), the token draw (key by
   position), the policy's scores,
@@ -371,8 +372,8 @@ def adaptive_loop(order0, tokens0, prompt_len, tok_keys, counts, adapt_keys, *,
   def body(state, q):
     i, extra, tokens_BxN, order_BxN, masked_BxN, m_B, steps_B, sor_BxN, dbg, rec = state
     cand_BxQ, valid_BxQ = _candidates(masked_BxN, fold(ckeys_B, i), q, shape.candidates > 0)
-    logits_BxQxV, extra = forward(extra, order_BxN, tokens_BxN, masked_BxN, m_B, cand_BxQ,
-                                  valid_BxQ)
+    (logits_BxQxV, feats_BxQxD), extra = forward(extra, order_BxN, tokens_BxN, masked_BxN, m_B,
+                                                 cand_BxQ, valid_BxQ)
     new_BxQ = tokens_lib.sample_tokens(
         logits_BxQxV, tokens_lib.token_keys(tok_keys, cand_BxQ), temperature=draw.temperature,
         top_p=draw.top_p, top_p_rule=draw.top_p_rule, greedy=draw.greedy)
@@ -380,7 +381,7 @@ def adaptive_loop(order0, tokens0, prompt_len, tok_keys, counts, adapt_keys, *,
     scores_BxQ = policy(probs_BxQxV, new_BxQ, cand_BxQ, i, fold(skeys_B, i))
     check_scores(scores_BxQ, shape.policy, batch, q)
     if head is not None:
-      scores_BxQ = head(probs_BxQxV, scores_BxQ, cand_BxQ, valid_BxQ)
+      scores_BxQ = head(probs_BxQxV, scores_BxQ, cand_BxQ, valid_BxQ, feats_BxQxD)
     if shape.policy == "threshold":
       sure_B = jnp.sum(valid_BxQ & (jnp.max(probs_BxQxV, axis=-1) >= shape.threshold), axis=1)
       count_B = jnp.maximum(sure_B, 1)
@@ -474,7 +475,7 @@ def sample_adaptive(model: AOGPT, order0, tokens0, prompt_len, tok_keys, counts,
       tgt = jnp.concatenate([order, jnp.where(valid_BxQ, cand_BxQ, NO_TARGET)], axis=1)
       hidden, _ = model.hidden_slots(tok, pos, tgt.astype(jnp.int32),
                                      mask=parallel_generation_mask(m_B, n, q, block_B))
-      return model.head(hidden[:, n:], tgt[:, n:].astype(jnp.int32)), extra
+      return model.head_and_features(hidden[:, n:], tgt[:, n:].astype(jnp.int32)), extra
     j_1xC = jnp.arange(c, dtype=jnp.int32)[None, :]
     crank_BxC = (m_B - prevk_B + 1)[:, None] + j_1xC
     cok_BxC = j_1xC < (prevk_B - 1)[:, None]
@@ -486,7 +487,7 @@ def sample_adaptive(model: AOGPT, order0, tokens0, prompt_len, tok_keys, counts,
     tok, pos, tgt, write, mask = _rank_block(order, tokens, rank_BxS, ok_BxS, tgt_BxS, write_BxS,
                                              rank_BxS, cache_len)
     hidden, cache = model.hidden_slots(tok, pos, tgt, mask=mask, cache=cache, write_index=write)
-    return model.head(hidden[:, :q], tgt[:, :q]), (cache, prevk_B)
+    return model.head_and_features(hidden[:, :q], tgt[:, :q]), (cache, prevk_B)
 
   def on_commit(extra, idx_BxQ, k_B, m_B):
     cache, _ = extra
@@ -536,7 +537,7 @@ def sample_blank(model: AOGPT, order0, tokens0, prompt_len, tok_keys, counts, ad
           tokens, order, jnp.broadcast_to(m_B[:, None], (batch, q)), targets_BxQ, block_B,
           causal=causal)
       hidden, _ = model.hidden_slots(tok, pos, tgt, mask=mask)
-      return model.head(hidden[:, n:], tgt[:, n:]), extra
+      return model.head_and_features(hidden[:, n:], tgt[:, n:]), extra
     j_1xC = jnp.arange(c, dtype=jnp.int32)[None, :]
     crank_BxC = (m_B - prevk_B)[:, None] + j_1xC        # the last step's commits
     ctok, cpos, ctgt, cwrite, cmask = blanks.written_cache_slots(
@@ -553,7 +554,7 @@ def sample_blank(model: AOGPT, order0, tokens0, prompt_len, tok_keys, counts, ad
         jnp.concatenate([qtok, ctok], 1), jnp.concatenate([qpos, cpos], 1),
         jnp.concatenate([qtgt, ctgt], 1), mask=jnp.concatenate([qmask, cmask], 1), cache=cache,
         write_index=jnp.concatenate([scratch_BxQ, cwrite], 1))
-    return model.head(hidden[:, :q], qtgt), (cache, prevk_B)
+    return model.head_and_features(hidden[:, :q], qtgt), (cache, prevk_B)
 
   def on_commit(extra, idx_BxQ, k_B, m_B):
     return extra[0], k_B          # the commits are the next pass's catch-up slots

@@ -92,7 +92,7 @@ def sample_adaptive_encoder(model: AOGPT, order0, tokens0, prompt_len, tok_keys,
   ``shape`` are unused: nothing is cached)."""
 
   def forward(extra, order, tokens_BxN, masked_BxN, m_B, cand_BxQ, valid_BxQ):
-    return encoder_model.masked_logits(model, tokens_BxN, masked_BxN, cand_BxQ), extra
+    return (encoder_model.masked_logits(model, tokens_BxN, masked_BxN, cand_BxQ), None), extra
 
   return adaptive_lib.adaptive_loop(
       order0, tokens0, prompt_len, tok_keys, counts, adapt_keys, shape=shape, draw=draw,
