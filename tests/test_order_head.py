@@ -135,7 +135,7 @@ def test_grpo_head_only_moves_the_head_alone():
   model = tiny_model(vocab=8, valid=task.vocab_size, block=task.length, std=0.3)
   order_head_lib.attach(model, top_k=3, width=8)
   before = nnx.to_pure_dict(nnx.clone(nnx.state(model, nnx.Param)))
-  trainer = _grpo(model, task, head_only=True, head_kl=1e-4, on_policy_gradient=False)
+  trainer = _grpo(model, task, head_only=True, head_kl=1e-4, weight_decay=0.1)
   moved = {"head": 0.0, "rest": 0.0}
   for i in range(3):
     m = trainer.step(jax.random.key(i), trainer.task_prompts(0, i, count=2))

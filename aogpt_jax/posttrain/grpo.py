@@ -371,10 +371,13 @@ class GRPO:
     else:
       (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
       metrics = dict(metrics, loss=loss)
-    if s.head_only:       # the tokens frozen: every gradient outside the order head is zero
-      grads = jax.tree_util.tree_map_with_path(
-          lambda path, g: g if _in_head(path) else jnp.zeros_like(g), grads)
+    head_only = lambda t: jax.tree_util.tree_map_with_path(  # noqa: E731
+        lambda path, x: x if _in_head(path) else jnp.zeros_like(x), t)
+    if s.head_only:       # the tokens frozen: no gradient (clipping) or update (weight decay)
+      grads = head_only(grads)       # outside the order head
     updates, opt_state = self.tx.update(grads, opt_state, params)
+    if s.head_only:
+      updates = head_only(updates)
     metrics = dict(metrics, grad_norm=optax.tree.norm(grads))
     return optax.apply_updates(params, updates), opt_state, metrics
 
