@@ -409,9 +409,10 @@ def plot(res: dict, path: pathlib.Path, title: str) -> None:
   import matplotlib.pyplot as plt
   fig, axes = plt.subplots(2, 2, figsize=(15, 11))
   along = SAMPLERS[res["size"]["sampler"]][1]
+  # every run but the order policies' (their own decodings are drawn apart, below)
+  names = [r["name"] for r in res["grpo"] if r["name"] not in ("order_policy", "order_only")]
   for ax, dec in zip(axes[0], along):
-    _curve(ax, res, dec, ("exact", "mean_field", "elbo", "dr_grpo", "rloo", "token_credit",
-                          "supervised"))
+    _curve(ax, res, dec, names)
     ax.set_title(f"GRPO by likelihood / advantage, held out: {dec}")
     ax.set_xlabel("GRPO updates")
     ax.set_ylabel("held-out puzzles solved (%), 95% interval")
@@ -515,15 +516,16 @@ def markdown(res: dict, machine: dict) -> str:
               f"{100 * audit['greedy']['solved_but_cell_accuracy_below_1']:.1f}% greedily "
               f"({100 * audit['greedy']['solved']:.1f}% solved)."]
   if res.get("search_before"):
+    sdecs = [d for d in SEARCH_DECODERS if d in res["search_before"]]
     lines += ["", f"| on the {res['search_puzzles']} held-out puzzles that need search | "
-              + " | ".join(SEARCH_DECODERS) + " |", "|---|" + "---|" * len(SEARCH_DECODERS)]
+              + " | ".join(sdecs) + " |", "|---|" + "---|" * len(sdecs)]
     lines.append("| start | " + " | ".join(pct(res["search_before"][d]["solved"])
-                                           for d in SEARCH_DECODERS) + " |")
+                                           for d in sdecs) + " |")
     for run in res["grpo"]:
       e = run["evals"][-1].get("search")
       if e:
         lines.append(f"| GRPO, {run['name']}, seed {run['seed']} | "
-                     + " | ".join(pct(e[d]["solved"]) for d in SEARCH_DECODERS) + " |")
+                     + " | ".join(pct(e[d]["solved"]) if d in e else "" for d in sdecs) + " |")
   lines += ["", "| GRPO run | s per update (median, compiled) | rollouts/s | gradient update's share |",
             "|---|---|---|---|"]
   for run in res["grpo"]:
@@ -607,7 +609,11 @@ def main(argv=None):
   p.add_argument("--name", default="", help="results go to benchmarks/results/"
                  "post_training_SIZE_NAME/ (a partial protocol beside the full one)")
   p.add_argument("--out", default="", help="the JSON (default: benchmarks/results/...)")
+  p.add_argument("--redraw", default="", help="a result JSON: recompute its findings, Markdown "
+                 "and PNG from its numbers (nothing runs)")
   args = p.parse_args(argv)
+  if args.redraw:
+    return redraw(args.redraw)
   common.check_args(p, args, nonnegative=("updates", "lr", "prompts"))
   if not 0.0 <= args.hard_frac <= 1.0:
     common.fail(p, f"--hard_frac={args.hard_frac!r}: expected a number in [0, 1]")
@@ -680,16 +686,46 @@ def main(argv=None):
          "total_s": None if train.get("train_s") is None else (
              wall + (train["train_s"] if train["reused"] else 0.0)),
          "command": " ".join(["python", "benchmarks/post_training.py", *(argv or sys.argv[1:])])}
-  res["findings"] = findings(res)
+  res["findings"] = findings(head_start(res))
   bench = f"post_training_{args.size}" + (f"_{args.name}" if args.name else "")
   path = common.write_result(bench, args, res, out=args.out or None)
-  machine = common.machine()
-  path.with_suffix(".md").write_text(markdown(res, machine))
-  plot(res, path.with_suffix(".png"),
-       f"GRPO on {task.options()['size']}x{task.options()['size']} Sudoku: "
-       f"{', '.join(dict.fromkeys(r['name'] for r in res['grpo']))} ({machine['slug']}, "
-       f"{wall / 60:.0f} min)")
+  draw(res, path, common.machine())
   print(res["findings"], flush=True)
+
+
+def draw(res: dict, path: pathlib.Path, machine: dict) -> None:
+  """The Markdown table and the PNG beside the JSON at ``path``."""
+  path.with_suffix(".md").write_text(markdown(res, machine))
+  size = res["options"]["size"]
+  plot(res, path.with_suffix(".png"),
+       f"GRPO on {size}x{size} Sudoku: "
+       f"{', '.join(dict.fromkeys(r['name'] for r in res['grpo']))} ({machine['slug']}, "
+       f"{res['wall_s'] / 60:.0f} min)")
+
+
+def head_start(res: dict) -> dict:
+  """``res`` with the order head's decoding at the start where a run trains a head: a new head
+  decodes exactly as max_prob (its output starts at zero; tests/test_order_head.py), so its start
+  is max_prob's, recorded as such (``same_as``)."""
+  if any(r["settings"].get("order_head") for r in res["grpo"]):
+    for key in ("before", "search_before"):
+      if res.get(key) and HEAD_DECODERS[1] not in res[key]:
+        res[key][HEAD_DECODERS[1]] = dict(res[key][HEAD_DECODERS[0]], same_as=HEAD_DECODERS[0])
+  return res
+
+
+def redraw(path: str) -> None:
+  """``--redraw=JSON``: a finished result's findings, Markdown and PNG computed again from its
+  numbers by this code (no model runs); the JSON records the commit that redrew it."""
+  p = pathlib.Path(path)
+  rec = json.loads(p.read_text())
+  common.check_schema(rec, str(p))
+  res = rec["results"]
+  res["findings"] = findings(head_start(res))
+  res["redrawn_by"] = common.commit()
+  common.write_json(p, rec)
+  draw(res, p, rec["machine"])
+  print(f"redrew {p}", flush=True)
 
 
 def reward_audit(model, task, cfg: dict, seed: int, count: int = 400) -> dict:

@@ -359,6 +359,31 @@ def test_post_training_benchmark_runs_end_to_end(tmp_path):
   assert all(g["batches"] == 3 and -1 <= g["mean_cos"] <= 1 and g["share_se"] >= 0
              for g in grad.values())
   assert out.with_suffix(".md").exists() and out.with_suffix(".png").stat().st_size > 0
+  # --redraw: the same findings, Markdown and PNG from the JSON's numbers alone
+  md = out.with_suffix(".md").read_text()
+  out.with_suffix(".md").unlink()
+  out.with_suffix(".png").unlink()
+  p = subprocess.run([sys.executable, str(BENCH / "post_training.py"), f"--redraw={out}"],
+                     cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+  assert p.returncode == 0, p.stderr[-2000:]
+  again = json.loads(out.read_text())
+  assert again["results"]["findings"] == r["findings"] and again["commit"] == rec["commit"]
+  assert "redrawn_by" in again["results"] and out.with_suffix(".md").read_text() == md
+  assert out.with_suffix(".png").stat().st_size > 0
+
+
+def test_post_training_starts_the_order_heads_decoding_at_max_prob():
+  """A run with an order head: its decoding's start is max_prob's (a new head decodes as it),
+  recorded as such, in the held-out and the search tables; other results are left as they are."""
+  import post_training
+  head, mp = post_training.HEAD_DECODERS[1], post_training.HEAD_DECODERS[0]
+  rate = {"solved": {"rate": 0.5, "low": 0.4, "high": 0.6}}
+  res = {"before": {mp: dict(rate)}, "search_before": {mp: dict(rate)},
+         "grpo": [{"settings": {"order_head": 5}}]}
+  post_training.head_start(res)
+  assert res["before"][head] == dict(rate, same_as=mp) == res["search_before"][head]
+  plain = {"before": {mp: dict(rate)}, "search_before": None, "grpo": [{"settings": {}}]}
+  assert head not in post_training.head_start(plain)["before"]
 
 
 def test_a_run_with_other_arguments_never_replaces_a_result(tmp_path, monkeypatch, capsys):
