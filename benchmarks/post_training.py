@@ -413,7 +413,7 @@ def plot(res: dict, path: pathlib.Path, title: str) -> None:
   names = [r["name"] for r in res["grpo"] if r["name"] not in ("order_policy", "order_only")]
   for ax, dec in zip(axes[0], along):
     _curve(ax, res, dec, names)
-    ax.set_title(f"GRPO by likelihood / advantage, held out: {dec}")
+    ax.set_title(f"GRPO runs, held out: {dec}")
     ax.set_xlabel("GRPO updates")
     ax.set_ylabel("held-out puzzles solved (%), 95% interval")
     ax.set_ylim(bottom=0)
@@ -424,14 +424,19 @@ def plot(res: dict, path: pathlib.Path, title: str) -> None:
   names = list(dict.fromkeys(r["name"] for r in res["grpo"]))
   rows = [("start", {d: (res["before"][d]["solved"]["rate"], res["before"][d]["solved"]["low"],
                          res["before"][d]["solved"]["high"]) for d in decs})]
+  # a decoding a run was not measured with (the order head's, without a head): no bar
+  none = (float("nan"),) * 3
   rows += [(name, {d: (agg[f"{name}: {d}"]["mean"], agg[f"{name}: {d}"]["min"],
-                       agg[f"{name}: {d}"]["max"]) for d in decs}) for name in names]
+                       agg[f"{name}: {d}"]["max"]) if f"{name}: {d}" in agg else none
+                   for d in decs}) for name in names]
   width = 0.8 / len(rows)
   for i, (name, ev) in enumerate(rows):
     y = [k + (i - (len(rows) - 1) / 2) * width for k in range(len(decs))]
     rate = [100 * ev[d][0] for d in decs]
-    err = [[max(0.0, 100 * (ev[d][0] - ev[d][1])) for d in decs],
-           [max(0.0, 100 * (ev[d][2] - ev[d][0])) for d in decs]]
+    err = [[max(0.0, 100 * (ev[d][0] - ev[d][1])) if ev[d][0] == ev[d][0] else 0.0
+            for d in decs],
+           [max(0.0, 100 * (ev[d][2] - ev[d][0])) if ev[d][0] == ev[d][0] else 0.0
+            for d in decs]]
     ax.barh(y, rate, height=width, xerr=err, capsize=2, color=COLORS.get(name, "tab:gray"),
             label=name if name == "start" else LABELS[name])
   ax.set_yticks(list(range(len(decs))), decs)
