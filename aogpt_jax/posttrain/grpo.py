@@ -235,7 +235,6 @@ class GRPOSettings:
         raise ValueError("rl.reference: the reference model's parameters differ in shape from "
                          "the policy's (expected the same architecture, e.g. the SFT model)")
 
-
   def check_order_head(self, model: AOGPT | None) -> None:
     """One-line errors for the order head's settings (``order_head``, ``head_kl``,
     ``head_only``) and a head the model has already (its top-k must be ``order_head``)."""
