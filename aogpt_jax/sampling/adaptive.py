@@ -343,8 +343,7 @@ def adaptive_loop(order0, tokens0, prompt_len, tok_keys, counts, adapt_keys, *,
   the commit (`_choose`, or `gumbel_choice` for a stochastic policy: counts, or ``threshold``),
   then ``on_commit(extra, idx, k, m) -> extra``. ``head``: a `model.order_head.OrderHead`
   that re-scores the policy's scores (``shape.order_head``). Returns (tokens [B, n], order [B,
-  n], steps
-  per row [B], step_of_rank int32 [B, n]: the step at which rank r was written, -1 for prompt
+  n], steps per row [B], step_of_rank int32 [B, n]: the step at which rank r was written, -1 for prompt
   ranks, per-step query logits [max_steps, B, Q, V] if ``draw.debug`` else None, and if
   ``draw.logp`` the record float32 [B, n, 3] in ORIGINAL order: each written token's
   `tokens.drawn_logp` (drawn, model) and the log-probability of the choice of its position
