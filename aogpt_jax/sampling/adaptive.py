@@ -338,8 +338,8 @@ def adaptive_loop(order0, tokens0, prompt_len, tok_keys, counts, adapt_keys, *,
   ``forward(extra, order, tokens, masked, m, cand, valid) -> ((logits [B, q, V], features [B, q,
   d] or None), extra)`` (q: the phase's query slots, ``cand.shape[1]``; one
   `jax.lax.while_loop` per phase of ``phases``, decreasing, each next one entered once every row
-  has at most that many positions masked; None: Q throughout), the token draw (key by position), the policy's scores (``head``: a
-  `model.order_head.OrderHead` re-scores them, ``shape.order_head``), the commit (`_choose`, or
+  has at most that many positions masked; None: Q throughout), the token draw (key by
+  position), the policy's scores (``head``: a `model.order_head.OrderHead` re-scores them, ``shape.order_head``), the commit (`_choose`, or
   `gumbel_choice` for a stochastic policy: counts, or ``threshold``), then ``on_commit(extra, idx,
   k, m) -> extra``. Returns (tokens [B, n], order [B, n], steps per row [B], step_of_rank int32 [B,
   n]: the step at which rank r was written, -1 for prompt ranks, per-step query logits [max_steps,
