@@ -333,19 +333,20 @@ PHASE_MIN_QUERIES = 16
 def adaptive_loop(order0, tokens0, prompt_len, tok_keys, counts, adapt_keys, *,
                   shape: AdaptiveShape, draw: Draw, vocab: int, forward, on_commit, extra0,
                   phases: tuple[int, ...] | None = None, head=None):
-  """The step loop both adaptive samplers share; only the forward differs. Each step: the
-  candidates (`_candidates`), their logits and the output head's input features
-  ``forward(extra, order, tokens, masked, m, cand, valid) -> ((logits [B, q, V], features [B, q,
-  d] or None), extra)`` (q: the phase's query slots, ``cand.shape[1]``; one
-  `jax.lax.while_loop` per phase of ``phases``, decreasing, each next one entered once every row
-  has at most that many positions masked; None: Q throughout), the token draw (key by
-  position), the policy's scores (``head``: a `model.order_head.OrderHead` re-scores them, ``shape.order_head``), the commit (`_choose`, or
-  `gumbel_choice` for a stochastic policy: counts, or ``threshold``), then ``on_commit(extra, idx,
-  k, m) -> extra``. Returns (tokens [B, n], order [B, n], steps per row [B], step_of_rank int32 [B,
-  n]: the step at which rank r was written, -1 for prompt ranks, per-step query logits [max_steps,
-  B, Q, V] if ``draw.debug`` else None, and if ``draw.logp`` the record float32 [B, n, 3] in
-  ORIGINAL order: each written token's `tokens.drawn_logp` (drawn, model) and the log-probability
-  of the choice of its position (0 for a deterministic policy and at the prompt), else None)."""
+  """The step loop both adaptive samplers share; only the forward differs. Each step: the candidates
+  (`_candidates`), their logits and the output head's input features ``forward(extra, order,
+  tokens, masked, m, cand, valid) -> ((logits [B, q, V], features [B, q, d] or None), extra)``
+  (q: the phase's query slots, ``cand.shape[1]``; one `jax.lax.while_loop` per phase of
+  ``phases``, decreasing, each next one entered once every row has at most that many positions
+  masked; None: Q throughout), the token draw (key by position), the policy's scores (``head``: a
+  `model.order_head.OrderHead` re-scores them, ``shape.order_head``), the commit (`_choose`, or
+  `gumbel_choice` for a stochastic policy: counts, or ``threshold``), then ``on_commit(extra,
+  idx, k, m) -> extra``. Returns (tokens [B, n], order [B, n], steps per row [B], step_of_rank
+  int32 [B, n]: the step at which rank r was written, -1 for prompt ranks, per-step query logits
+  [max_steps, B, Q, V] if ``draw.debug`` else None, and if ``draw.logp`` the record float32 [B,
+  n, 3] in ORIGINAL order: each written token's `tokens.drawn_logp` (drawn, model) and the
+  log-probability of the choice of its position (0 for a deterministic policy and at the prompt),
+  else None)."""
   batch, n = order0.shape
   phases = tuple(phases or (shape.queries,))
   policy = get(shape.policy)
