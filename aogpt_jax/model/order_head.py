@@ -155,3 +155,12 @@ def with_head(model, recorded: dict | None):
 def head_of(model):
   """``model.order_head``, or None."""
   return getattr(model, "order_head", None)
+
+
+def require(model, key: str) -> OrderHead:
+  """``model.order_head``; one line naming the setting ``key`` that asked for it if it has none."""
+  head = head_of(model)
+  if head is None:
+    raise ValueError(f"{key}: True needs a model with an order head (`model.order_head.attach`, "
+                     f"trained by --mode=rl with rl.order_head=K); this model has none")
+  return head

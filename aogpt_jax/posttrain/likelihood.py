@@ -389,17 +389,6 @@ def step_order_logp(logits: jax.Array, sq: StepQueries, first_step, order: jax.A
       adaptive_lib.policy_logits(scores_BxCxW, valid_BxCxW, policy_temperature))
 
 
-def order_head_of(model: AOGPT, order_head: bool):
-  """``model.order_head`` when ``order_head`` (a one-line error if it has none), else None."""
-  if not order_head:
-    return None
-  head = order_head_lib.head_of(model)
-  if head is None:
-    raise ValueError("rl.order_head: the order's log-probability under an order head needs a "
-                     "model with one (`model.order_head.attach`); this model has none")
-  return head
-
-
 def gather_steps(x: jax.Array, sq: StepQueries) -> jax.Array:
   """[B, n, ...]: from ``x`` [B, T, W, ...] (one entry per step's candidate), each rank's own
   entry (its step's candidate at its slot); meaningless at the prompt's ranks."""
@@ -443,7 +432,7 @@ def order_scan(model: AOGPT, tokens: jax.Array, order: jax.Array, steps: jax.Arr
                                                      max_steps, width, steps_per_pass)
   (b, t), w, passes, n = sq.start.shape, sq.valid.shape[2], m_PxBxG.shape[0], tokens.shape[1]
   step_BxN = jnp.maximum(sq.step, 0)
-  head = order_head_of(model, order_head)
+  head = order_head_lib.require(model, "order_head") if order_head else None
   tau = policy_temperature
 
   @jax.checkpoint

@@ -425,14 +425,7 @@ def adaptive_loop(order0, tokens0, prompt_len, tok_keys, counts, adapt_keys, *,
 
 def _head(model: AOGPT, shape: AdaptiveShape):
   """The model's order head when ``shape.order_head`` (a one-line error if it has none)."""
-  if not shape.order_head:
-    return None
-  head = order_head_lib.head_of(model)
-  if head is None:
-    raise ValueError("sample.order_head: True needs a model with an order head "
-                     "(`model.order_head.attach`, trained by GRPO's rl.order_head); this model "
-                     "has none")
-  return head
+  return order_head_lib.require(model, "sample.order_head") if shape.order_head else None
 
 
 def sample_adaptive(model: AOGPT, order0, tokens0, prompt_len, tok_keys, counts, adapt_keys, *,
