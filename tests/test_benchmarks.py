@@ -372,6 +372,37 @@ def test_post_training_benchmark_runs_end_to_end(tmp_path):
   assert out.with_suffix(".png").stat().st_size > 0
 
 
+def test_order_oracle_benchmark_runs_end_to_end(tmp_path):
+  """benchmarks/order_oracle.py at post_training's test size: the oracle over the top 1 is
+  max_prob (same puzzles solved), over the top 2 no lower; the lookahead; one imitated head;
+  JSON in the schema, Markdown and PNG, and --redraw writes the same Markdown again."""
+  out = tmp_path / "o.json"
+  p = subprocess.run([sys.executable, str(BENCH / "order_oracle.py"), "--size=test",
+                      f"--workdir={tmp_path / 'runs'}", f"--out={out}", "--search_pool=0",
+                      "--count=8", "--puzzles=16", "--seeds=0", "--ks=1,2", "--rounds=1",
+                      "--epochs=1", "--top_k=2"],
+                     cwd=REPO, env=tu.cpu_env(), capture_output=True, text=True, timeout=900)
+  assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+  rec = json.loads(out.read_text())
+  common.check_schema(rec, str(out))
+  r = rec["results"]
+  assert r["sets"] == {"heldout_minimal": 8, "train_minimal": 8}
+  for name in r["sets"]:
+    assert r["oracle"]["1"][name]["count"] == r["heuristic"][name]["count"]
+    assert r["oracle"]["2"][name]["count"] >= r["oracle"]["1"][name]["count"]
+  (seed,) = r["seeds"]
+  assert seed["seed"] == 0 and set(seed["head"]) == set(r["sets"]) and len(seed["rounds"]) == 1
+  md = out.with_suffix(".md").read_text()
+  assert md.count("oracle over max_prob's top") == 2 and md.count("one-step lookahead") == 1
+  assert out.with_suffix(".png").stat().st_size > 0
+  out.with_suffix(".md").unlink()
+  out.with_suffix(".png").unlink()
+  p = subprocess.run([sys.executable, str(BENCH / "order_oracle.py"), f"--redraw={out}"],
+                     cwd=REPO, env=tu.cpu_env(), capture_output=True, text=True, timeout=300)
+  assert p.returncode == 0, p.stderr[-2000:]
+  assert out.with_suffix(".md").read_text() == md and out.with_suffix(".png").stat().st_size > 0
+
+
 def test_post_training_starts_the_order_heads_decoding_at_max_prob():
   """A run with an order head: its decoding's start is max_prob's (a new head decodes as it),
   recorded as such, in the held-out and the search tables; other results are left as they are."""
