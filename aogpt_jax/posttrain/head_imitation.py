@@ -312,8 +312,10 @@ def train(model: AOGPT, answer, prompt, settings: ImitationSettings = ImitationS
            "states": int(len(data["free"])), "train_solved_before": float(ro.solved.mean()),
            "loss_first": losses[0] if losses else None, "loss_last": losses[-1] if losses else None,
            "collect_s": t1 - t0, "fit_s": time.perf_counter() - t1}
+    loss = (f"loss {rec['loss_first']:.4f} -> {rec['loss_last']:.4f}" if losses
+            else "no decision state to fit")
     log(f"[imitation] round {r}: {rec['new_states']} new decision states ({rec['states']} in "
         f"all), head greedy solved {100 * rec['train_solved_before']:.1f}% of the training "
-        f"puzzles before it, loss {rec['loss_first']} -> {rec['loss_last']}")
+        f"puzzles before it, {loss}")
     out.append(rec)
   return out
