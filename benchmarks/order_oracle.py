@@ -1,6 +1,6 @@
 """How far an order head could raise greedy decoding, and what imitating the oracle learns.
 
-    python benchmarks/order_oracle.py                     # 6x6, the CPU (about 15 minutes)
+    python benchmarks/order_oracle.py                     # 6x6, the CPU (about 20 minutes)
 
 The model is `benchmarks/post_training.py`'s starting model (`configs/sudoku.py:tiny`, 250
 steps; trained in --workdir or reused). Greedy max_prob decoding fails on a puzzle at the first
