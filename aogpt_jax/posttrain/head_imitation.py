@@ -37,11 +37,11 @@ import numpy as np
 import optax
 from flax import nnx
 
-from aogpt_jax.model import blanks as blanks_lib
 from aogpt_jax.model import jit as model_jit
 from aogpt_jax.model import order_head as order_head_lib
-from aogpt_jax.model.aogpt import AOGPT, prompt_block
+from aogpt_jax.model.aogpt import AOGPT
 from aogpt_jax.sampling import adaptive as adaptive_lib
+from aogpt_jax.sampling import search as search_lib
 
 CHOICES = ("greedy", "oracle", "lookahead")
 
@@ -74,18 +74,8 @@ class ImitationSettings:
                        f", got {self.policy!r}")
 
 
-@model_jit.jit()
-def _state_pass(model: AOGPT, tokens, order, cut, plen):
-  """(logits [R, n, V] float32, head features [R, n, d]) of every position's query at each
-  row's cut (the first ``cut`` ranks of ``order`` written), in position order."""
-  tok, pos, tgt, mask = blanks_lib.blank_slots(tokens, order, cut,
-                                               prompt_block(model.cfg, plen),
-                                               causal=model.cfg.blank_attention == "causal")
-  h, _ = model.hidden_slots(tok, pos, tgt, mask=mask)
-  logits, feats = model.head_and_features(h, tgt)
-  inv = jnp.argsort(order, axis=-1)[:, :, None]      # position -> rank
-  return (jnp.take_along_axis(logits.astype(jnp.float32), inv, axis=1),
-          jnp.take_along_axis(feats.astype(jnp.float32), inv, axis=1))
+# (logits, head features) of every position's query at each row's cut: the search's pass
+_state_pass = model_jit.jit()(search_lib.blank_pass)
 
 
 def _scores(head, policy: str, top_k: int, logits, feats, free):

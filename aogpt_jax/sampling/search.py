@@ -101,17 +101,25 @@ def check_model(model: AOGPT) -> None:
                      "this model is neither (set solve.search_width=0 for the sampler)")
 
 
-@model_jit.jit()
-def _logp_blank(model: AOGPT, tokens, order, cut, plen):
-  """float32 [R, n, V]: log-probabilities of every position's token (original order) at each
-  row's cut (the first ``cut`` ranks of ``order`` written)."""
+def blank_pass(model: AOGPT, tokens, order, cut, plen):
+  """(logits [R, n, V] float32, `AOGPT.head_features` [R, n, d]) of every position's query
+  (original order) at each row's cut (the first ``cut`` ranks of ``order`` written; the blank
+  block's training layout, `model.blanks.blank_slots`). Traceable."""
   tok, pos, tgt, mask = blanks_lib.blank_slots(tokens, order, cut,
                                                prompt_block(model.cfg, plen),
                                                causal=model.cfg.blank_attention == "causal")
   h, _ = model.hidden_slots(tok, pos, tgt, mask=mask)
-  lp_rank = jax.nn.log_softmax(model.head(h, tgt).astype(jnp.float32), axis=-1)
-  inv = jnp.argsort(order, axis=-1)                 # position -> rank
-  return jnp.take_along_axis(lp_rank, inv[:, :, None], axis=1)
+  logits, feats = model.head_and_features(h, tgt)
+  inv = jnp.argsort(order, axis=-1)[:, :, None]     # position -> rank
+  return (jnp.take_along_axis(logits.astype(jnp.float32), inv, axis=1),
+          jnp.take_along_axis(feats.astype(jnp.float32), inv, axis=1))
+
+
+@model_jit.jit()
+def _logp_blank(model: AOGPT, tokens, order, cut, plen):
+  """float32 [R, n, V]: log-probabilities of every position's token (original order) at each
+  row's cut (`blank_pass`'s logits; the features are not computed)."""
+  return jax.nn.log_softmax(blank_pass(model, tokens, order, cut, plen)[0], axis=-1)
 
 
 @model_jit.jit()
