@@ -12,8 +12,9 @@ puzzles, 17+ givens), as ``puzzle,solution`` CSV rows that ``--mode=solve`` read
 ``--size=cpu``: the 4 x 128 model; else the 8 x 256 one) and its ``:mdm`` variant for ``--steps``
 with ``--hard_frac`` of each batch minimal puzzles, and solves the file with each model greedily
 (max_prob, ``solve.search_width=0``) and with the search (``--width`` beams, model-only), then
-collects the four solve summaries into benchmarks/results/hard_sudoku_SIZE/<machine>.{json,md}
-(or ``--out``). A run whose models were trained to ``--steps`` in ``--workdir`` reuses them;
+collects the solve summaries into benchmarks/results/hard_sudoku_SIZE/<machine>.{json,md}
+(or ``--out``). ``--models`` picks the models (default ``aogpt,mdm``; ``aogpt_causal`` is the
+blank block with its blanks causal among themselves, ``model.blank_attention=causal``). A run whose models were trained to ``--steps`` in ``--workdir`` reuses them;
 one stopped before (SIGTERM saves a checkpoint) resumes where it stopped.
 """
 
@@ -31,6 +32,9 @@ import common
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 BUCKETS = ("0", "1-4", "5-99")
 STEPS = {"cpu": 3000, "accel": 2500}
+# --models: name -> (the configs/sudoku.py variant word, extra --config.* overrides)
+MODELS = {"aogpt": ("", ()), "mdm": ("mdm", ()),
+          "aogpt_causal": ("", ("--config.model.blank_attention=causal",))}
 
 
 def write_puzzles(path: str, per_bucket: int, buckets, seed: int = 0) -> dict:
@@ -63,11 +67,13 @@ def run(args) -> dict:
   counts = write_puzzles(puzzles, args.per_bucket, args.buckets.split(","))
   tiny = ":tiny" if args.size == "cpu" else ""
   out = {"puzzles": {"file": puzzles, "per_bucket": counts}, "models": {}}
-  for name, config in (("aogpt", f"sudoku.py{tiny}"),
-                       ("mdm", f"sudoku.py{tiny + ',mdm' if tiny else ':mdm'}")):
+  for name in args.models.split(","):
+    word, extra = MODELS[name]
+    words = ",".join(w for w in (tiny[1:], word) if w)
+    config = "sudoku.py" + (f":{words}" if words else "")
     run_dir = str(wd / name)
     train = ["--config.total_steps=" + str(args.steps),
-             f"--config.task.options.hard_frac={args.hard_frac}"]
+             f"--config.task.options.hard_frac={args.hard_frac}", *extra]
     if args.size == "cpu":    # 9x9 at the CPU size: the tiny model, 9x9 grids
       train += ["--config.task.options.size=9", "--config.task.options.min_givens=30",
                 "--config.task.options.max_givens=40", "--config.seq_len=81",
@@ -125,23 +131,29 @@ def main(argv=None):
   r.add_argument("--buckets", default=",".join(BUCKETS))
   r.add_argument("--width", type=int, default=8)
   r.add_argument("--workdir", default="/tmp/aogpt_hard_sudoku")
+  r.add_argument("--models", default="aogpt,mdm",
+                 help=f"comma-separated names of {', '.join(MODELS)} (aogpt_causal: the blank "
+                 "block with its blanks causal among themselves, Eso-LM(B)-like)")
   r.add_argument("--retrain", action="store_true")
   r.add_argument("--out", default="")
   args = p.parse_args(argv)
   from aogpt_jax.tasks import sudoku_grade
   bad = [b for b in args.buckets.split(",") if b not in sudoku_grade.BUCKETS]
   if bad or not args.buckets.strip():
-    p.error(f"--buckets={args.buckets!r}: expected names among {', '.join(sudoku_grade.BUCKETS)}")
+    common.fail(p, f"--buckets={args.buckets!r}: expected names among {', '.join(sudoku_grade.BUCKETS)}")
   if args.per_bucket < 1:
-    p.error(f"--per_bucket={args.per_bucket}: expected an integer >= 1")
+    common.fail(p, f"--per_bucket={args.per_bucket}: expected an integer >= 1")
   if args.command == "puzzles":
     write_puzzles(args.out, args.per_bucket, args.buckets.split(","))
     return
   if args.steps < 0 or args.width < 1 or not 0 <= args.hard_frac <= 1:
-    p.error(f"--steps={args.steps} / --width={args.width} / --hard_frac={args.hard_frac}: "
+    common.fail(p, f"--steps={args.steps} / --width={args.width} / --hard_frac={args.hard_frac}: "
             f"expected steps >= 0, width >= 1, hard_frac in [0, 1]")
+  if args.command == "run" and ([m for m in args.models.split(",") if m not in MODELS]
+                                or not args.models.strip()):
+    common.fail(p, f"--models={args.models!r}: expected names among {', '.join(MODELS)}")
   if os.path.isfile(args.workdir):
-    p.error(f"--workdir={args.workdir!r} is a file; expected a folder")
+    common.fail(p, f"--workdir={args.workdir!r} is a file; expected a folder")
   args.steps = args.steps or STEPS[args.size]
   res = run(args)
   path = common.write_result(f"hard_sudoku_{args.size}", args, res, out=args.out or None)

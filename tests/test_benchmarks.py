@@ -473,6 +473,8 @@ def test_hard_sudoku_writes_graded_puzzles_that_solve_reads(tmp_path):
     ("star_graph_reads", ["--workdir=FILE"], "no checkpoints/ there"),
     ("task_packing", ["--packs=0"], "--packs='0': expected comma-separated integers >= 1"),
     ("task_packing", ["--batches=6", "--packs=1,4"], "--batches=6: every pack in"),
+    ("hard_sudoku", ["run", "--models=aogpt,eso"], "--models='aogpt,eso': expected names among "),
+    ("hard_sudoku", ["puzzles", "--out=x.csv", "--per_bucket=0"], "--per_bucket=0: expected"),
 ])
 def test_benchmark_arguments_are_one_line_before_work(tmp_path, capsys, script, argv, want):
   """Each of these failed after minutes of work, most with a traceback (or, --seeds=, meant 3
