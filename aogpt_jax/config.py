@@ -329,6 +329,7 @@ def resolve(cfg) -> model_lib.ModelConfig:
   """Checks every key and value that can be checked without devices; returns the model."""
   check_keys(cfg)
   follow_task(cfg)
+  follow_grid(cfg)
   _positive(cfg, "total_steps", "batch_size", "microbatches", "seq_len", "log_every")
   _positive(cfg, "eval_every", "checkpoint_every", "checkpoint.keep", "checkpoint.keep_every",
             "eval.batch_size", "eval.train_max_blocks", "eval.max_blocks", allow_zero=True)
@@ -521,6 +522,21 @@ def follow_task(cfg) -> None:
     cfg.model.block_size = task.length
   if cfg.sample.steps is None:
     cfg.sample.steps = task.length
+
+
+def follow_grid(cfg) -> None:
+  """``model.position_init="grid"`` takes the task's own grid (`tasks.base`: Sudoku's rows,
+  columns and boxes; a star graph's edge pairs): ``"grid:R,C,BR,BC"`` from ``task.grid``, in
+  place; a task without one is a one-line ConfigError."""
+  if cfg.model.get("position_init") != "grid":
+    return
+  task = task_of(cfg)
+  grid = getattr(task, "grid", None) if task is not None else None
+  if grid is None:
+    what = f"task {task.name!r} with {task.options()}" if task is not None else "no task"
+    _fail("model.position_init", f"'grid' takes the task's grid, and {what} has none; expected "
+          f"'grid:ROWS,COLS,BOX_ROWS,BOX_COLS' or '' (random position tables)")
+  cfg.model.position_init = "grid:" + ",".join(str(int(v)) for v in grid)
 
 
 def check_grid(position_init: str, task) -> None:

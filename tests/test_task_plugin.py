@@ -299,6 +299,49 @@ def test_a_grid_code_that_is_not_the_tasks_grid_is_one_line(code):
   assert "task 'sudoku' is a 6x6 grid of 2x3 boxes; use 'grid:6,6,2,3'" in str(e.value)
 
 
+@pytest.mark.parametrize("config, arg, options, want", [
+    ("sudoku.py", "tiny", {}, "grid:6,6,2,3"),
+    ("sudoku.py", "tiny", {"size": 9, "min_givens": 30, "max_givens": 40}, "grid:9,9,3,3"),
+    ("star_graph.py", "tiny", {}, "grid:15,2,1,2"),                 # 15 edges of 2 tokens
+    ("star_graph.py", "tiny", {"degree": 2, "path_len": 2, "num_nodes": 12}, "grid:4,2,1,2"),
+])
+def test_position_init_grid_takes_the_tasks_own_grid(config, arg, options, want):
+  """``model.position_init="grid"`` is the task's code after its options (a 9x9 run of the
+  tiny 6x6 config needs no second override); the grid task's check then holds."""
+  over = {"model.position_init": "grid"}
+  if options:
+    t = tasks.make(config.split(".")[0], **options)
+    over.update({"task.options": options, "seq_len": t.length, "model.block_size": t.length,
+                 "sample.steps": t.length})
+  cfg = recipes.apply(recipes.config_file(REPO / "configs" / config, arg), over)
+  mc = config_lib.resolve(cfg)
+  assert mc.position_init == want and cfg.model.position_init == want
+
+
+def test_an_edge_lists_grid_code_gives_the_two_tokens_of_an_edge_one_shared_code():
+  """The star graph's grid (E rows of 2): cells 2i and 2i+1 (an edge's parent and child) share
+  their row and box codes, so they differ by the same parent-minus-child vector for every edge;
+  cells of different edges do not share it."""
+  import jax
+  from aogpt_jax.model import layers
+  t = tasks.make("star_graph", degree=2, path_len=2, num_nodes=12)
+  code = np.asarray(layers.grid_codes(jax.random.key(0), t.grid, 16, 0.02))
+  assert code.shape == (2 * t.edges, 16)
+  diff = code[0::2] - code[1::2]
+  np.testing.assert_allclose(diff, np.broadcast_to(diff[0], diff.shape), atol=1e-7)
+  assert np.abs(code[0] - code[2]).max() > 1e-3 and np.abs(code[1] - code[3]).max() > 1e-3
+
+
+def test_position_init_grid_on_a_task_without_one_is_one_line():
+  cfg = recipes.apply(recipes.config_file(REPO / "configs" / "star_graph.py", "tiny,parents"),
+                      {"model.position_init": "grid"})
+  with pytest.raises(config_lib.ConfigError) as e:
+    config_lib.resolve(cfg)
+  assert _one_line(e).startswith("model.position_init: 'grid' takes the task's grid, and task "
+                                 "'star_graph' with {")
+  assert "expected 'grid:ROWS,COLS,BOX_ROWS,BOX_COLS' or ''" in str(e.value)
+
+
 def test_a_misspelt_key_of_a_config_that_defines_its_task_gets_the_hint(tmp_path):
   from aogpt_jax import main  # pylint: disable=g-import-not-at-top
   f = tmp_path / "own.py"

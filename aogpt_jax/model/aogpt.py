@@ -145,7 +145,7 @@ class ModelConfig:
   position_init: str = ""            # "": random position tables; "grid:R,C,BR,BC": start the
                                      # position and target-position rows of an R x C grid (boxes
                                      # BR x BC, Sudoku's) as row + column + box codes (trainable;
-                                     # `layers.grid_codes`)
+                                     # `layers.grid_codes`); a run's "grid" is its task's grid
 
   def __post_init__(self):
     self.validate()

@@ -13,8 +13,9 @@ given cells) and a rule-based checker. Every task has:
   ``count`` rows (all it has: the runs cap their counts to it, with a line);
 - ``verify(tokens, puzzle)`` -> ``{"solved", "cell_accuracy", "givens_kept", ...}`` ([B] each);
 - ``render(tokens_row, prompt_row=None)`` -> str;
-- optionally ``grid``: ``(rows, columns, box_rows, box_columns)`` of a grid task (Sudoku), which
-  ``model.position_init="grid:..."`` must match.
+- optionally ``grid``: ``(rows, columns, box_rows, box_columns)`` of a grid task (Sudoku; a star
+  graph's edge list, one row per edge), which ``model.position_init="grid:..."`` must match and
+  ``model.position_init="grid"`` takes.
 
 A task of one's own lives in any module that registers it (``@register("name")``); a run names the
 module in ``task.module`` (`import_module`: a dotted name or a .py file), so every mode and

@@ -75,6 +75,14 @@ class StarGraph(base.Task):
             "heldout_frac": self.heldout_frac, "encoding": self.encoding}
 
   @property
+  def grid(self) -> tuple[int, int, int, int] | None:
+    """The edge list as a grid of ``edges`` rows (one per edge) of 2 cells (parent, child),
+    each row its own box: what ``model.position_init="grid"`` codes, so that the two tokens of
+    an edge start with a shared position code (docs/tasks.md, "Star graphs"). None for the
+    table (``encoding="parents"``)."""
+    return (self.edges, 2, 1, 2) if self.encoding == "edges" else None
+
+  @property
   def prompt_length(self) -> int:
     return self.length - self.path_len - 1
 
