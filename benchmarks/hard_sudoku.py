@@ -14,8 +14,9 @@ with ``--hard_frac`` of each batch minimal puzzles, and solves the file with eac
 (max_prob, ``solve.search_width=0``) and with the search (``--width`` beams, model-only), then
 collects the solve summaries into benchmarks/results/hard_sudoku_SIZE/<machine>.{json,md}
 (or ``--out``). ``--models`` picks the models (default ``aogpt,mdm``; ``aogpt_causal`` is the
-blank block with its blanks causal among themselves, ``model.blank_attention=causal``). A run whose models were trained to ``--steps`` in ``--workdir`` reuses them;
-one stopped before (SIGTERM saves a checkpoint) resumes where it stopped.
+blank block with its blanks causal among themselves, ``model.blank_attention=causal``). A run
+whose models were trained to ``--steps`` in ``--workdir`` reuses them; one stopped before
+(SIGTERM saves a checkpoint) resumes where it stopped.
 """
 
 from __future__ import annotations
@@ -140,15 +141,16 @@ def main(argv=None):
   from aogpt_jax.tasks import sudoku_grade
   bad = [b for b in args.buckets.split(",") if b not in sudoku_grade.BUCKETS]
   if bad or not args.buckets.strip():
-    common.fail(p, f"--buckets={args.buckets!r}: expected names among {', '.join(sudoku_grade.BUCKETS)}")
+    common.fail(p, f"--buckets={args.buckets!r}: expected names among "
+                f"{', '.join(sudoku_grade.BUCKETS)}")
   if args.per_bucket < 1:
     common.fail(p, f"--per_bucket={args.per_bucket}: expected an integer >= 1")
   if args.command == "puzzles":
     write_puzzles(args.out, args.per_bucket, args.buckets.split(","))
     return
   if args.steps < 0 or args.width < 1 or not 0 <= args.hard_frac <= 1:
-    common.fail(p, f"--steps={args.steps} / --width={args.width} / --hard_frac={args.hard_frac}: "
-            f"expected steps >= 0, width >= 1, hard_frac in [0, 1]")
+    common.fail(p, f"--steps={args.steps} / --width={args.width} / --hard_frac="
+                f"{args.hard_frac}: expected steps >= 0, width >= 1, hard_frac in [0, 1]")
   if args.command == "run" and ([m for m in args.models.split(",") if m not in MODELS]
                                 or not args.models.strip()):
     common.fail(p, f"--models={args.models!r}: expected names among {', '.join(MODELS)}")
