@@ -13,9 +13,9 @@ puzzles, 17+ givens), as ``puzzle,solution`` CSV rows that ``--mode=solve`` read
 with ``--hard_frac`` of each batch minimal puzzles, and solves the file with each model greedily
 (max_prob, ``solve.search_width=0``) and with the search (``--width`` beams, model-only), then
 collects the solve summaries into benchmarks/results/hard_sudoku_SIZE/<machine>.{json,md}
-(or ``--out``). ``--models`` picks the models (default ``aogpt,mdm``; ``aogpt_causal`` is the
-blank block with its blanks causal among themselves, ``model.blank_attention=causal``). A run
-whose models were trained to ``--steps`` in ``--workdir`` reuses them; one stopped before
+(``hard_sudoku_SIZE_NAME/`` with ``--name``; or ``--out``). ``--models`` picks the models
+(default ``aogpt,mdm``; ``aogpt_causal`` is the blank block with its blanks causal among
+themselves, ``model.blank_attention=causal``). A run whose models were trained to ``--steps`` in ``--workdir`` reuses them; one stopped before
 (SIGTERM saves a checkpoint) resumes where it stopped.
 """
 
@@ -136,6 +136,8 @@ def main(argv=None):
                  help=f"comma-separated names of {', '.join(MODELS)} (aogpt_causal: the blank "
                  "block with its blanks causal among themselves, Eso-LM(B)-like)")
   r.add_argument("--retrain", action="store_true")
+  r.add_argument("--name", default="",
+                 help="results go to benchmarks/results/hard_sudoku_SIZE_NAME/ (e.g. for --models)")
   r.add_argument("--out", default="")
   args = p.parse_args(argv)
   from aogpt_jax.tasks import sudoku_grade
@@ -154,11 +156,14 @@ def main(argv=None):
   if args.command == "run" and ([m for m in args.models.split(",") if m not in MODELS]
                                 or not args.models.strip()):
     common.fail(p, f"--models={args.models!r}: expected names among {', '.join(MODELS)}")
+  if args.name and not args.name.replace("_", "").replace("-", "").isalnum():
+    common.fail(p, f"--name={args.name!r}: expected letters, digits, '_' or '-'")
   if os.path.isfile(args.workdir):
     common.fail(p, f"--workdir={args.workdir!r} is a file; expected a folder")
   args.steps = args.steps or STEPS[args.size]
   res = run(args)
-  path = common.write_result(f"hard_sudoku_{args.size}", args, res, out=args.out or None)
+  bench = f"hard_sudoku_{args.size}" + (f"_{args.name}" if args.name else "")
+  path = common.write_result(bench, args, res, out=args.out or None)
   md = markdown(res)
   path.with_suffix(".md").write_text(md)
   print(md)

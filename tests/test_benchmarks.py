@@ -474,6 +474,7 @@ def test_hard_sudoku_writes_graded_puzzles_that_solve_reads(tmp_path):
     ("task_packing", ["--packs=0"], "--packs='0': expected comma-separated integers >= 1"),
     ("task_packing", ["--batches=6", "--packs=1,4"], "--batches=6: every pack in"),
     ("hard_sudoku", ["run", "--models=aogpt,eso"], "--models='aogpt,eso': expected names among "),
+    ("hard_sudoku", ["run", "--name=a/b"], "--name='a/b': expected letters, digits, '_' or '-'"),
     ("hard_sudoku", ["puzzles", "--out=x.csv", "--per_bucket=0"], "--per_bucket=0: expected"),
 ])
 def test_benchmark_arguments_are_one_line_before_work(tmp_path, capsys, script, argv, want):
