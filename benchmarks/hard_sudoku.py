@@ -153,8 +153,7 @@ def main(argv=None):
   if args.steps < 0 or args.width < 1 or not 0 <= args.hard_frac <= 1:
     common.fail(p, f"--steps={args.steps} / --width={args.width} / --hard_frac="
                 f"{args.hard_frac}: expected steps >= 0, width >= 1, hard_frac in [0, 1]")
-  if args.command == "run" and ([m for m in args.models.split(",") if m not in MODELS]
-                                or not args.models.strip()):
+  if [m for m in args.models.split(",") if m not in MODELS] or not args.models.strip():
     common.fail(p, f"--models={args.models!r}: expected names among {', '.join(MODELS)}")
   if args.name and not args.name.replace("_", "").replace("-", "").isalnum():
     common.fail(p, f"--name={args.name!r}: expected letters, digits, '_' or '-'")
