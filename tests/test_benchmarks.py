@@ -185,7 +185,7 @@ def test_quickstart_benchmark_runs_end_to_end(tmp_path):
   """benchmarks/quickstart.py past --help: a 4-step quickstart at tiny width, read back through
   the run's own config.json, written in the schema."""
   out = tmp_path / "q.json"
-  env = tu.cpu_env()          # one CPU device, as a user runs it (not the suite's 8)
+  env = tu.cpu_env(fast_compile=True)   # one CPU device, as a user runs it (not the suite's 8)
   over = ["--config.total_steps=4", "--config.log_every=2", "--config.eval_every=0",
           "--config.checkpoint_every=0", "--config.model.n_layer=1", "--config.model.n_embd=32",
           "--config.model.n_head=2", "--config.eval.train_max_blocks=8",
@@ -332,7 +332,7 @@ def test_post_training_benchmark_runs_end_to_end(tmp_path):
   error on 4 rollouts (at its two ends only: one token per step, the whole answer in one step);
   JSON in the schema, Markdown and PNG."""
   out = tmp_path / "p.json"
-  env = tu.cpu_env()          # one CPU device, as a user runs it (not the suite's 8)
+  env = tu.cpu_env(fast_compile=True)   # one CPU device, as a user runs it (not the suite's 8)
   p = subprocess.run([sys.executable, str(BENCH / "post_training.py"), "--size=test",
                       f"--workdir={tmp_path / 'runs'}", f"--out={out}"],
                      cwd=REPO, env=env, capture_output=True, text=True, timeout=1200)
@@ -377,11 +377,12 @@ def test_order_oracle_benchmark_runs_end_to_end(tmp_path):
   max_prob (same puzzles solved), over the top 2 no lower; the lookahead; one imitated head;
   JSON in the schema, Markdown and PNG, and --redraw writes the same Markdown again."""
   out = tmp_path / "o.json"
+  env = tu.cpu_env(fast_compile=True)
   p = subprocess.run([sys.executable, str(BENCH / "order_oracle.py"), "--size=test",
                       f"--workdir={tmp_path / 'runs'}", f"--out={out}", "--search_pool=0",
                       "--count=8", "--puzzles=16", "--seeds=0", "--ks=1,2", "--rounds=1",
                       "--epochs=1", "--top_k=2"],
-                     cwd=REPO, env=tu.cpu_env(), capture_output=True, text=True, timeout=900)
+                     cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
   assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
   rec = json.loads(out.read_text())
   common.check_schema(rec, str(out))
@@ -398,7 +399,7 @@ def test_order_oracle_benchmark_runs_end_to_end(tmp_path):
   out.with_suffix(".md").unlink()
   out.with_suffix(".png").unlink()
   p = subprocess.run([sys.executable, str(BENCH / "order_oracle.py"), f"--redraw={out}"],
-                     cwd=REPO, env=tu.cpu_env(), capture_output=True, text=True, timeout=300)
+                     cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
   assert p.returncode == 0, p.stderr[-2000:]
   assert out.with_suffix(".md").read_text() == md and out.with_suffix(".png").stat().st_size > 0
 

@@ -153,8 +153,10 @@ def test_every_page_shows_something_the_tests_run():
 @pytest.fixture(scope="session")
 def docs_env(tmp_path_factory):
   root = tmp_path_factory.mktemp("docs")
-  env = tu.cpu_env() | {"AOGPT_DATA_DIR": str(root / "data"), "HF_HUB_OFFLINE": "1",
-                        "HF_HUB_CACHE": str(root / "hf"), "AOGPT_JAX_CACHE": str(root / "cache")}
+  # fast_compile: the documented commands run 2 steps each, so compiling is most of their time
+  env = tu.cpu_env(fast_compile=True) | {
+      "AOGPT_DATA_DIR": str(root / "data"), "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(root / "hf"),
+      "AOGPT_JAX_CACHE": str(root / "cache")}
   return root, env
 
 

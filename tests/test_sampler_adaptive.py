@@ -318,8 +318,10 @@ def test_frontier_benchmark_tiny_run(tmp_path):
   import sys
   repo = pathlib.Path(__file__).resolve().parent.parent
   out = tmp_path / "frontier.json"
+  from helpers import trainer as tu  # pylint: disable=g-import-not-at-top
   subprocess.run([sys.executable, str(repo / "benchmarks" / "sampling_frontier.py"), "--tiny",
-                  f"--out={out}"], check=True, cwd=repo, capture_output=True, timeout=900)
+                  f"--out={out}"], check=True, cwd=repo, capture_output=True, timeout=900,
+                 env=tu.cpu_env(fast_compile=True))     # one CPU device, as a user runs it
   rec = json.loads(out.read_text())
   assert rec["benchmark"] == "sampling_frontier" and rec["machine"]["slug"]
   names = {r["sampler"] for r in rec["results"]["rows"]}

@@ -51,11 +51,21 @@ def cli_args(cache_dir, workdir, **overrides) -> list[str]:
   return args
 
 
-def cpu_env(devices: int = 1) -> dict[str, str]:
+# XLA:CPU's backend at optimisation level 0: a program compiles in about 3/4 of the time at level
+# 1 (the suite's, tests/conftest.py) and runs slower. For subprocesses that compile much and run
+# little (the docs' 2-step commands, the benchmarks at their test size): a tiny `--mode=rl` run
+# took 20 s instead of 27 on the 2-core CPU. Never for runs compared bitwise with another process
+# (those keep the suite's flags, so both compile alike).
+FAST_COMPILE_FLAGS = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
+
+
+def cpu_env(devices: int = 1, fast_compile: bool = False) -> dict[str, str]:
+  """The environment of a CPU subprocess: ``devices`` CPU devices, the suite's XLA flags (or
+  FAST_COMPILE_FLAGS), the repository importable, no multi-host set-up."""
   env = dict(os.environ)
   env["JAX_PLATFORMS"] = "cpu"
-  env["XLA_FLAGS"] = (os.environ.get("AOGPT_TEST_XLA_FLAGS", "") +
-                      f" --xla_force_host_platform_device_count={devices}").strip()
+  flags = FAST_COMPILE_FLAGS if fast_compile else os.environ.get("AOGPT_TEST_XLA_FLAGS", "")
+  env["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={devices}".strip()
   env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
   env.pop("AOGPT_DISTRIBUTED", None)
   return env
