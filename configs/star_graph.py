@@ -10,7 +10,7 @@ instead of the paper's edge list. The prompt is the graph, the start and the goa
 is the path. A left-to-right model must pick the goal's arm at its first step; an any-order
 model can walk back from the goal. At CPU size reading an edge of the list (the other token of
 a pair) is slow to learn: one such lookup alone takes the tiny model about 3,000 steps, and
-about 600 with rotary offsets (``model.rope=True``: the neighbour slot at a fixed offset);
+500-900 with rotary offsets (``model.rope=True``: the neighbour slot at a fixed offset);
 ``model.position_init="grid"`` starts an edge's two tokens with one shared position code.
 Neither gets the configs' graphs (four hops over 15 edges) off their plateau in 2,400 steps.
 From the table (a lookup by position) a six-layer any-order model solves every held-out graph
