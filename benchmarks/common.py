@@ -251,14 +251,18 @@ def fail(parser, message: str) -> None:
 def check_args(parser, args, *, positive: tuple[str, ...] = (), nonnegative: tuple[str, ...] = ()
                ) -> None:
   """The checks every benchmark's arguments get before any work: ``--workdir`` is not a file,
-  ``--out`` (if given) can be written (found at the start, not after an hour of measuring), and
-  the named numbers are > 0 / >= 0. One line each (`fail`)."""
+  ``--out`` (if given) can be written (found at the start, not after an hour of measuring),
+  ``--name`` (if given) is one folder-name word, and the named numbers are > 0 / >= 0. One line
+  each (`fail`)."""
   for key in positive + nonnegative:
     v = getattr(args, key)
     if v is None:
       continue
     if (key in positive and not v > 0) or (key in nonnegative and not v >= 0):
       fail(parser, f"--{key}={v!r}: expected a number {'> 0' if key in positive else '>= 0'}")
+  name = getattr(args, "name", None)
+  if name and not re.fullmatch(r"[A-Za-z0-9_-]+", name):
+    fail(parser, f"--name={name!r}: expected letters, digits, '_' or '-'")
   wd = getattr(args, "workdir", None)
   if wd and os.path.isfile(os.path.expanduser(wd)):
     fail(parser, f"--workdir={wd!r} is a file; expected a folder (created if missing)")

@@ -15,8 +15,9 @@ with ``--hard_frac`` of each batch minimal puzzles, and solves the file with eac
 collects the solve summaries into benchmarks/results/hard_sudoku_SIZE/<machine>.{json,md}
 (``hard_sudoku_SIZE_NAME/`` with ``--name``; or ``--out``). ``--models`` picks the models
 (default ``aogpt,mdm``; ``aogpt_causal`` is the blank block with its blanks causal among
-themselves, ``model.blank_attention=causal``). A run whose models were trained to ``--steps`` in ``--workdir`` reuses them; one stopped before
-(SIGTERM saves a checkpoint) resumes where it stopped.
+themselves, ``model.blank_attention=causal``). A run whose models were trained to ``--steps``
+in ``--workdir`` reuses them; one stopped before (SIGTERM saves a checkpoint) resumes where it
+stopped.
 """
 
 from __future__ import annotations
@@ -155,17 +156,10 @@ def main(argv=None):
                 f"{args.hard_frac}: expected steps >= 0, width >= 1, hard_frac in [0, 1]")
   if [m for m in args.models.split(",") if m not in MODELS] or not args.models.strip():
     common.fail(p, f"--models={args.models!r}: expected names among {', '.join(MODELS)}")
-  if args.name and not args.name.replace("_", "").replace("-", "").isalnum():
-    common.fail(p, f"--name={args.name!r}: expected letters, digits, '_' or '-'")
-  if os.path.isfile(args.workdir):
-    common.fail(p, f"--workdir={args.workdir!r} is a file; expected a folder")
+  common.check_args(p, args)       # --name, --workdir, --out
   args.steps = args.steps or STEPS[args.size]
   res = run(args)
-  bench = f"hard_sudoku_{args.size}" + (f"_{args.name}" if args.name else "")
-  path = common.write_result(bench, args, res, out=args.out or None)
-  md = markdown(res)
-  path.with_suffix(".md").write_text(md)
-  print(md)
+  common.write_with_markdown(f"hard_sudoku_{args.size}", args, res, markdown(res))
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ from aogpt_jax.sampling import adaptive, prompts, sampler
 from aogpt_jax.sampling import config as sample_config_lib
 from aogpt_jax.sampling import write as sample_write
 from helpers import exact_tiny
+from helpers import trainer as tu
 from helpers.sampler import (chisquare_p, histogram, mixture_over_orders, tiny_encoder,
                              tiny_model)
 
@@ -318,7 +319,6 @@ def test_frontier_benchmark_tiny_run(tmp_path):
   import sys
   repo = pathlib.Path(__file__).resolve().parent.parent
   out = tmp_path / "frontier.json"
-  from helpers import trainer as tu  # pylint: disable=g-import-not-at-top
   subprocess.run([sys.executable, str(repo / "benchmarks" / "sampling_frontier.py"), "--tiny",
                   f"--out={out}"], check=True, cwd=repo, capture_output=True, timeout=900,
                  env=tu.cpu_env(fast_compile=True))     # one CPU device, as a user runs it
